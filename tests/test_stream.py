@@ -1,0 +1,126 @@
+"""News streams on the shared real data, the bundled demo, and every bad-input case."""
+
+import base64
+import datetime as dt
+import gzip
+import json
+from collections import Counter
+
+import pytest
+
+from monim.stream import (
+    DEMO_STREAM, DatasetsSource, Document, StreamError, iter_days, open_source, split_day,
+)
+
+D = dt.date
+
+
+def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
+    days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
+    assert len(days) == 30 + 31 + 31 + 30
+    assert [d.date for d in days] == sorted(d.date for d in days)
+    assert sum(len(d) for d in days) == 3160
+    for d in days:  # RealTime QA days are small: at least one held-out article each
+        assert len(d.validation) == 1 and len(d.test) == 1 and len(d.train) == len(d) - 2
+
+
+def test_reuters_day_counts_and_proportions(data_dir):
+    days = list(iter_days(open_source(data_dir / "news" / "reuters21578.jsonl.gz")))
+    assert len(days) == 58 and sum(len(d) for d in days) == 16934
+    day = next(d for d in days if d.date == D(1987, 3, 2))
+    assert (len(day.train), len(day.validation), len(day.test)) == (470, 5, 5)  # 480 articles, 1% each
+
+
+def test_date_range_and_bundled_demo():
+    days = list(iter_days(open_source(DEMO_STREAM), start=D(1987, 3, 4), end=D(1987, 3, 9)))
+    assert [d.date.day for d in days] == [4, 5, 6, 7, 9]
+    assert sum(len(d) for d in iter_days(open_source(DEMO_STREAM))) == 4003
+    assert (DEMO_STREAM.parent / "NOTICE.md").read_text().count("research purposes only") == 1
+
+
+def test_split_is_deterministic_seeded_and_disjoint():
+    docs = [Document(f"doc-{i}", D(2022, 1, 1), "x") for i in range(300)]
+    a, b = split_day(docs, seed=0), split_day(list(reversed(docs)), seed=0)
+    assert [{d.id for d in s} for s in a] == [{d.id for d in s} for s in b]  # order-independent
+    c = split_day(docs, seed=1)
+    assert {d.id for d in a[2]} != {d.id for d in c[2]}
+    assert [len(s) for s in a] == [294, 3, 3]
+    assert Counter(d.id for s in a for d in s) == Counter(d.id for d in docs)
+    assert [len(s) for s in split_day(docs[:2])] == [2, 0, 0]
+    assert [len(s) for s in split_day(docs[:3])] == [1, 1, 1]
+
+
+def write(path, lines: list[bytes]):
+    with gzip.open(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    return path
+
+
+GOOD = [json.dumps({"id": str(i), "date": "2022-06-0%d" % (1 + i // 2), "text": f"story {i}"}).encode() for i in range(6)]
+BAD = {
+    "malformed JSON": (b'{"id": "x", "date": "2022-06-01", "text": ', None),
+    "missing": (json.dumps({"id": "x", "text": "t"}).encode(), "date"),
+    "unparsable date": (json.dumps({"id": "x", "date": "June 1st", "text": "t"}).encode(), "date"),
+    "not valid UTF-8": (b'{"id": "x", "date": "2022-06-01", "text": "caf\xe9"}', None),
+    "missing or empty text": (json.dumps({"id": "x", "date": "2022-06-01", "text": "  "}).encode(), "text"),
+}
+
+
+@pytest.mark.parametrize("problem", BAD)
+def test_bad_record_names_file_line_and_field(problem, tmp_path):
+    raw, field = BAD[problem]
+    path = write(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw] + GOOD[3:])
+    with pytest.raises(StreamError) as err:
+        list(iter_days(open_source(path)))
+    msg = str(err.value)
+    assert f"{path}:4:" in msg and problem in msg
+    assert (f"field '{field}'" in msg) if field else ("field" not in msg)
+
+
+def test_bad_records_are_skipped_and_counted(tmp_path):
+    path = write(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw for raw, _ in BAD.values()] + GOOD[3:])
+    days = list(iter_days(open_source(path), on_error="skip"))
+    assert [len(d) for d in days] == [2, 2, 2]
+    assert [d.skipped for d in days] == [0, 5, 0]  # met while reading 2022-06-02
+
+
+def test_unsorted_source_is_refused(tmp_path):
+    path = write(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
+    with pytest.raises(StreamError, match=r"news.jsonl.gz:2: field 'date'.*sorted by date"):
+        list(iter_days(open_source(path)))
+
+
+def test_missing_source_file():
+    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+        open_source("/nowhere.jsonl")
+
+
+def test_custom_field_names_and_plain_jsonl(tmp_path):
+    from monim.stream import Fields
+
+    path = tmp_path / "feed.jsonl"
+    path.write_text('{"published": "2022-06-01T08:30:00Z", "body": "Rates rose."}\n')
+    (day,) = iter_days(open_source(path, Fields(date="published", text="body")))
+    assert day.date == D(2022, 6, 1) and day.train[0].text == "Rates rose." and day.train[0].id == f"{path}:1"
+
+
+def test_news_crawl_docs_format(tmp_path):
+    b64 = lambda s: base64.b64encode(s.encode())  # noqa: E731
+    path = write(tmp_path / "news-docs.2020.en.filtered.gz", [
+        b"20200101\t" + b64("A.\nB.") + b"\t" + b64("A. B."),
+        b"20200102\t" + b64("C.") + b"\t" + b64("C, in full."),
+        b"20200102\tx\t!!notbase64",
+    ])
+    days = list(iter_days(open_source(path), on_error="skip"))
+    assert [(d.date, [x.text for x in d.train]) for d in days] == [(D(2020, 1, 1), ["A. B."]), (D(2020, 1, 2), ["C, in full."])]
+    assert days[1].skipped == 1
+    with pytest.raises(StreamError, match=r":3: field 'text': invalid base64"):
+        list(iter_days(open_source(path)))
+
+
+def test_datasets_source_on_local_files(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [{"date": "2022-06-02", "text": "later"}, {"date": "2022-06-01", "text": "earlier"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    days = list(iter_days(DatasetsSource("json", data_files=str(path))))  # sorted by its date column
+    assert [(d.date, d.train[0].text) for d in days] == [(D(2022, 6, 1), "earlier"), (D(2022, 6, 2), "later")]
