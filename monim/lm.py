@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -187,7 +187,12 @@ class TokenScores:
     logp: np.ndarray  # float32: log P(target)
     max_logp: np.ndarray  # float32: max_y log P(y)
     entropy: np.ndarray  # float32: entropy of P(.) in nats
+    argmax: np.ndarray  # int32: the LM's top token
     key: np.ndarray  # float16 [n, hidden]
+    # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
+    knn_dist: np.ndarray | None = None  # float32 squared L2 distance
+    knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
+    lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
 
     def __len__(self) -> int:
         return len(self.target)
@@ -199,24 +204,30 @@ def windows(n_tokens: int, cfg: ScoreConfig) -> Iterator[tuple[int, int, int]]:
         yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
 
 
-def token_stats(lm: LM, hidden: torch.Tensor, target: torch.Tensor, chunk: int) -> tuple[torch.Tensor, ...]:
-    """log P(target), max log P and entropy, projecting `chunk` rows to the vocabulary at a time."""
+def token_stats(lm: LM, hidden: torch.Tensor, target: torch.Tensor, chunk: int,
+                extra: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """log P(target), max log P, argmax, entropy and log P at `extra` ids [n, m] (or an empty
+    [n, 0]), projecting only `chunk` rows to the vocabulary at a time."""
+    extra = torch.zeros((len(target), 0), dtype=torch.long, device=target.device) if extra is None else extra
     out = []
     for i in range(0, len(target), chunk):
         logits = lm.logits(hidden[i : i + chunk])
         lse = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(1, target[i : i + chunk, None])[:, 0] - lse
-        max_logp = logits.max(dim=-1).values - lse
+        top = logits.max(dim=-1)
         entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-        out.append((logp, max_logp, entropy))
+        at_extra = logits.gather(1, extra[i : i + chunk]) - lse[:, None]
+        out.append((logp, top.values - lse, top.indices, entropy, at_extra))
     return tuple(torch.cat(parts) for parts in zip(*out))
 
 
 Window = tuple[str, list[int], int, int]  # doc id, tokens[a:e], a, s
+# keys fp32 [n, d] -> (squared distances [n, k], neighbour values [n, k], -1 where none)
+Neighbors = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 @torch.inference_mode()
-def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig) -> TokenScores:
+def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neighbors | None = None) -> TokenScores:
     """Score one batch of windows: each feeds tokens[a:e-1] and keeps the targets at s..e-1."""
     width = max(len(toks) - 1 for _, toks, _, _ in batch)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
@@ -236,7 +247,12 @@ def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig) -> TokenScores:
     hidden, keys = lm.forward(input_ids.to(lm.device), mask.to(lm.device))
     rows_t, cols_t = torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device)
     target = torch.tensor(targets, device=lm.device)
-    logp, max_logp, entropy = token_stats(lm, hidden[rows_t, cols_t], target, cfg.head_chunk)
+    key = keys[rows_t, cols_t]
+    dist = values = None
+    if neighbors is not None:
+        dist, values = neighbors(key.float().cpu().numpy())
+    extra = None if values is None else torch.from_numpy(values).long().clamp(min=0).to(lm.device)
+    logp, max_logp, argmax, entropy, at_values = token_stats(lm, hidden[rows_t, cols_t], target, cfg.head_chunk, extra)
     return TokenScores(
         doc_id=np.array(doc_ids, dtype=object),
         position=np.array(positions, dtype=np.int32),
@@ -244,12 +260,20 @@ def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig) -> TokenScores:
         logp=logp.cpu().numpy(),
         max_logp=max_logp.cpu().numpy(),
         entropy=entropy.cpu().numpy(),
-        key=keys[rows_t, cols_t].to(torch.float16).cpu().numpy(),
+        argmax=argmax.to(torch.int32).cpu().numpy(),
+        key=key.to(torch.float16).cpu().numpy(),
+        knn_dist=dist,
+        knn_values=values,
+        lm_logp_values=None if values is None else at_values.cpu().numpy(),
     )
 
 
-def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None) -> Iterator[TokenScores]:
-    """Score documents window by window, batched; memory stays bounded by one batch."""
+def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
+          neighbors: Neighbors | None = None) -> Iterator[TokenScores]:
+    """Score documents window by window, batched; memory stays bounded by one batch.
+
+    With `neighbors` (a memory's search), each token also carries its nearest entries.
+    """
     cfg = cfg or ScoreConfig()
     batch: list[Window] = []
     for doc in docs:
@@ -257,10 +281,10 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None) -> I
         for a, s, e in windows(len(toks), cfg):
             batch.append((doc.id, toks[a:e], a, s))
             if len(batch) == cfg.batch_size:
-                yield score_windows(lm, batch, cfg)
+                yield score_windows(lm, batch, cfg, neighbors)
                 batch = []
     if batch:
-        yield score_windows(lm, batch, cfg)
+        yield score_windows(lm, batch, cfg, neighbors)
 
 
 def count_targets(lm: LM, docs: Iterable[Document]) -> int:

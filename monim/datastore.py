@@ -1,0 +1,283 @@
+"""Datastore: the append-only key/value memory on disk, committed one day at a time, atomically.
+
+Layout of a memory directory:
+    manifest.json          what is committed (written last, by rename): days, shards, counts
+    shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
+                           ids.npy (int64, stable entry ids), docs.npy (int32 index into
+                           docs.json), positions.npy (int32 token position in the document)
+    index/                 the FAISS index over the keys (monim.index), rebuilt if stale
+Files not named by the manifest (left by a crash) are ignored and removed on the next commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = 1
+DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.int32, "positions": np.int32}
+
+
+class MemoryMismatch(ValueError):
+    """The memory directory was built by another model or tokenizer."""
+
+
+@dataclass
+class Entries:
+    """Entries to memorize: keys with their values and provenance (document id, position)."""
+
+    keys: np.ndarray  # float16 [n, d]
+    values: np.ndarray  # int32 [n]
+    doc_ids: list[str]  # per entry
+    positions: np.ndarray  # int32 [n]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @classmethod
+    def concat(cls, parts: list[Entries], hidden_size: int) -> Entries:
+        """Many batches' entries as one."""
+        if not parts:
+            return cls(np.zeros((0, hidden_size), np.float16), np.zeros(0, np.int32), [], np.zeros(0, np.int32))
+        return cls(np.concatenate([p.keys for p in parts]), np.concatenate([p.values for p in parts]),
+                   [d for p in parts for d in p.doc_ids], np.concatenate([p.positions for p in parts]))
+
+
+@dataclass
+class DayRecord:
+    """One committed day in the manifest."""
+
+    date: str
+    shard: str
+    tokens_seen: int  # what FullMem would store
+    entries: int
+    policy: str
+    params: dict = field(default_factory=dict)
+    forgotten: int = 0
+
+    @property
+    def memrate(self) -> float:
+        return self.entries / self.tokens_seen if self.tokens_seen else 0.0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Write JSON beside `path`, flush it to disk, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class Datastore:
+    """The memory's entries on disk; every change is published by one manifest rename."""
+
+    def __init__(self, root: Path | str, model: str, hidden_size: int, tokenizer: str):
+        self.root = Path(root)
+        self.identity = {"model": model, "hidden_size": hidden_size, "tokenizer": tokenizer}
+        path = self.root / "manifest.json"
+        if path.exists():
+            manifest = json.loads(path.read_text())
+            for key, want in self.identity.items():
+                if manifest[key] != want:
+                    raise MemoryMismatch(
+                        f"{path}: built with {key} {manifest[key]!r}, but this LM has {want!r}; "
+                        "use another work directory for another model"
+                    )
+        else:
+            manifest = {"format": FORMAT, **self.identity, "key_dtype": "float16", "version": 0,
+                        "next_id": 0, "entries": 0, "days": [], "theta": {}}
+        self.manifest = manifest
+        self._values: np.ndarray | None = None
+
+    @classmethod
+    def for_lm(cls, root: Path | str, lm) -> Datastore:
+        """Open (or start) the memory at `root` for an `monim.lm.LM`."""
+        return cls(root, lm.name, lm.hidden_size, lm.fingerprint)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.manifest["version"]
+
+    @property
+    def days(self) -> list[DayRecord]:
+        return [DayRecord(**d) for d in self.manifest["days"]]
+
+    def __len__(self) -> int:
+        return self.manifest["entries"]
+
+    def committed(self, date: dt.date | str) -> bool:
+        return any(d["date"] == str(date) for d in self.manifest["days"])
+
+    def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray:
+        return np.load(self.root / "shards" / name / f"{array}.npy", mmap_mode="r" if mmap else None)
+
+    def shard_docs(self, name: str) -> list[str]:
+        return json.loads((self.root / "shards" / name / "docs.json").read_text())
+
+    def array(self, name: str) -> np.ndarray:
+        """One array over all committed entries, in commit order (keys come as fp16)."""
+        parts = [self.shard(d.shard, name) for d in self.days]
+        if parts:
+            return np.concatenate(parts)
+        return np.empty((0, self.identity["hidden_size"]) if name == "keys" else 0, DTYPES[name])
+
+    def values_by_id(self) -> np.ndarray:
+        """int32 value of each entry id (-1 for ids removed by forget), for kNN lookups."""
+        if self._values is None:
+            table = np.full(self.manifest["next_id"], -1, dtype=np.int32)
+            for d in self.days:
+                table[self.shard(d.shard, "ids")] = self.shard(d.shard, "values")
+            self._values = table
+        return self._values
+
+    @property
+    def tokens_seen(self) -> int:
+        return sum(d.tokens_seen for d in self.days)
+
+    @property
+    def memrate(self) -> float:
+        """Cumulative MemRate: entries stored / tokens FullMem would have stored."""
+        seen = self.tokens_seen
+        return len(self) / seen if seen else 0.0
+
+    def bytes_on_disk(self) -> int:
+        """Bytes of committed shards and the manifest (the index is counted by monim.index)."""
+        files = [self.root / "manifest.json"] if (self.root / "manifest.json").exists() else []
+        files += [p for d in self.days for p in (self.root / "shards" / d.shard).iterdir()]
+        return sum(p.stat().st_size for p in files)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
+                   params: dict | None = None, force: bool = False) -> bool:
+        """Append one day's entries atomically; False (no change) if the day is already committed.
+
+        With force, a committed day is replaced, but only if it is the last one.
+        """
+        date = str(date)
+        days = list(self.manifest["days"])
+        if self.committed(date):
+            if not force:
+                return False
+            if days[-1]["date"] != date:
+                raise ValueError(f"day {date} is committed and is not the last day ({days[-1]['date']}): "
+                                 "only the last day can be replaced")
+            days.pop()
+        elif days and date < days[-1]["date"]:
+            raise ValueError(f"day {date} comes before the last committed day {days[-1]['date']}")
+        if len(entries) and entries.keys.shape[1] != self.identity["hidden_size"]:
+            raise ValueError(f"keys have {entries.keys.shape[1]} dims, memory has {self.identity['hidden_size']}")
+
+        next_id = self.manifest["next_id"]
+        docs = sorted(set(entries.doc_ids))
+        doc_index = {d: i for i, d in enumerate(docs)}
+        arrays = {
+            "keys": entries.keys,
+            "values": entries.values,
+            "ids": np.arange(next_id, next_id + len(entries)),
+            "docs": np.array([doc_index[d] for d in entries.doc_ids]),
+            "positions": entries.positions,
+        }
+        arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()}
+        name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
+        self._write_shard(name, arrays, docs)
+        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}).__dict__)
+        self._publish(days, next_id=next_id + len(entries))
+        return True
+
+    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
+        """Remove the entries of these documents and/or days; returns how many were removed."""
+        drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()}
+        removed, new_days = 0, []
+        for rec in self.manifest["days"]:
+            rec = dict(rec)
+            if rec["date"] in drop_days:
+                removed += rec["entries"]
+                rec["forgotten"] += rec["entries"]
+                rec.update(entries=0, shard=self._rewrite(rec, None))
+            elif drop_docs:
+                names = self.shard_docs(rec["shard"])
+                hit = [i for i, d in enumerate(names) if d in drop_docs]
+                if hit:
+                    keep = ~np.isin(self.shard(rec["shard"], "docs"), hit)
+                    n_drop = int((~keep).sum())
+                    removed += n_drop
+                    rec["forgotten"] += n_drop
+                    rec.update(entries=int(keep.sum()), shard=self._rewrite(rec, keep))
+            new_days.append(rec)
+        if removed:
+            self._publish(new_days, next_id=self.manifest["next_id"])
+        return removed
+
+    def set_theta(self, theta: dict) -> None:
+        """Record the semiparametric model's settings (λ, T, ...) the next day will score with."""
+        self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
+
+    def _rewrite(self, rec: dict, keep: np.ndarray | None) -> str:
+        """A new shard holding the kept entries of `rec`'s shard (none if keep is None)."""
+        old = rec["shard"]
+        n = len(self.shard(old, "values"))
+        keep = np.zeros(n, bool) if keep is None else keep
+        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES}
+        name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
+        self._write_shard(name, arrays, self.shard_docs(old))
+        return name
+
+    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str]) -> None:
+        """Write a shard aside, flush every file, then rename the folder into place."""
+        shards = self.root / "shards"
+        tmp = shards / f".tmp-{name}"
+        tmp.mkdir(parents=True)
+        for key, arr in arrays.items():
+            with open(tmp / f"{key}.npy", "wb") as f:
+                np.save(f, arr)
+                f.flush()
+                os.fsync(f.fileno())
+        with open(tmp / "docs.json", "w") as f:
+            json.dump(docs, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, shards / name)
+        _fsync_dir(shards)
+
+    def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True) -> None:
+        """Commit: the manifest rename is the single step that makes a change visible.
+
+        The version counts changes to the entries (what the index must follow).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        manifest = dict(self.manifest, days=days, next_id=next_id, version=self.version + bump,
+                        entries=sum(d["entries"] for d in days))
+        if theta is not None:
+            manifest["theta"] = theta
+        _write_json(self.root / "manifest.json", manifest)
+        self.manifest = manifest
+        self._values = None
+        self._collect_garbage()
+
+    def _collect_garbage(self) -> None:
+        """Remove shard folders the manifest no longer names (replaced, or left by a crash)."""
+        live = {d["shard"] for d in self.manifest["days"]}
+        for path in (self.root / "shards").glob("*"):
+            if path.name not in live:
+                shutil.rmtree(path, ignore_errors=True)

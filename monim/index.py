@@ -1,0 +1,172 @@
+"""Index: FAISS L2 search over the datastore's keys, exact while small, IVF-PQ when large."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from monim.datastore import Datastore, _write_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IndexConfig:
+    """Search and build settings; defaults follow the paper (k=1024, nprobe=32, 64-byte codes)."""
+
+    k: int = 1024
+    nprobe: int = 32
+    exact_below: int = 200_000  # exact search beats IVF-PQ below ~200k keys on these CPUs
+    max_nlist: int = 4096
+    code_bytes: int = 64
+    train_sample: int = 1_000_000
+    retrain_growth: float = 4.0  # retrain once the memory has grown this much since training
+    query_batch: int = 4096
+    gpu: bool | None = None  # None: search on a GPU when FAISS sees one
+
+
+def scaled_nlist(n: int, cap: int) -> int:
+    """About 4·sqrt(n) lists as a power of two (4096 at 1M keys), with >= 39 keys per list."""
+    target = 2 ** round(np.log2(max(4 * np.sqrt(n), 1)))
+    return int(max(1, min(cap, target, n // 39)))
+
+
+def pq_subquantizers(d: int, code_bytes: int) -> int:
+    """The largest divisor of d not above code_bytes (PQ needs d divisible by the code size)."""
+    return max(m for m in range(1, code_bytes + 1) if d % m == 0)
+
+
+def indexed_ids(index: faiss.Index) -> np.ndarray:
+    """All ids an IndexIDMap2 or IndexIVF holds."""
+    if isinstance(index, faiss.IndexIDMap2):
+        return faiss.vector_to_array(index.id_map).astype(np.int64)
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist) if lists.list_size(i)]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+class MemoryIndex:
+    """The datastore's FAISS index in `<memory>/index/`, versioned with the datastore."""
+
+    def __init__(self, root: Path | str, hidden_size: int, cfg: IndexConfig | None = None):
+        self.dir = Path(root) / "index"
+        self.d = hidden_size
+        self.cfg = cfg or IndexConfig()
+        self.meta: dict = {}
+        self.index: faiss.Index | None = None
+        self._search_index: faiss.Index | None = None
+        meta_path, index_path = self.dir / "meta.json", self.dir / "index.faiss"
+        if meta_path.exists() and index_path.exists():
+            try:
+                self.index = faiss.read_index(str(index_path))
+                self.meta = json.loads(meta_path.read_text())
+            except RuntimeError as e:  # a damaged file is rebuilt from the keys on disk
+                log.warning("rebuilding unreadable index %s: %s", index_path, e)
+
+    @property
+    def ntotal(self) -> int:
+        return 0 if self.index is None else self.index.ntotal
+
+    def bytes_on_disk(self) -> int:
+        path = self.dir / "index.faiss"
+        return path.stat().st_size if path.exists() else 0
+
+    def sync(self, ds: Datastore, retrain: bool = False) -> dict:
+        """Bring the index up to the datastore's committed version: add, remove, or rebuild."""
+        started = time.perf_counter()
+        stats = {"added": 0, "removed": 0, "rebuilt": False}
+        if self.index is not None and self.meta.get("version") == ds.version and not retrain:
+            return stats | {"seconds": 0.0}
+        n = len(ds)
+        kind = "ivfpq" if n >= self.cfg.exact_below else "flat"
+        stale = (
+            retrain
+            or self.index is None
+            or self.meta.get("kind") == "flat" and kind == "ivfpq"
+            or self.meta.get("kind") == "ivfpq" and n >= self.cfg.retrain_growth * self.meta["trained_on"]
+        )
+        if stale:
+            self._build(ds, kind)
+            stats.update(added=n, rebuilt=True)
+        else:
+            have, want = indexed_ids(self.index), ds.array("ids")
+            gone, new = np.setdiff1d(have, want), np.setdiff1d(want, have)
+            if len(gone):
+                self.index.remove_ids(faiss.IDSelectorBatch(gone))
+            self._add_ids(ds, new)
+            stats.update(added=len(new), removed=len(gone))
+        self.meta["version"] = ds.version
+        self._save()
+        return stats | {"seconds": time.perf_counter() - started}
+
+    def _build(self, ds: Datastore, kind: str) -> None:
+        n = len(ds)
+        if kind == "flat":
+            self.index = faiss.IndexIDMap2(faiss.IndexFlatL2(self.d))
+            self.meta = {"kind": "flat", "trained_on": 0}
+        else:
+            nlist = scaled_nlist(n, self.cfg.max_nlist)
+            # the IndexIVFPQ constructor, not index_factory, which would add slow polysemous training
+            index = faiss.IndexIVFPQ(faiss.IndexFlatL2(self.d), self.d, nlist,
+                                     pq_subquantizers(self.d, self.cfg.code_bytes), 8)
+            keys = ds.array("keys")
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(n, size=min(n, self.cfg.train_sample), replace=False))
+            index.train(np.asarray(keys[sample], dtype=np.float32))
+            self.index = index
+            self.meta = {"kind": "ivfpq", "trained_on": n, "nlist": nlist}
+        self._add_ids(ds, ds.array("ids"))
+
+    def _add_ids(self, ds: Datastore, ids: np.ndarray) -> None:
+        """Add the entries with these ids, reading their keys shard by shard."""
+        if not len(ids):
+            return
+        for day in ds.days:
+            shard_ids = np.asarray(ds.shard(day.shard, "ids"))
+            rows = np.flatnonzero(np.isin(shard_ids, ids))
+            for i in range(0, len(rows), 65536):
+                part = rows[i : i + 65536]
+                keys = np.asarray(ds.shard(day.shard, "keys")[part], dtype=np.float32)
+                self.index.add_with_ids(keys, shard_ids[part])
+        self._search_index = None
+
+    def _save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".index.faiss.tmp"
+        faiss.write_index(self.index, str(tmp))
+        os.replace(tmp, self.dir / "index.faiss")
+        _write_json(self.dir / "meta.json", self.meta)
+
+    def _searcher(self) -> faiss.Index:
+        """The index to search: a GPU copy (float16 lookup tables) when a GPU is there."""
+        if self._search_index is None:
+            self._search_index = self.index
+            use_gpu = self.cfg.gpu if self.cfg.gpu is not None else faiss.get_num_gpus() > 0
+            if use_gpu:
+                options = faiss.GpuClonerOptions()
+                options.useFloat16LookupTables = True  # 64-byte codes exceed shared memory in fp32
+                self._search_index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, self.index, options)
+            if self.meta.get("kind") == "ivfpq":
+                faiss.extract_index_ivf(self._search_index).nprobe = self.cfg.nprobe
+        return self._search_index
+
+    def search(self, queries: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Squared L2 distances and entry ids of the k nearest keys (id -1 where fewer exist)."""
+        k = k or self.cfg.k
+        n = len(queries)
+        if self.ntotal == 0:
+            return np.full((n, k), np.inf, np.float32), np.full((n, k), -1, np.int64)
+        index = self._searcher()
+        dist, ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
+        for i in range(0, n, self.cfg.query_batch):
+            q = np.ascontiguousarray(queries[i : i + self.cfg.query_batch], dtype=np.float32)
+            dist[i : i + len(q)], ids[i : i + len(q)] = index.search(q, k)
+        return dist, ids

@@ -1,0 +1,109 @@
+"""kNN-LM: the neighbours' next-token distribution and its interpolation with the LM, in log space."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+LAMBDAS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7)
+TEMPERATURES = (0.3, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+
+
+def knn_log_weights(dist: torch.Tensor, values: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(-d/T) over each row's neighbours; missing neighbours (value -1) get -inf."""
+    scores = (-dist.double() / temperature).masked_fill(values < 0, -math.inf)
+    logw = torch.log_softmax(scores, dim=-1)
+    return torch.nan_to_num(logw, nan=-math.inf, neginf=-math.inf)  # NaN: a row with no neighbour
+
+
+def knn_target_logprob(logw: torch.Tensor, values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """log p_kNN(target): logsumexp of the weights of neighbours whose value is the target."""
+    return torch.logsumexp(logw.masked_fill(values != target[:, None], -math.inf), dim=-1)
+
+
+def knn_full_probs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """p_kNN over the whole vocabulary [n, V]: the weights of neighbours sharing a value summed."""
+    probs = torch.zeros(len(values), vocab_size, dtype=logw.dtype)
+    return probs.scatter_add_(1, values.clamp(min=0).long(), logw.exp())  # missing ones weigh 0
+
+
+def knn_full_logprobs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p_kNN over the whole vocabulary [n, V] (for next-word prediction and generation)."""
+    return knn_full_probs(logw, values, vocab_size).log()
+
+
+def interpolate(lm_logp: torch.Tensor, knn_logp: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+    """log((1-λ) p_LM + λ p_kNN), computed in log space; λ is a number or one per row."""
+    lam = torch.as_tensor(lam, dtype=torch.float64)
+    if lam.dim() == 1:
+        lam = lam.view(-1, *([1] * (lm_logp.dim() - 1)))
+    return torch.logaddexp(torch.log1p(-lam) + lm_logp.double(), torch.log(lam) + knn_logp.double())
+
+
+@dataclass
+class Interpolation:
+    """The semiparametric model's constant-λ settings."""
+
+    lam: float = 0.25
+    temperature: float = 1.0
+
+
+@dataclass
+class ThetaScores:
+    """Per token under LM + memory: log P(target), max_y log P(y) and the top-1 token."""
+
+    logp: np.ndarray
+    max_logp: np.ndarray
+    argmax: np.ndarray
+
+
+def theta_scores(batch, interp: Interpolation, vocab_size: int, chunk: int = 256) -> ThetaScores:
+    """Score a batch (monim.lm.TokenScores with neighbours) under the interpolated model.
+
+    The maximum of the interpolated distribution lies at the LM's top token or at one of the
+    neighbours' values, so only those candidates are evaluated (exactly, from the full kNN
+    distribution of `chunk` rows at a time).
+    """
+    if batch.knn_values is None:  # an empty memory: Θ is the bare LM
+        return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
+    out = []
+    for i in range(0, len(batch), chunk):
+        sl = slice(i, i + chunk)
+        values = torch.from_numpy(batch.knn_values[sl]).long()
+        logw = knn_log_weights(torch.from_numpy(batch.knn_dist[sl]), values, interp.temperature)
+        probs = knn_full_probs(logw, values, vocab_size)
+        target, top = torch.from_numpy(batch.target[sl]).long(), torch.from_numpy(batch.argmax[sl]).long()
+        logp = interpolate(torch.from_numpy(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), interp.lam)
+        cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
+        cand_lm = torch.cat([torch.from_numpy(batch.max_logp[sl])[:, None], torch.from_numpy(batch.lm_logp_values[sl])], 1)
+        cand = interpolate(cand_lm, probs.gather(1, cand_ids).log(), interp.lam)
+        cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
+        best = cand.argmax(dim=1)
+        out.append((logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))
+    logp, max_logp, argmax = (torch.cat(p).numpy() for p in zip(*out))
+    return ThetaScores(logp, max_logp, argmax.astype(np.int32))
+
+
+def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES) -> tuple[Interpolation, float]:
+    """The (λ, T) of the grid with the lowest mean NLL on these (validation) tokens, and that NLL."""
+    best, best_nll = Interpolation(), math.inf
+    for temperature in temperatures:
+        lm, knn = [], []
+        for b in batches:
+            if b.knn_values is None:
+                continue
+            values = torch.from_numpy(b.knn_values).long()
+            logw = knn_log_weights(torch.from_numpy(b.knn_dist), values, temperature)
+            knn.append(knn_target_logprob(logw, values, torch.from_numpy(b.target).long()))
+            lm.append(torch.from_numpy(b.logp))
+        if not lm:
+            return best, math.inf
+        lm_t, knn_t = torch.cat(lm), torch.cat(knn)
+        for lam in lambdas:
+            nll = -interpolate(lm_t, knn_t, lam).mean().item()
+            if nll < best_nll:
+                best, best_nll = Interpolation(lam, temperature), nll
+    return best, best_nll

@@ -1,0 +1,108 @@
+"""Memorization policies: which of a day's tokens enter memory (FullMem, RandMem, MoNIM, AMT, KL)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from monim.knnlm import ThetaScores
+from monim.lm import LM, TokenScores
+
+
+def amt_threshold(delta: float, margin: np.ndarray) -> np.ndarray:
+    """The adaptive memorization threshold δ / (max_y log P(y)/P(x_t) + 0.5).
+
+    margin = max_y log P(y|x<t;Θ) - log P(x_t|x<t;Θ) >= 0: 2δ when x_t is already top-1 (harder
+    to store), closer to 0 for a large margin (easier to store).
+    """
+    return delta / (np.maximum(margin, 0.0) + 0.5)
+
+
+@dataclass
+class FullMem:
+    """Store every training token (the classic kNN-LM datastore)."""
+
+    name = "fullmem"
+    uses_theta = False
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        return np.ones(len(batch), dtype=bool)
+
+
+@dataclass
+class RandMem:
+    """Store a seeded random `rate` of the tokens."""
+
+    rate: float = 0.5
+    seed: int = 0
+    name = "randmem"
+    uses_theta = False
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        return rng.random(len(batch)) < self.rate
+
+
+@dataclass
+class MoNIM:
+    """Store x_t iff log P(x_t|x<t;Θ) < δ (fixed), or < δ_ada with the adaptive threshold (AMT)."""
+
+    delta: float = -1.5
+    adaptive: bool = True
+    uses_theta = True  # its rule reads the semiparametric model's prediction
+
+    @property
+    def name(self) -> str:
+        return "monim-amt" if self.adaptive else "monim"
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        threshold = amt_threshold(self.delta, theta.max_logp - theta.logp) if self.adaptive else self.delta
+        return theta.logp < threshold
+
+
+@dataclass
+class KL:
+    """Store the `rate` of tokens whose key carries most new information (appendix strategy).
+
+    Score: KL(one-hot(x_t) || softmax(E·key)) = -log softmax(E·key)[x_t], the key projected
+    through the unembedding E; the highest-scoring `rate` of each scored batch is stored.
+    """
+
+    rate: float = 0.5
+    name = "kl"
+    uses_theta = False
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        kl = key_surprisal(lm, batch.key, batch.target)
+        return kl >= np.quantile(kl, 1.0 - self.rate)
+
+
+@torch.inference_mode()
+def key_surprisal(lm: LM, keys: np.ndarray, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """-log softmax(E·key)[target] for each key, projecting `chunk` keys at a time."""
+    out = []
+    weight = lm.model.get_output_embeddings().weight
+    for i in range(0, len(keys), chunk):
+        key = torch.from_numpy(keys[i : i + chunk]).to(device=lm.device, dtype=weight.dtype)
+        logits = lm.logits(key)
+        target = torch.from_numpy(targets[i : i + chunk]).long().to(lm.device)
+        out.append((torch.logsumexp(logits, -1) - logits.gather(1, target[:, None])[:, 0]).cpu())
+    return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
+
+
+Policy = FullMem | RandMem | MoNIM | KL
+
+
+def make_policy(name: str, **params) -> Policy:
+    """A policy by its name: fullmem, randmem, monim, monim-amt or kl."""
+    makers = {"fullmem": FullMem, "randmem": RandMem, "monim": lambda **p: MoNIM(adaptive=False, **p),
+              "monim-amt": lambda **p: MoNIM(adaptive=True, **p), "kl": KL}
+    if name not in makers:
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(makers)}")
+    return makers[name](**params)
+
+
+def policy_params(policy: Policy) -> dict:
+    """The policy's parameters, as recorded in the manifest and in experiment trackers."""
+    return asdict(policy)

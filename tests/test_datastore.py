@@ -1,0 +1,159 @@
+"""Datastore commits, crashes, forgetting, and the index that follows it."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from monim.datastore import Datastore, Entries, MemoryMismatch
+from monim.index import IndexConfig, MemoryIndex, indexed_ids
+
+D = 8
+
+
+def entries(n, seed=0, doc="a"):
+    rng = np.random.default_rng(seed)
+    return Entries(rng.standard_normal((n, D)).astype(np.float16), rng.integers(0, 70000, n).astype(np.int32),
+                   [f"{doc}{i % 3}" for i in range(n)], np.arange(n, dtype=np.int32))
+
+
+def snapshot(root):
+    """Everything a reader sees: the manifest and every array of every committed day."""
+    ds = Datastore(root, "m", D, "tok")
+    return json.dumps(ds.manifest, sort_keys=True), {a: ds.array(a).tolist() for a in ("keys", "values", "ids", "docs", "positions")}
+
+
+def test_commit_reopen_and_counts(tmp_path):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    e1, e2 = entries(10), entries(5, seed=1, doc="b")
+    assert ds.commit_day("2022-06-01", e1, tokens_seen=20, policy="monim-amt", params={"delta": -1.5})
+    assert ds.commit_day("2022-06-02", e2, tokens_seen=25, policy="monim-amt")
+    ds = Datastore(tmp_path, "m", D, "tok")  # reopen from disk
+    np.testing.assert_array_equal(ds.array("keys"), np.concatenate([e1.keys, e2.keys]))
+    assert ds.array("values").dtype == np.int32 and ds.array("values")[-1] == e2.values[-1]  # > int16
+    assert len(ds) == 15 and ds.tokens_seen == 45 and ds.memrate == pytest.approx(15 / 45)
+    assert [d.memrate for d in ds.days] == [0.5, 0.2]
+    m = ds.manifest
+    assert (m["model"], m["hidden_size"], m["tokenizer"], m["key_dtype"]) == ("m", D, "tok", "float16")
+    assert m["days"][0]["params"] == {"delta": -1.5} and m["days"][0]["tokens_seen"] == 20
+    assert ds.bytes_on_disk() > 15 * D * 2
+
+
+def test_recommit_is_a_noop_and_force_replaces_only_the_last_day(tmp_path):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commit_day("2022-06-02", entries(6, 1), 20, "fullmem")
+    before = snapshot(tmp_path)
+    assert not ds.commit_day("2022-06-02", entries(3, 2), 20, "fullmem")
+    assert snapshot(tmp_path) == before
+    with pytest.raises(ValueError, match="not the last day"):
+        ds.commit_day("2022-06-01", entries(3, 2), 20, "fullmem", force=True)
+    with pytest.raises(ValueError, match="comes before"):
+        ds.commit_day("2022-05-31", entries(3, 2), 20, "fullmem")
+    assert ds.commit_day("2022-06-02", entries(3, 2), 20, "fullmem", force=True)
+    assert len(ds) == 13 and [d.entries for d in ds.days] == [10, 3]
+    assert len(list((tmp_path / "shards").iterdir())) == 2  # the replaced shard is gone
+
+
+def test_another_model_or_tokenizer_is_refused(tmp_path):
+    Datastore(tmp_path, "m", D, "tok").commit_day("2022-06-01", entries(4), 4, "fullmem")
+    with pytest.raises(MemoryMismatch, match="tokenizer 'tok'"):
+        Datastore(tmp_path, "m", D, "other")
+    with pytest.raises(MemoryMismatch, match="model 'm'"):
+        Datastore(tmp_path, "gpt2", D, "tok")
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fail_at", range(12))
+def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkeypatch):
+    """Fail the k-th file-system step (fsync or rename) of a commit; the reader sees the old day."""
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    before = snapshot(tmp_path)
+    calls = {"n": 0, "published": False}
+
+    def failing(real):
+        def step(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == fail_at + 1:
+                raise Crash(f"crash at step {fail_at}")
+            result = real(*args, **kwargs)
+            calls["published"] |= str(args[-1]).endswith("manifest.json")
+            return result
+        return step
+
+    monkeypatch.setattr(os, "fsync", failing(os.fsync))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    try:
+        ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+        crashed = False
+    except Crash:
+        crashed = True
+    monkeypatch.undo()
+    if calls["published"]:  # the manifest rename is the commit point: the day is there whole
+        assert len(Datastore(tmp_path, "m", D, "tok")) == 17
+    else:
+        assert crashed and snapshot(tmp_path) == before
+    # the memory stays usable: the day commits (or is already there) and leftovers are cleaned
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    assert len(ds) == 17 and len(list((tmp_path / "shards").iterdir())) == 2
+
+
+def test_forget_documents_and_days_and_the_index_follows(tmp_path):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    e1, e2 = entries(12, doc="a"), entries(9, 1, doc="b")
+    ds.commit_day("2022-06-01", e1, 12, "fullmem")
+    ds.commit_day("2022-06-02", e2, 9, "fullmem")
+    index = MemoryIndex(tmp_path, D)
+    index.sync(ds)
+    assert ds.forget(doc_ids=["a1"]) == 4
+    index.sync(ds)
+    keep = np.array([d != "a1" for d in e1.doc_ids])
+    np.testing.assert_array_equal(ds.array("keys")[:8], e1.keys[keep])
+    _, ids = index.search(e1.keys[~keep].astype(np.float32), k=21)
+    assert not np.isin(ids, np.flatnonzero(~keep)).any() and (ids >= 0).sum(1).max() == 17
+    assert ds.forget(days=["2022-06-02"]) == 9
+    index.sync(ds)
+    assert len(ds) == 8 and index.ntotal == 8 and ds.days[1].forgotten == 9
+    assert set(ds.values_by_id()[indexed_ids(index.index)]) <= set(e1.values[keep])
+
+
+def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(10), 10, "fullmem")
+    MemoryIndex(tmp_path, D).sync(ds)
+    ds.commit_day("2022-06-02", entries(5, 1), 5, "fullmem")  # committed, index not updated (a crash)
+    index = MemoryIndex(tmp_path, D)
+    assert index.ntotal == 10 and index.sync(ds)["added"] == 5 and index.ntotal == 15
+    (tmp_path / "index" / "index.faiss").unlink()
+    index = MemoryIndex(tmp_path, D)
+    stats = index.sync(ds)
+    assert stats["rebuilt"] and index.ntotal == 15
+    (tmp_path / "index" / "index.faiss").write_bytes(b"garbage")
+    index = MemoryIndex(tmp_path, D)
+    assert index.sync(ds)["rebuilt"] and index.ntotal == 15
+    assert MemoryIndex(tmp_path, D).sync(ds)["seconds"] == 0.0  # up to date: nothing to do
+
+
+def test_ivfpq_for_large_memories_grows_incrementally_and_retrains(tmp_path):
+    cfg = IndexConfig(exact_below=2000, code_bytes=4, nprobe=8, retrain_growth=2.0, max_nlist=16)
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(1500), 1500, "fullmem")
+    index = MemoryIndex(tmp_path, D, cfg)
+    assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "flat"
+    ds.commit_day("2022-06-02", entries(1500, 1), 1500, "fullmem")
+    assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "ivfpq" and index.meta["trained_on"] == 3000
+    ds.commit_day("2022-06-03", entries(1000, 2), 1000, "fullmem")
+    stats = index.sync(ds)
+    assert not stats["rebuilt"] and stats["added"] == 1000 and index.ntotal == 4000
+    ds.commit_day("2022-06-04", entries(2000, 3), 2000, "fullmem")  # 6000 >= 2 x 3000: retrain
+    assert index.sync(ds)["rebuilt"] and index.meta["trained_on"] == 6000
+    keys = ds.array("keys").astype(np.float32)
+    _, ids = index.search(keys[:200], k=10)
+    recall = np.mean([i in row for i, row in zip(ds.array("ids")[:200], ids)])
+    assert recall > 0.8, recall
