@@ -108,6 +108,15 @@ class Datastore:
         self._values: np.ndarray | None = None
 
     @classmethod
+    def read(cls, root: Path | str) -> Datastore:
+        """Open an existing memory as its manifest describes it (no LM needed)."""
+        path = Path(root) / "manifest.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no memory at {root} (missing {path.name})")
+        m = json.loads(path.read_text())
+        return cls(root, m["model"], m["hidden_size"], m["tokenizer"])
+
+    @classmethod
     def for_lm(cls, root: Path | str, lm) -> Datastore:
         """Open (or start) the memory at `root` for an `monim.lm.LM`."""
         return cls(root, lm.name, lm.hidden_size, lm.fingerprint)

@@ -87,23 +87,37 @@ def theta_scores(batch, interp: Interpolation, vocab_size: int, chunk: int = 256
     return ThetaScores(logp, max_logp, argmax.astype(np.int32))
 
 
+def target_knn_logprob(batch, temperature: float) -> torch.Tensor:
+    """log p_kNN(target) for each token of a scored batch (target-only path)."""
+    values = torch.from_numpy(batch.knn_values).long()
+    logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, temperature)
+    return knn_target_logprob(logw, values, torch.from_numpy(batch.target).long())
+
+
+def perplexity(batches: list, interp: Interpolation | None = None) -> float:
+    """PPL of the LM alone (interp None, or no neighbours), or of LM + memory with (λ, T)."""
+    nll, n = 0.0, 0
+    for b in batches:
+        if interp is None or b.knn_values is None:
+            logp = torch.from_numpy(b.logp).double()
+        else:
+            logp = interpolate(torch.from_numpy(b.logp), target_knn_logprob(b, interp.temperature), interp.lam)
+        nll -= logp.sum().item()
+        n += len(b)
+    return math.exp(nll / n) if n else math.nan
+
+
 def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES) -> tuple[Interpolation, float]:
     """The (λ, T) of the grid with the lowest mean NLL on these (validation) tokens, and that NLL."""
+    batches = [b for b in batches if b.knn_values is not None]
+    if not batches:
+        return Interpolation(), math.inf
+    lm = torch.cat([torch.from_numpy(b.logp) for b in batches])
     best, best_nll = Interpolation(), math.inf
     for temperature in temperatures:
-        lm, knn = [], []
-        for b in batches:
-            if b.knn_values is None:
-                continue
-            values = torch.from_numpy(b.knn_values).long()
-            logw = knn_log_weights(torch.from_numpy(b.knn_dist), values, temperature)
-            knn.append(knn_target_logprob(logw, values, torch.from_numpy(b.target).long()))
-            lm.append(torch.from_numpy(b.logp))
-        if not lm:
-            return best, math.inf
-        lm_t, knn_t = torch.cat(lm), torch.cat(knn)
+        knn = torch.cat([target_knn_logprob(b, temperature) for b in batches])
         for lam in lambdas:
-            nll = -interpolate(lm_t, knn_t, lam).mean().item()
+            nll = -interpolate(lm, knn, lam).mean().item()
             if nll < best_nll:
                 best, best_nll = Interpolation(lam, temperature), nll
     return best, best_nll

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -268,13 +268,22 @@ def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neig
     )
 
 
+def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
+    """The config with context + stride shrunk (context first) to the model's maximum positions."""
+    limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
+    if not limit or cfg.context + cfg.stride <= limit:
+        return cfg
+    stride = min(cfg.stride, limit)
+    return replace(cfg, stride=stride, context=limit - stride)
+
+
 def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
           neighbors: Neighbors | None = None) -> Iterator[TokenScores]:
     """Score documents window by window, batched; memory stays bounded by one batch.
 
     With `neighbors` (a memory's search), each token also carries its nearest entries.
     """
-    cfg = cfg or ScoreConfig()
+    cfg = fit_window(lm, cfg or ScoreConfig())
     batch: list[Window] = []
     for doc in docs:
         toks = lm.tokenizer(doc.text)["input_ids"]

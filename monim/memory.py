@@ -6,13 +6,14 @@ import datetime as dt
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from monim.datastore import Datastore, Entries
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import Interpolation, theta_scores, tune_interpolation
-from monim.lm import LM, ScoreConfig, TokenScores, score
+from monim.lm import LM, ScoreConfig, TokenScores, count_targets, score
 from monim.policies import Policy, policy_params
 from monim.stream import Day, Document
 
@@ -70,8 +71,7 @@ class DayStats:
     stored: int
     memrate: float
     committed: bool  # False: the day was already in memory and nothing changed
-    lam: float
-    temperature: float
+    version: int  # the memory's version after the day
     seconds: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -79,19 +79,21 @@ class DayStats:
 
 
 def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | None = None,
-                 max_docs: int | None = None, seed: int = 0, force: bool = False) -> DayStats:
-    """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit.
+                 max_docs: int | None = None, seed: int = 0, force: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> DayStats:
+    """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
+    and update the index. Re-running a committed day is a no-op unless forced.
 
-    Then update the index and tune the constant (λ, T) on the day's validation documents, which
-    the next day's Θ uses. Re-running a committed day is a no-op unless forced.
+    `progress(tokens_done, tokens_total)` is called after each scored batch.
     """
     ds, date = memory.ds, day.date.isoformat()
     if ds.committed(date) and not force:
         rec = next(d for d in ds.days if d.date == date)
-        interp = memory.interpolation
-        return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, interp.lam, interp.temperature)
+        return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
+    docs = day.train[:max_docs]
+    total = count_targets(memory.lm, docs) if progress else 0
     interp = memory.interpolation
-    timer = {"lm_and_search": 0.0, "policy": 0.0, "commit": 0.0, "index": 0.0, "tune": 0.0}
+    timer = {"lm_and_search": 0.0, "policy": 0.0}
     memory.search_seconds = 0.0
     rng = np.random.default_rng([seed, day.date.toordinal()])
     parts: list[Entries] = []
@@ -99,12 +101,14 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     started = time.perf_counter()
     memory.sync()
     search = memory.neighbors if len(memory) and policy.uses_theta else None
-    for batch in score(memory.lm, day.train[:max_docs], cfg, search):
+    for batch in score(memory.lm, docs, cfg, search):
         t = time.perf_counter()
         timer["lm_and_search"] += t - started
         keep = policy.select(batch, theta_scores(batch, interp, len(memory.lm.tokenizer)), memory.lm, rng)
         parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
         tokens_seen += len(batch)
+        if progress:
+            progress(tokens_seen, total)
         started = time.perf_counter()
         timer["policy"] += started - t
     entries = Entries.concat(parts, memory.lm.hidden_size)
@@ -113,10 +117,14 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     timer["commit"] = time.perf_counter() - t
     timer["index"] = memory.sync()["seconds"]
     timer["search"] = memory.search_seconds
-    t = time.perf_counter()
-    if day.validation:
-        interp, _ = tune_interpolation(memory.score(day.validation, cfg))
-        ds.set_theta(asdict(interp))
-    timer["tune"] = time.perf_counter() - t
     memrate = len(entries) / tokens_seen if tokens_seen else 0.0
-    return DayStats(date, tokens_seen, len(entries), memrate, True, interp.lam, interp.temperature, timer)
+    return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)
+
+
+def calibrate(memory: Memory, docs: list[Document], cfg: ScoreConfig | None = None) -> Interpolation:
+    """Tune the constant (λ, T) on validation documents; the next day's Θ and evaluation use it."""
+    if not docs or not len(memory):
+        return memory.interpolation
+    interp, _ = tune_interpolation(memory.score(docs, cfg))
+    memory.ds.set_theta(asdict(interp))
+    return interp

@@ -51,6 +51,7 @@ class Day:
     validation: list[Document]
     test: list[Document]
     skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
+    duplicates: int = 0  # documents dropped because an earlier one that day had the same text
 
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
@@ -232,6 +233,17 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01) -> tup
     return out["train"], out["validation"], out["test"]
 
 
+def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int) -> Day:
+    """A day from its documents, dropping exact repeats of a text (else one could be in train and test)."""
+    seen, unique = set(), []
+    for doc in docs:
+        digest = hashlib.sha256(doc.text.strip().encode()).digest()
+        if digest not in seen:
+            seen.add(digest)
+            unique.append(doc)
+    return Day(date, *split_day(unique, seed), skipped=skipped, duplicates=len(docs) - len(unique))
+
+
 def iter_days(
     source: Source,
     start: dt.date | None = None,
@@ -242,7 +254,8 @@ def iter_days(
     """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
 
     Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
-    skipped and counted in the `skipped` of the day being read when it was met.
+    skipped and counted in the `skipped` of the day being read when it was met. A text repeated
+    within a day is kept once (counted in `duplicates`).
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -267,9 +280,20 @@ def iter_days(
             break
         if doc.date != date:
             if docs:
-                yield Day(date, *split_day(docs, seed), skipped=skipped)
+                yield _make_day(date, docs, seed, skipped)
                 skipped = 0
             date, docs = doc.date, []
         docs.append(doc)
     if docs:
-        yield Day(date, *split_day(docs, seed), skipped=skipped)
+        yield _make_day(date, docs, seed, skipped)
+
+
+def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise") -> Day | None:
+    """One day of a source, or None when it has no articles that day."""
+    return next(iter_days(open_source(source), start=date, end=date, seed=seed, on_error=on_error), None)
+
+
+def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+               on_error: Literal["raise", "skip"] = "raise") -> list[dt.date]:
+    """The dates between start and end (inclusive) on which the source has articles."""
+    return [day.date for day in iter_days(open_source(source), start=start, end=end, on_error=on_error)]

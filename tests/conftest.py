@@ -3,11 +3,18 @@
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 import monim  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
+
+# Prefect keeps its state in a throwaway home for the test session, set before it is imported.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="monim-test-prefect-")
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+import tasks  # noqa: E402,F401  (the rest of Prefect's and MLflow's environment)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MONIM_DATA", REPO.parent / "shared" / "data"))
@@ -72,3 +79,12 @@ def smollm():
     from monim.lm import load_lm
 
     return load_lm()
+
+
+@pytest.fixture(scope="session")
+def prefect():
+    """One temporary Prefect API server for the whole session (starting one costs 10-20 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,26 +1,95 @@
-"""The `monim` console script, run as a user runs it."""
+"""The `monim` console script, run as a user runs it: every verb on a small case, and bad input."""
 
 import json
-import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from monim.stream import DEMO_STREAM
+
 MONIM = str(Path(sys.executable).parent / "monim")
+DEMO = str(DEMO_STREAM)
 
 
-def test_run_scores_the_bundled_stream_with_the_default_lm():
-    out = subprocess.run([MONIM, "run", "--days", "2", "--max-docs", "1", "--json"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
-    assert result["model"] == "smollm2-135m"
-    assert [d["date"] for d in result["days"]] == ["1987-03-02", "1987-03-03"]
-    for day in result["days"]:
-        assert day["train_docs"] == 1 and day["test_docs"] >= 1 and day["test_tokens"] > 100
-        assert 5 < day["test_ppl"] < 100 and math.isfinite(day["train_ppl"])
-    assert "1987-03-02" in out  # the table
+def monim(*args, check=True):
+    """Run the console script as from a fresh shell (no Prefect home or server of the test session)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    proc = subprocess.run([MONIM, *map(str, args)], capture_output=True, text=True, timeout=900, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"monim {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
 
 
-def test_help_is_fast_and_lists_run():
-    out = subprocess.run([MONIM, "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
-    assert "run" in out
+def last_json(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def learned(tiny_model_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("cli")
+    model = tiny_model_dir("gpt2")
+    out = last_json(monim("learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-03", "--policy", "fullmem",
+                          "--workdir", workdir, "--model", model, "--max-docs", 2, "--json"))
+    return workdir, model, out
+
+
+def test_learn_reports_status_and_rows(learned):
+    workdir, model, out = learned
+    assert {"days", "tokens_seen", "entries", "memrate", "bytes", "rows"} <= set(out)
+    assert out["days"] == 2 and out["entries"] == out["tokens_seen"] > 0 and out["memrate"] == 1.0
+    assert [r["date"] for r in out["rows"]] == ["1987-03-02", "1987-03-03"]
+    assert sum(r["tokens_seen"] for r in out["rows"]) == out["tokens_seen"]
+
+
+def test_status_eval_forget(learned, tmp_path):
+    workdir, model, out = learned
+    status = last_json(monim("status", "--workdir", workdir, "--json"))
+    assert {k: status[k] for k in ("days", "tokens_seen", "entries")} == {k: out[k] for k in ("days", "tokens_seen", "entries")}
+    ev = last_json(monim("eval", "--workdir", workdir, "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-02", "--json"))
+    assert {"ppl_lm", "ppl", "accuracy", "tokens"} <= set(ev) and ev["tokens"] > 0 and ev["ppl"] > 1
+    text = tmp_path / "text.txt"
+    text.write_text("Grain prices rose on the Chicago Board of Trade as exports improved. " * 5)
+    ev_text = last_json(monim("eval", "--workdir", workdir, "--text", text, "--json"))
+    assert ev_text["documents"] == 1 and ev_text["tokens"] > 50
+    first_day = out["rows"][0]["entries_stored"]
+    removed = last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-02", "--json"))["removed"]
+    assert removed == {"fullmem": first_day}
+    after = last_json(monim("status", "--workdir", workdir, "--json"))
+    assert after["entries"] == out["entries"] - first_day and after["tokens_seen"] == out["tokens_seen"]
+
+
+def test_compare_into_one_experiment(tiny_model_dir, tmp_path):
+    out = last_json(monim("compare", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-02",
+                          "--policies", "bare,fullmem", "--workdir", tmp_path, "--model", tiny_model_dir("gpt2"),
+                          "--max-docs", 1, "--json"))
+    assert set(out["policies"]) == {"bare", "fullmem"} and out["policies"]["fullmem"]["memrate"] == 1.0
+    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "prefect").is_dir()
+
+
+def test_clear_errors(learned, tmp_path):
+    workdir, model, out = learned
+    proc = monim("learn", "--source", tmp_path / "missing.jsonl", "--workdir", tmp_path, check=False)
+    assert proc.returncode == 2 and "news source not found" in proc.stderr and "missing.jsonl" in proc.stderr
+    proc = monim("learn", "--source", DEMO, "--start", "2020-01-01", "--end", "2020-01-31", "--workdir", tmp_path, check=False)
+    assert proc.returncode == 2 and "no articles between 2020-01-01 and 2020-01-31" in proc.stderr
+    proc = monim("learn", "--source", DEMO, "--start", "1987-03-04", "--end", "1987-03-04", "--workdir", workdir, check=False)
+    assert proc.returncode == 2 and "was built with model" in proc.stderr and "another --workdir" in proc.stderr
+    proc = monim("learn", "--source", DEMO, "--policy", "lru", "--workdir", tmp_path, check=False)
+    assert proc.returncode == 2 and "unknown policy 'lru'" in proc.stderr
+
+
+def test_run_demo_with_the_default_lm(tmp_path):
+    out = last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json"))
+    policies = out["policies"]
+    assert set(policies) == {"fullmem", "monim-amt"}
+    assert policies["fullmem"]["memrate"] == 1.0 and 0 < policies["monim-amt"]["memrate"] < 1
+    assert 5 < policies["fullmem"]["ppl_lm"] < 100
+
+
+def test_help_lists_every_verb():
+    out = monim("--help").stdout
+    for verb in ("run", "learn", "compare", "eval", "status", "forget", "serve", "ui"):
+        assert verb in out

@@ -7,7 +7,7 @@ import torch
 from monim.datastore import Datastore, Entries
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import (
-    Interpolation, interpolate, knn_full_logprobs, knn_log_weights, knn_target_logprob, theta_scores,
+    Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_target_logprob, theta_scores,
     tune_interpolation,
 )
 from monim.lm import TokenScores
@@ -121,3 +121,5 @@ def test_tuning_picks_the_grid_optimum(memory):
             for lam in lambdas for t in temps}
     want = min(grid, key=grid.get)
     assert (best.lam, best.temperature) == want and abs(nll - grid[want]) < 1e-5
+    assert perplexity([batch], best) == pytest.approx(np.exp(grid[want]), rel=1e-5)
+    assert perplexity([batch]) == pytest.approx(np.exp(-batch.logp.astype(np.float64).mean()), rel=1e-6)

@@ -110,3 +110,15 @@ def test_unknown_architecture_is_named(gpt2_tokenizer_dir, tmp_path):
 def test_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         load_lm(str(tmp_path / "nope.gguf"))
+
+
+def test_window_fits_the_models_positions(tiny_model_dir):
+    """Tiny GPT-2 has 256 absolute positions: a 512+512 window is cut to 256 (context first)."""
+    from monim.lm import fit_window
+
+    lm = load_lm(str(tiny_model_dir("gpt2")))
+    assert fit_window(lm, ScoreConfig(stride=512, context=512)) == ScoreConfig(stride=256, context=0)
+    assert fit_window(lm, ScoreConfig(stride=200, context=512)) == ScoreConfig(stride=200, context=56)
+    long_doc = Document("long", dt.date(2022, 6, 1), TEXT * 12)
+    n = len(lm.tokenizer(long_doc.text)["input_ids"])
+    assert n > 600 and len(collect(lm, [long_doc], ScoreConfig())["target"]) == n - 1

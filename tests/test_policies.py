@@ -8,7 +8,7 @@ import torch
 
 from monim.knnlm import ThetaScores
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
+from monim.memory import Memory, calibrate, memorize_day
 from monim.policies import KL, MoNIM, RandMem, amt_threshold, key_surprisal, make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
@@ -72,7 +72,9 @@ def test_memorize_day_with_a_tiny_model(tiny_model_dir, tmp_path):
     size = memory.bytes_on_disk()
     again = memorize_day(Memory(tmp_path, lm), day, make_policy("fullmem"))
     assert not again.committed and again.stored == n_tokens and Memory(tmp_path, lm).bytes_on_disk() == size
-    assert memory.ds.days[0].policy == "fullmem" and memory.ds.manifest["theta"]  # λ, T tuned on validation
+    assert memory.ds.days[0].policy == "fullmem" and not memory.ds.manifest["theta"]
+    interp = calibrate(memory, day.validation)
+    assert memory.ds.manifest["theta"] == {"lam": interp.lam, "temperature": interp.temperature}
 
 
 def article_day(date, text, doc_id):

@@ -19,22 +19,23 @@ def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
     assert len(days) == 30 + 31 + 31 + 30
     assert [d.date for d in days] == sorted(d.date for d in days)
-    assert sum(len(d) for d in days) == 3160
+    assert sum(len(d) + d.duplicates for d in days) == 3160
+    assert days[0].duplicates == 1  # 2022-06-01 has one article twice, under two URLs
     for d in days:  # RealTime QA days are small: at least one held-out article each
         assert len(d.validation) == 1 and len(d.test) == 1 and len(d.train) == len(d) - 2
 
 
 def test_reuters_day_counts_and_proportions(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "reuters21578.jsonl.gz")))
-    assert len(days) == 58 and sum(len(d) for d in days) == 16934
+    assert len(days) == 58 and sum(len(d) + d.duplicates for d in days) == 16934
     day = next(d for d in days if d.date == D(1987, 3, 2))
-    assert (len(day.train), len(day.validation), len(day.test)) == (470, 5, 5)  # 480 articles, 1% each
+    assert day.duplicates == 3 and (len(day.train), len(day.validation), len(day.test)) == (467, 5, 5)  # 477: 1% each
 
 
 def test_date_range_and_bundled_demo():
     days = list(iter_days(open_source(DEMO_STREAM), start=D(1987, 3, 4), end=D(1987, 3, 9)))
     assert [d.date.day for d in days] == [4, 5, 6, 7, 9]
-    assert sum(len(d) for d in iter_days(open_source(DEMO_STREAM))) == 4003
+    assert sum(len(d) + d.duplicates for d in iter_days(open_source(DEMO_STREAM))) == 4003
     assert (DEMO_STREAM.parent / "NOTICE.md").read_text().count("research purposes only") == 1
 
 
@@ -64,6 +65,15 @@ BAD = {
     "not valid UTF-8": (b'{"id": "x", "date": "2022-06-01", "text": "caf\xe9"}', None),
     "missing or empty text": (json.dumps({"id": "x", "date": "2022-06-01", "text": "  "}).encode(), "text"),
 }
+
+
+def test_repeated_texts_within_a_day_count_once(tmp_path):
+    rows = [{"id": "a", "date": "2022-06-01", "text": "Same story."}, {"id": "b", "date": "2022-06-01", "text": "Same story.\n"},
+            {"id": "c", "date": "2022-06-01", "text": "Other story."}, {"id": "d", "date": "2022-06-02", "text": "Same story."}]
+    path = write(tmp_path / "news.jsonl.gz", [json.dumps(r).encode() for r in rows])
+    days = list(iter_days(open_source(path)))
+    assert [(len(d), d.duplicates) for d in days] == [(2, 1), (1, 0)]  # across days a repeat is news again
+    assert {d.id for d in days[0].train} == {"a", "c"}
 
 
 @pytest.mark.parametrize("problem", BAD)

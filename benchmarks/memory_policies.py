@@ -1,0 +1,120 @@
+"""FullMem vs RandMem vs MoNIM-AMT over consecutive days of a real news stream (CPU-sized).
+
+Per policy: cumulative MemRate, test PPL of the bare LM and of LM + memory (constant λ and T tuned
+on the validation split), memory bytes, the memorization pass's throughput as a ratio to the bare
+LM's forward pass over the same tokens (measured in this same run), and the index update time per
+day as the memory grows. RandMem stores at MoNIM's cumulative rate, so MoNIM runs first.
+Usage: python benchmarks/memory_policies.py [--days 10] [--max-docs 8] [--out ...json]
+"""
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from rich.console import Console
+from rich.table import Table
+
+from monim.index import IndexConfig
+from monim.knnlm import perplexity, tune_interpolation
+from monim.lm import ScoreConfig, load_lm, score
+from monim.memory import Memory, calibrate, memorize_day
+from monim.policies import make_policy
+from monim.stream import iter_days, open_source
+
+REPO = Path(__file__).resolve().parents[1]
+STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--source", type=Path, default=STREAM)
+    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
+    ap.add_argument("--days", type=int, default=10)
+    ap.add_argument("--max-docs", type=int, default=8)
+    ap.add_argument("--k", type=int, default=1024)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "memory_policies.json")
+    args = ap.parse_args()
+
+    lm = load_lm(args.model)
+    cfg, index_cfg = ScoreConfig(), IndexConfig(k=args.k)
+    days = []
+    for day in iter_days(open_source(args.source), start=args.start):
+        days.append(day)
+        if len(days) == args.days:
+            break
+    console = Console(width=150)
+
+    # the baseline: the bare LM's forward pass over the same training tokens, per day
+    bare_seconds = []
+    for day in days:
+        t = time.perf_counter()
+        sum(len(b) for b in score(lm, day.train[: args.max_docs], cfg))
+        bare_seconds.append(time.perf_counter() - t)
+    console.print(f"bare LM pass: {sum(bare_seconds):.0f} s over {len(days)} days")
+    validation = [d for day in days for d in day.validation]
+    test = [d for day in days for d in day.test]
+    bare_test = list(score(lm, test, cfg))
+
+    work = Path(tempfile.mkdtemp(prefix="monim-bench-"))
+    results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
+               "k": args.k, "bare_ppl": perplexity(bare_test), "policies": {}}
+    policies = [make_policy("monim-amt"), make_policy("fullmem"), None]
+    for policy in policies:
+        if policy is None:  # RandMem at MoNIM's cumulative rate
+            policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"], seed=0)
+        memory = Memory(work / policy.name, lm, index_cfg)
+        rows = []
+        for day, bare in zip(days, bare_seconds):
+            stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
+            calibrate(memory, day.validation, cfg)  # the next day's Θ uses (λ, T) tuned on validation
+            pass_seconds = stats.seconds["lm_and_search"] + stats.seconds["policy"]
+            rows.append(stats.as_dict() | {"entries_total": len(memory), "bare_seconds": bare,
+                                           "throughput_ratio": bare / pass_seconds})
+            console.print(f"{policy.name} {stats.date}: stored {stats.stored}/{stats.tokens_seen} "
+                          f"({stats.memrate:.0%}), memory {len(memory)}, pass {pass_seconds:.1f}s vs bare {bare:.1f}s, "
+                          f"index {stats.seconds['index']:.2f}s")
+        interp, _ = tune_interpolation(memory.score(validation, cfg))
+        seen = sum(r["tokens_seen"] for r in rows)
+        results["policies"][policy.name] = {
+            "params": vars(policy), "memrate": len(memory) / seen, "entries": len(memory), "tokens_seen": seen,
+            "test_ppl": perplexity(memory.score(test, cfg), interp), "lam": interp.lam, "temperature": interp.temperature,
+            "bytes": memory.bytes_on_disk(),
+            "throughput_ratio": sum(r["bare_seconds"] for r in rows)
+            / sum(r["seconds"]["lm_and_search"] + r["seconds"]["policy"] for r in rows),
+            "days": rows,
+        }
+    shutil.rmtree(work)
+
+    table = Table(title=f"{len(days)} days from {days[0].date}, <= {args.max_docs} training articles a day, "
+                        f"{len(test)} test articles; bare LM test PPL {results['bare_ppl']:.2f}")
+    for col in ("policy", "MemRate", "entries", "test PPL", "λ", "T", "MB", "pass/bare-LM throughput"):
+        table.add_column(col, justify="right")
+    for name, r in results["policies"].items():
+        table.add_row(name, f"{r['memrate']:.1%}", str(r["entries"]), f"{r['test_ppl']:.2f}", f"{r['lam']:.2f}",
+                      f"{r['temperature']:g}", f"{r['bytes'] / 2**20:.1f}", f"{r['throughput_ratio']:.2f}")
+    console.print(table)
+    daily = Table(title="per day: MemRate of the day, and index update seconds at the memory size reached")
+    daily.add_column("day")
+    for name in results["policies"]:
+        daily.add_column(f"{name} MemRate", justify="right")
+        daily.add_column(f"{name} entries / index s", justify="right")
+    for i, date in enumerate(results["days"]):
+        cells = []
+        for r in results["policies"].values():
+            row = r["days"][i]
+            cells += [f"{row['memrate']:.1%}", f"{row['entries_total']} / {row['seconds']['index']:.2f}"]
+        daily.add_row(date, *cells)
+    console.print(daily)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

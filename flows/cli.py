@@ -1,0 +1,311 @@
+"""The `monim` command line: learn a news stream day by day, compare policies, evaluate, inspect."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console(stderr=True)
+DEMO_WORKDIR = Path("monim-demo")
+
+WORKDIR = typer.Option(Path("monim-work"), "--workdir", help="Where memories, runs and records live.")
+AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last line.")
+MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
+TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
+
+
+def _fail(message: str) -> typer.Exit:
+    """Say what is wrong in one line on stderr; exit status 2."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def use_workdir(workdir: Path) -> None:
+    """Point Prefect's local state at the work directory (unless a server or home is configured)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if "PREFECT_API_URL" not in os.environ:
+        os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
+    import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
+
+
+def _emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, default=str))
+
+
+def _check_source(source: str, start: Optional[str], end: Optional[str]) -> list:
+    """The dates with articles, or a clear error for a missing file or an empty range."""
+    from monim.stream import StreamError, list_dates
+
+    try:
+        dates = list_dates(source, _day(start), _day(end))
+    except (FileNotFoundError, StreamError) as e:
+        raise _fail(str(e))
+    if not dates:
+        raise _fail(f"{source} has no articles between {start or 'the start'} and {end or 'the end'}")
+    return dates
+
+
+def _day(value: Optional[str]) -> Optional[dt.date]:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise _fail(f"not a date (YYYY-MM-DD): {value!r}")
+
+
+def _check_model(workdir: Path, model: Optional[str]) -> None:
+    """Refuse a work directory whose memories were built by another model, before any work."""
+    from monim.datastore import Datastore
+
+    want = model or "smollm2-135m"
+    for manifest in (workdir / "memories").glob("*/manifest.json"):
+        built = Datastore.read(manifest.parent).manifest["model"]
+        if built != want:
+            raise _fail(f"{manifest.parent} was built with model {built!r}, not {want!r}: use another --workdir")
+
+
+def _status_of(root: Path) -> dict:
+    from monim.datastore import Datastore
+    from monim.index import MemoryIndex
+
+    ds = Datastore.read(root)
+    index = MemoryIndex(root, ds.identity["hidden_size"])
+    return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
+            "bytes": ds.bytes_on_disk() + index.bytes_on_disk(), "model": ds.manifest["model"],
+            "last_day": ds.days[-1].date if ds.days else None}
+
+
+def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
+    return table
+
+
+@app.command()
+def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
+        max_docs: int = typer.Option(16, help="Training articles per day."),
+        workdir: Path = typer.Option(DEMO_WORKDIR, "--workdir"), model: Optional[str] = MODEL,
+        as_json: bool = AS_JSON) -> None:
+    """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
+    from monim.stream import DEMO_STREAM
+
+    dates = _check_source(str(DEMO_STREAM), None, None)[:days]
+    _check_model(workdir, model)
+    use_workdir(workdir)
+    from flows.compare import compare_policies
+
+    summary = compare_policies(str(DEMO_STREAM), dates[0].isoformat(), dates[-1].isoformat(),
+                               ["fullmem", "monim-amt"], str(workdir), model, max_docs)
+    rows = [{"policy": p} | s for p, s in summary.items()]
+    console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day", rows,
+                         ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "bytes"]))
+    console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
+                  f"{(workdir / 'mlflow.db').resolve()}  ·  see both with: monim ui --workdir {workdir}")
+    _emit({"workdir": str(workdir), "policies": summary}, as_json)
+
+
+@app.command()
+def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAME."),
+          start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
+          policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt or kl."),
+          workdir: Path = WORKDIR, model: Optional[str] = MODEL,
+          max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
+          tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Learn the stream's days from START to END into the work directory with one policy."""
+    from monim.policies import make_policy
+
+    try:
+        make_policy(policy)
+    except ValueError as e:
+        raise _fail(str(e))
+    _check_source(source, start, end)
+    _check_model(workdir, model)
+    use_workdir(workdir)
+    from flows.stream import learn_stream
+
+    rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri)
+    console.print(_table(f"{policy} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
+                                                          "entries", "ppl_lm", "ppl", "accuracy"]))
+    _emit(_status_of(workdir / "memories" / policy) | {"policy": policy, "rows": rows}, as_json)
+
+
+@app.command()
+def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
+            policies: str = typer.Option("bare,fullmem,randmem,monim-amt", help="Comma-separated policies."),
+            workdir: Path = WORKDIR, model: Optional[str] = MODEL, max_docs: Optional[int] = typer.Option(None),
+            tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Run several policies over the same days into one MLflow experiment."""
+    _check_source(source, start, end)
+    _check_model(workdir, model)
+    use_workdir(workdir)
+    from flows.compare import compare_policies
+
+    summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
+                               tracking_uri=tracking_uri)
+    console.print(_table(f"policies on {source}", [{"policy": p} | s for p, s in summary.items()],
+                         ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "bytes"]))
+    _emit({"policies": summary}, as_json)
+
+
+@app.command("eval")
+def evaluate(workdir: Path = WORKDIR, source: Optional[str] = typer.Option(None), start: Optional[str] = typer.Option(None),
+             end: Optional[str] = typer.Option(None), split: str = typer.Option("test"),
+             text: Optional[Path] = typer.Option(None, help="Score a plain text file instead (e.g. WikiText)."),
+             policy: Optional[str] = typer.Option(None, help="Which memory (default: the only one, else monim-amt)."),
+             as_json: bool = AS_JSON) -> None:
+    """PPL and next-word accuracy of the LM alone and with a memory."""
+    root = _memory_dir(workdir, policy)
+    from monim.datastore import Datastore
+    from monim.evaluate import evaluate as evaluate_docs
+    from monim.lm import load_lm
+    from monim.memory import Memory
+    from monim.stream import Document, iter_days, open_source
+
+    if text is not None:
+        if not text.is_file():
+            raise _fail(f"text file not found: {text}")
+        docs = [Document(text.name, dt.date.today(), text.read_text(encoding="utf-8"))]
+    elif source is not None:
+        _check_source(source, start, end)
+        docs = [d for day in iter_days(open_source(source), _day(start), _day(end)) for d in day.split(split)]
+    else:
+        raise _fail("give --source (with --start/--end) or --text")
+    lm = load_lm(Datastore.read(root).manifest["model"])
+    result = evaluate_docs(lm, docs, Memory(root, lm))
+    console.print(_table(f"{root.name} on {len(docs)} documents", [result], list(result)))
+    _emit(result | {"policy": root.name, "documents": len(docs)}, as_json)
+
+
+def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:
+    found = sorted(p.parent for p in (workdir / "memories").glob("*/manifest.json"))
+    if not found:
+        raise _fail(f"no memory in {workdir} (run `monim learn` first)")
+    if policy:
+        match = [p for p in found if p.name == policy]
+        if not match:
+            raise _fail(f"no {policy!r} memory in {workdir}; there are: {', '.join(p.name for p in found)}")
+        return match[0]
+    return found[0] if len(found) == 1 else next((p for p in found if p.name == "monim-amt"), found[0])
+
+
+@app.command()
+def status(workdir: Path = WORKDIR, policy: Optional[str] = typer.Option(None), as_json: bool = AS_JSON) -> None:
+    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories."""
+    root = _memory_dir(workdir, policy)
+    memories = {p.parent.name: _status_of(p.parent) for p in sorted((workdir / "memories").glob("*/manifest.json"))}
+    console.print(_table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
+                         ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
+    _emit(memories[root.name] | {"policy": root.name, "memories": memories}, as_json)
+
+
+@app.command()
+def forget(workdir: Path = WORKDIR, doc: Optional[list[str]] = typer.Option(None, help="Document id (repeatable)."),
+           day: Optional[list[str]] = typer.Option(None, help="Date YYYY-MM-DD (repeatable)."),
+           policy: Optional[str] = typer.Option(None, help="Only this memory (default: all of them)."),
+           as_json: bool = AS_JSON) -> None:
+    """Remove retracted documents or whole days from the memories, and from their indexes."""
+    from monim.datastore import Datastore
+    from monim.index import MemoryIndex
+
+    if not doc and not day:
+        raise _fail("give --doc ID or --day DATE")
+    roots = [_memory_dir(workdir, policy)] if policy else sorted(p.parent for p in (workdir / "memories").glob("*/manifest.json"))
+    removed = {}
+    for root in roots:
+        ds = Datastore.read(root)
+        removed[root.name] = ds.forget(doc_ids=doc, days=[_day(d) for d in day or []])
+        MemoryIndex(root, ds.identity["hidden_size"]).sync(ds)
+    console.print(f"removed entries: {removed}")
+    _emit({"removed": removed}, as_json)
+
+
+@app.command()
+def serve(source: str = typer.Option(..., help="The news feed the daily run reads."), workdir: Path = WORKDIR,
+          policy: str = typer.Option("monim-amt"), cron: str = typer.Option("30 2 * * *"),
+          timezone: str = typer.Option("UTC"), model: Optional[str] = MODEL) -> None:
+    """Serve the daily (cron, learns yesterday) and backfill deployments from this process."""
+    use_workdir(workdir)
+    from prefect import serve as prefect_serve
+
+    from flows.stream import learn_stream, learn_yesterday
+
+    params = {"source": source, "workdir": str(workdir.resolve()), "policy": policy, "model": model}
+    prefect_serve(
+        learn_yesterday.to_deployment(name="daily", cron=cron, timezone=timezone, parameters=params | {"timezone": timezone}),
+        learn_stream.to_deployment(name="backfill", parameters=params),
+    )
+
+
+def _free_port(preferred: int) -> int:
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", preferred)) != 0:
+            return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise _fail(f"{url} exited with status {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise _fail(f"{url} did not answer within {timeout:.0f} s")
+
+
+@app.command()
+def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_port: int = typer.Option(5000)) -> None:
+    """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
+    use_workdir(workdir)
+    bin_dir = Path(sys.executable).parent
+    prefect_port, mlflow_port = _free_port(prefect_port), _free_port(mlflow_port)
+    db = (workdir / "mlflow.db").resolve()
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    procs = [
+        subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)], env=env),
+        subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
+                          "--backend-store-uri", f"sqlite:///{db}",
+                          "--artifacts-destination", str((workdir / "mlartifacts").resolve())], env=env),
+    ]
+    try:
+        _wait_healthy(f"http://127.0.0.1:{prefect_port}/api/health", procs[0])
+        _wait_healthy(f"http://127.0.0.1:{mlflow_port}/health", procs[1])
+        console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\nCtrl-C stops both.")
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,44 @@
+"""One streaming day: ingest → memorize → index update → calibrate → evaluate → log."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
+
+from monim.config import BARE, RunConfig
+from tasks.learning import calibrate, evaluate, ingest, memorize, record_day, update_index
+from tasks.tracking import log_day
+
+
+def _run_name() -> str:
+    params = flow_run.parameters
+    return f"{params['config'].get('policy', 'monim-amt')}-{params['date']}"
+
+
+@flow(name="monim-day", flow_run_name=_run_name)
+def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
+    """Learn one day of news into the run's memory, evaluate it, and log the day's metrics."""
+    cfg = RunConfig(**config)
+    counts = ingest(config, date)
+    row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in counts.items()}
+    version = 0
+    if cfg.policy != BARE:
+        stats = memorize(config, date)
+        index = update_index(config)
+        theta = calibrate(config, date)
+        seconds = stats.pop("seconds") | {"index_update": index["seconds"]}
+        pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
+        version = stats["version"]
+        row |= {
+            "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
+            "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
+            "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
+        } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
+    row |= evaluate(config, date, version)
+    if run_id:
+        log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
+    record_day(config, row)
+    create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
+                          description=f"{cfg.name}, {date}")
+    return row

@@ -1,0 +1,63 @@
+"""RunConfig: everything one learning run depends on, as a plain dataclass (JSON in and out)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from monim.index import IndexConfig
+from monim.lm import ScoreConfig
+from monim.policies import Policy, make_policy, policy_params
+from monim.stream import DEMO_STREAM
+
+BARE = "bare"  # the LM without memory, evaluated alongside the policies
+
+
+@dataclass
+class RunConfig:
+    """One policy learning one stream into a work directory."""
+
+    source: str = str(DEMO_STREAM)
+    workdir: str = "monim-work"
+    policy: str = "monim-amt"
+    policy_params: dict = field(default_factory=dict)
+    model: str | None = None
+    max_docs: int | None = None  # training documents taken per day
+    seed: int = 0
+    stride: int = 512
+    context: int = 512
+    batch_size: int = 8
+    k: int = 1024
+    nprobe: int = 32
+    exact_below: int = 200_000
+
+    @property
+    def name(self) -> str:
+        """The run's name: the policy, or 'bare' for the LM alone."""
+        return self.policy
+
+    @property
+    def memory_dir(self) -> Path:
+        return Path(self.workdir) / "memories" / self.name
+
+    def make_policy(self) -> Policy:
+        return make_policy(self.policy, **self.policy_params)
+
+    def score_config(self) -> ScoreConfig:
+        return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size)
+
+    def index_config(self) -> IndexConfig:
+        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
+
+    def params(self) -> dict:
+        """Flat parameters for an experiment tracker."""
+        out = {k: v for k, v in asdict(self).items() if k != "policy_params"}
+        if self.policy != BARE:
+            out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
+        return out
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings that change results (for cache keys)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:12]

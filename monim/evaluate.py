@@ -1,0 +1,30 @@
+"""Evaluation: perplexity and next-word accuracy of the bare LM and of LM + memory."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from monim.knnlm import theta_scores
+from monim.lm import LM, ScoreConfig, score
+from monim.memory import Memory
+from monim.stream import Document
+
+
+def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: ScoreConfig | None = None) -> dict:
+    """PPL and top-1 next-word accuracy of the LM alone and with the memory (its tuned λ, T)."""
+    use_memory = memory is not None and len(memory) > 0
+    batches = memory.score(docs, cfg) if use_memory else list(score(lm, docs, cfg))
+    n, nll_lm, nll, hits_lm, hits = 0, 0.0, 0.0, 0, 0
+    for b in batches:
+        theta = theta_scores(b, memory.interpolation, len(lm.tokenizer)) if use_memory else None
+        n += len(b)
+        nll_lm -= float(b.logp.astype(np.float64).sum())
+        hits_lm += int((b.argmax == b.target).sum())
+        nll -= float(theta.logp.sum()) if theta else float(b.logp.astype(np.float64).sum())
+        hits += int((theta.argmax == b.target).sum()) if theta else int((b.argmax == b.target).sum())
+    if not n:
+        return {"tokens": 0, "ppl_lm": math.nan, "ppl": math.nan, "accuracy_lm": math.nan, "accuracy": math.nan}
+    return {"tokens": n, "ppl_lm": math.exp(nll_lm / n), "ppl": math.exp(nll / n),
+            "accuracy_lm": hits_lm / n, "accuracy": hits / n}

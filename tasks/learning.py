@@ -1,0 +1,125 @@
+"""Tasks of one streaming day: ingest, memorize, update the index, calibrate, evaluate."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import logging
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+
+from monim.config import BARE, RunConfig
+from monim.datastore import _write_json
+from monim.evaluate import evaluate as evaluate_docs
+from monim.lm import LM, load_lm
+from monim.memory import Memory, calibrate as calibrate_memory, memorize_day
+from monim.stream import Day, read_day
+
+
+def logger() -> logging.Logger | logging.LoggerAdapter:
+    """Prefect's run logger inside a run, a plain logger outside (e.g. unit tests via .fn)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("monim")
+
+
+@functools.lru_cache(maxsize=2)
+def lm_for(model: str | None) -> LM:
+    """The LM, loaded once per process (flows run many days in one process)."""
+    return load_lm(model)
+
+
+def memory_for(cfg: RunConfig) -> Memory:
+    return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config())
+
+
+def day_of(cfg: RunConfig, date: str) -> Day:
+    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed)
+    if day is None:
+        raise ValueError(f"{cfg.source} has no articles on {date}")
+    return day
+
+
+@task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def ingest(config: dict, date: str) -> dict:
+    """Read the day's news slice and report its split sizes."""
+    day = day_of(RunConfig(**config), date)
+    counts = {"train": len(day.train), "validation": len(day.validation), "test": len(day.test),
+              "skipped": day.skipped, "duplicates": day.duplicates}
+    logger().info("%s: %s", date, counts)
+    return counts
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def memorize(config: dict, date: str) -> dict:
+    """Score the day with Θ, memorize through the policy, commit atomically (idempotent)."""
+    cfg = RunConfig(**config)
+    memory, day = memory_for(cfg), day_of(cfg, date)
+    artifact = create_progress_artifact(0.0, description=f"{cfg.name}: memorizing {date}")
+    stats = memorize_day(memory, day, cfg.make_policy(), cfg.score_config(), cfg.max_docs, cfg.seed,
+                         progress=lambda done, total: update_progress_artifact(artifact, 100.0 * done / max(total, 1)))
+    update_progress_artifact(artifact, 100.0)
+    if stats.committed:
+        logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%)", cfg.name, date, stats.stored,
+                      stats.tokens_seen, 100 * stats.memrate)
+    else:
+        logger().info("%s %s: already in memory, nothing changed", cfg.name, date)
+    return stats.as_dict() | {"entries": len(memory), "bytes": memory.bytes_on_disk(), "memrate_total": memory.ds.memrate}
+
+
+@task(retries=1, cache_policy=NO_CACHE)
+def update_index(config: dict) -> dict:
+    """Bring the FAISS index up to the committed memory (a stale or missing index is rebuilt)."""
+    stats = memory_for(RunConfig(**config)).sync()
+    logger().info("index: %s", stats)
+    return stats
+
+
+@task(cache_policy=NO_CACHE)
+def calibrate(config: dict, date: str) -> dict:
+    """Tune the constant λ and temperature on the day's validation articles."""
+    cfg = RunConfig(**config)
+    interp = calibrate_memory(memory_for(cfg), day_of(cfg, date).validation, cfg.score_config())
+    logger().info("calibrated: λ=%.2f T=%g", interp.lam, interp.temperature)
+    return {"lam": interp.lam, "temperature": interp.temperature}
+
+
+def _evaluation_key(context, parameters: dict) -> str:
+    """Cache key: the day, the run's settings and the memory's version, never tensors."""
+    cfg = RunConfig(**parameters["config"])
+    return f"monim-eval-{cfg.fingerprint()}-{parameters['date']}-v{parameters['memory_version']}"
+
+
+@task(cache_key_fn=_evaluation_key, persist_result=True)
+def evaluate(config: dict, date: str, memory_version: int) -> dict:
+    """Test PPL and next-word accuracy, bare LM and LM + memory, on the day's test articles."""
+    cfg = RunConfig(**config)
+    memory = None if cfg.policy == BARE else memory_for(cfg)
+    metrics = evaluate_docs(lm_for(cfg.model), day_of(cfg, date).test, memory, cfg.score_config())
+    logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", cfg.name, date, metrics["ppl"],
+                  metrics["ppl_lm"], metrics["accuracy"])
+    return metrics
+
+
+def record_path(cfg: RunConfig) -> Path:
+    return Path(cfg.workdir) / "runs" / f"{cfg.name}.json"
+
+
+def recorded_days(config: dict) -> dict[str, dict]:
+    """The finished days of this run (date -> its row), from earlier flow runs too."""
+    path = record_path(RunConfig(**config))
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@task(cache_policy=NO_CACHE)
+def record_day(config: dict, row: dict) -> None:
+    """Add a finished day's row to the run's record (atomically); the stream resumes after it."""
+    path = record_path(RunConfig(**config))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, recorded_days(config) | {row["date"]: row})

@@ -1,0 +1,93 @@
+"""MLflow tracking: an experiment per stream, a run per policy, metrics per day (step = day index)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from monim.config import RunConfig
+from monim.plots import memory_growth, ppl_over_days
+
+
+def tracking_uri(workdir: str, uri: str | None = None) -> str:
+    """The option, else $MLFLOW_TRACKING_URI, else a SQLite database inside the work directory."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve() / 'mlflow.db'}"
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(uri: str, name: str, workdir: str) -> str:
+    """The experiment's id, created on first use (artifacts inside the work directory for SQLite)."""
+    c = client(uri)
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = (Path(workdir).resolve() / "mlartifacts" / name).as_uri() if uri.startswith("sqlite") else None
+    return c.create_experiment(name, artifact_location=location)
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def open_run(config: dict, experiment: str, uri: str) -> str:
+    """The MLflow run of this policy on this work directory: resumed if it exists, else created."""
+    cfg = RunConfig(**config)
+    c = client(uri)
+    exp = experiment_id(uri, experiment, cfg.workdir)
+    memory = str(cfg.memory_dir.resolve())
+    runs = c.search_runs([exp], filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1)
+    if runs:
+        return runs[0].info.run_id
+    run = c.create_run(exp, run_name=cfg.name, tags={"monim.memory": memory, "monim.policy": cfg.policy,
+                                                       "monim.source": cfg.source, "monim.model": cfg.model or "default"})
+    from mlflow.entities import Param
+
+    c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in cfg.params().items()])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(config, indent=1))
+        c.log_artifact(run.info.run_id, str(path))
+    return run.info.run_id
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def log_day(run_id: str, uri: str, step: int, metrics: dict) -> bool:
+    """Log one day's numeric metrics at step = day index, once (a re-run logs nothing again)."""
+    from mlflow.entities import Metric
+
+    c = client(uri)
+    if any(m.step == step for m in c.get_metric_history(run_id, "ppl")):
+        return False
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+    c.log_batch(run_id, metrics=batch)
+    return True
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
+    """The per-day CSV and the plots (memory growth vs FullMem, PPL over days) as run artifacts."""
+    if not rows:
+        return
+    c = client(uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "days.csv"
+        fields = sorted({k for r in rows for k in r})
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        c.log_artifact(run_id, str(path))
+        for name, figure in (("memory_growth.png", memory_growth(rows)), ("ppl.png", ppl_over_days(rows))):
+            figure.savefig(Path(tmp) / name, dpi=100, bbox_inches="tight")
+            c.log_artifact(run_id, str(Path(tmp) / name), artifact_path="plots")

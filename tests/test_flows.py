@@ -1,0 +1,92 @@
+"""The day, stream and comparison flows under Prefect's test harness, logging to MLflow (SQLite)."""
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from monim.stream import DEMO_STREAM, iter_days, open_source
+
+DAYS = ("1987-03-02", "1987-03-03")
+
+
+def tree_digest(root: Path) -> str:
+    """A hash of every file's path and bytes under root (the memory as stored)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def compared(prefect, tiny_model_dir, tmp_path_factory):
+    from flows.compare import compare_policies
+
+    workdir = tmp_path_factory.mktemp("work")
+    model = str(tiny_model_dir("llama"))
+    summary = compare_policies(str(DEMO_STREAM), DAYS[0], DAYS[1], ["bare", "fullmem", "randmem", "monim-amt"],
+                               str(workdir), model, max_docs=3)
+    return workdir, model, summary
+
+
+def test_memories_hold_what_each_policy_stores(compared, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    workdir, model, summary = compared
+    tok = AutoTokenizer.from_pretrained(model)
+    days = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+    tokens = sum(len(tok(d.text)["input_ids"]) - 1 for day in days for d in day.train[:3])
+    assert summary["fullmem"]["entries"] == summary["fullmem"]["tokens_seen"] == tokens
+    assert summary["fullmem"]["memrate"] == 1.0
+    assert 0 < summary["monim-amt"]["entries"] < tokens
+    rate = summary["monim-amt"]["memrate"]
+    assert abs(summary["randmem"]["memrate"] - rate) < 0.1  # RandMem follows MoNIM's rate
+    assert summary["bare"]["entries"] == 0 and summary["bare"]["ppl"] == pytest.approx(summary["bare"]["ppl_lm"])
+    assert summary["bare"]["test_tokens"] == summary["fullmem"]["test_tokens"] > 0
+
+
+def test_mlflow_holds_every_day_of_every_policy(compared):
+    workdir, model, summary = compared
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt"}
+    for name, run in runs.items():
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "ppl")] == [0, 1]
+        assert run.data.params["policy"] == name and run.data.params["model"] == model
+    fullmem = runs["fullmem"]
+    tokens = [m.value for m in client.get_metric_history(fullmem.info.run_id, "tokens_seen")]
+    assert sum(tokens) == summary["fullmem"]["tokens_seen"]
+    assert client.get_metric_history(fullmem.info.run_id, "memrate")[-1].value == 1.0
+    assert runs["randmem"].data.params["policy.rate"] == str(round(summary["monim-amt"]["memrate"], 4))
+    artifacts = {a.path for a in client.list_artifacts(fullmem.info.run_id)}
+    assert {"config.json", "days.csv", "plots"} <= artifacts
+    assert {a.path for a in client.list_artifacts(fullmem.info.run_id, "plots")} == {"plots/memory_growth.png", "plots/ppl.png"}
+
+
+def test_rerunning_the_stream_changes_nothing(compared):
+    from flows.stream import learn_stream
+
+    workdir, model, summary = compared
+    memory = workdir / "memories" / "monim-amt"
+    before = tree_digest(memory)
+    rows = learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "monim-amt", str(workdir), model, 3)
+    assert [r["date"] for r in rows] == list(DAYS)
+    assert tree_digest(memory) == before
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
+                             filter_string="attributes.run_name = 'monim-amt'")[0]
+    assert len(client.get_metric_history(run.info.run_id, "ppl")) == 2
+
+
+def test_stream_resumes_after_the_last_learned_day(compared):
+    from flows.stream import learn_stream
+
+    workdir, model, summary = compared
+    rows = learn_stream(str(DEMO_STREAM), DAYS[0], "1987-03-04", "fullmem", str(workdir), model, 3)
+    assert [r["date"] for r in rows] == [*DAYS, "1987-03-04"]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert len(list((workdir / "memories" / "fullmem" / "shards").iterdir())) == 3

@@ -1,0 +1,99 @@
+"""Real servers on loopback: a Prefect server running a deployment through a process worker, and
+an MLflow tracking server receiving a stream's metrics over HTTP. Both are bounded and stopped."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from monim.stream import DEMO_STREAM
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(cmd: list[str], health: str, env: dict, log: Path, timeout: float = 120):
+    """Start a server, wait until `health` answers, stop it (SIGINT, then kill) afterwards."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            assert proc.poll() is None, f"{cmd[0]} exited early:\n{log.read_text()[-3000:]}"
+            try:
+                urllib.request.urlopen(health, timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, f"{health} not healthy in {timeout} s:\n{log.read_text()[-3000:]}"
+                time.sleep(1)
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run(cmd: list, env: dict, timeout: float = 300) -> str:
+    proc = subprocess.run(list(map(str, cmd)), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_deployment_runs_through_a_process_worker(tiny_model_dir, tmp_path):
+    port = free_port()
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    with server([BIN / "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                f"http://127.0.0.1:{port}/api/health", env, tmp_path / "server.log"):
+        api = env | {"PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "MONIM_REPO": str(REPO),
+                     "MONIM_SOURCE": str(DEMO_STREAM), "MONIM_WORKDIR": str(tmp_path / "work")}
+        run([BIN / "prefect", "work-pool", "create", "monim-process", "--type", "process"], api)
+        out = run([BIN / "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], api)
+        assert "monim-yesterday/daily" in out and "monim-stream/backfill" in out
+        out = run([BIN / "prefect", "deployment", "run", "monim-stream/backfill", "--param", "start=1987-03-02",
+                   "--param", "end=1987-03-02", "--param", f"model={tiny_model_dir('gpt2')}", "--param", "max_docs=2"], api)
+        run([BIN / "prefect", "worker", "start", "--pool", "monim-process", "--run-once"], api, timeout=400)
+        check = ("import asyncio\nfrom prefect.client.orchestration import get_client\n"
+                 "async def main():\n    async with get_client() as c:\n"
+                 "        runs = await c.read_flow_runs()\n        print(sorted((r.name.split('-')[0], r.state_type.value) for r in runs))\n"
+                 "asyncio.run(main())")
+        states = run([sys.executable, "-c", check], api)
+        assert "COMPLETED" in states and "FAILED" not in states and "CRASHED" not in states, states
+        assert (tmp_path / "work" / "memories" / "monim-amt" / "manifest.json").is_file()
+        assert "'SCHEDULED'" in states  # the daily deployment's cron schedule created upcoming runs
+
+
+def test_stream_logs_to_an_mlflow_server_over_http(prefect, tiny_model_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flows.stream import learn_stream
+
+    port = free_port()
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")]
+    uri = f"http://127.0.0.1:{port}"
+    with server(list(map(str, cmd)), f"{uri}/health", env, tmp_path / "mlflow.log"):
+        learn_stream(str(DEMO_STREAM), "1987-03-02", "1987-03-03", "fullmem", str(tmp_path / "work"),
+                     str(tiny_model_dir("gpt2")), 1, tracking_uri=uri, experiment="over-http")
+        client = MlflowClient(uri)
+        (run_info,) = client.search_runs([client.get_experiment_by_name("over-http").experiment_id])
+        assert [m.step for m in client.get_metric_history(run_info.info.run_id, "memrate")] == [0, 1]
+        assert "days.csv" in {a.path for a in client.list_artifacts(run_info.info.run_id)}
+    assert not (tmp_path / "work" / "mlflow.db").exists()  # nothing went to the local default
