@@ -99,6 +99,13 @@ def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
     return table
 
 
+SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "MB"]
+
+
+def _summary_rows(summary: dict[str, dict]) -> list[dict]:
+    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20} for p, s in summary.items()]
+
+
 @app.command()
 def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
         max_docs: int = typer.Option(16, help="Training articles per day."),
@@ -114,9 +121,8 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
 
     summary = compare_policies(str(DEMO_STREAM), dates[0].isoformat(), dates[-1].isoformat(),
                                ["fullmem", "monim-amt"], str(workdir), model, max_docs)
-    rows = [{"policy": p} | s for p, s in summary.items()]
-    console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day", rows,
-                         ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "bytes"]))
+    console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
+                         _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
                   f"{(workdir / 'mlflow.db').resolve()}  ·  see both with: monim ui --workdir {workdir}")
     _emit({"workdir": str(workdir), "policies": summary}, as_json)
@@ -160,8 +166,7 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
 
     summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
                                tracking_uri=tracking_uri)
-    console.print(_table(f"policies on {source}", [{"policy": p} | s for p, s in summary.items()],
-                         ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "bytes"]))
+    console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     _emit({"policies": summary}, as_json)
 
 
@@ -286,12 +291,15 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_p
     prefect_port, mlflow_port = _free_port(prefect_port), _free_port(mlflow_port)
     db = (workdir / "mlflow.db").resolve()
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    procs = [
-        subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)], env=env),
-        subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
-                          "--backend-store-uri", f"sqlite:///{db}",
-                          "--artifacts-destination", str((workdir / "mlartifacts").resolve())], env=env),
+    commands = [
+        [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{db}", "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
     ]
+    # Ctrl-C or a kill stops monim, which then stops both servers (run in their own sessions).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
+    procs = [subprocess.Popen(cmd, env=env, start_new_session=True) for cmd in commands]
     try:
         _wait_healthy(f"http://127.0.0.1:{prefect_port}/api/health", procs[0])
         _wait_healthy(f"http://127.0.0.1:{mlflow_port}/health", procs[1])

@@ -12,18 +12,23 @@ from flows.stream import learn_stream
 POLICIES = ["bare", "fullmem", "randmem", "monim", "monim-amt"]
 
 
-def summarize(rows: list[dict]) -> dict:
-    """A run's totals: MemRate, token-weighted test PPL and accuracy, entries and bytes."""
+def _token_mean(rows: list[dict], key: str, log: bool = False) -> float:
+    """Test-token-weighted mean of a per-day metric (geometric for perplexities)."""
     tokens = sum(r["tokens"] for r in rows)
-    weighted = lambda key, f=lambda v: v: sum(f(r[key]) * r["tokens"] for r in rows) / tokens  # noqa: E731
+    if not tokens:
+        return math.nan
+    mean = sum((math.log(r[key]) if log else r[key]) * r["tokens"] for r in rows) / tokens
+    return math.exp(mean) if log else mean
+
+
+def summarize(rows: list[dict]) -> dict:
+    """A run's totals: MemRate, test PPL and accuracy over all its days, entries and bytes."""
     seen = sum(r.get("tokens_seen", 0) for r in rows)
     last = rows[-1] if rows else {}
     return {
-        "days": len(rows), "test_tokens": tokens,
-        "ppl": math.exp(weighted("ppl", math.log)) if tokens else math.nan,
-        "ppl_lm": math.exp(weighted("ppl_lm", math.log)) if tokens else math.nan,
-        "accuracy": weighted("accuracy") if tokens else math.nan,
-        "tokens_seen": seen, "entries": last.get("entries", 0),
+        "days": len(rows), "test_tokens": sum(r["tokens"] for r in rows),
+        "ppl": _token_mean(rows, "ppl", log=True), "ppl_lm": _token_mean(rows, "ppl_lm", log=True),
+        "accuracy": _token_mean(rows, "accuracy"), "tokens_seen": seen, "entries": last.get("entries", 0),
         "memrate": last.get("entries", 0) / seen if seen else 0.0, "bytes": last.get("memory_bytes", 0),
     }
 

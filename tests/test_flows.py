@@ -52,6 +52,7 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
     workdir, model, summary = compared
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
     assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt"}
     for name, run in runs.items():

@@ -97,3 +97,26 @@ def test_stream_logs_to_an_mlflow_server_over_http(prefect, tiny_model_dir, tmp_
         assert [m.step for m in client.get_metric_history(run_info.info.run_id, "memrate")] == [0, 1]
         assert "days.csv" in {a.path for a in client.list_artifacts(run_info.info.run_id)}
     assert not (tmp_path / "work" / "mlflow.db").exists()  # nothing went to the local default
+
+
+def test_monim_ui_starts_both_uis_and_stops_them(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    log = tmp_path / "ui.log"
+    ports = [free_port(), free_port()]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "monim"), "ui", "--workdir", str(tmp_path), "--prefect-port", str(ports[0]),
+                                 "--mlflow-port", str(ports[1])], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while "Ctrl-C" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/api/health", timeout=5)
+        urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/health", timeout=5)
+        assert f"http://127.0.0.1:{ports[0]}" in log.read_text() and f"http://127.0.0.1:{ports[1]}" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    for port in ports:  # both servers are gone
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
