@@ -245,18 +245,36 @@ def forget(workdir: Path = WORKDIR, doc: Optional[list[str]] = typer.Option(None
 @app.command()
 def serve(source: str = typer.Option(..., help="The news feed the daily run reads."), workdir: Path = WORKDIR,
           policy: str = typer.Option("monim-amt"), cron: str = typer.Option("30 2 * * *"),
-          timezone: str = typer.Option("UTC"), model: Optional[str] = MODEL) -> None:
-    """Serve the daily (cron, learns yesterday) and backfill deployments from this process."""
+          timezone: str = typer.Option("UTC"), model: Optional[str] = MODEL,
+          prefect_port: int = typer.Option(4200, help="Port of the Prefect server started when none is configured.")) -> None:
+    """Serve the daily (cron, learns yesterday) and backfill deployments from this process.
+
+    Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
+    (Prefect's temporary server does not run schedules); Ctrl-C stops both.
+    """
     use_workdir(workdir)
-    from prefect import serve as prefect_serve
+    _interruptible()
+    server = None
+    if "PREFECT_API_URL" not in os.environ:
+        port = _free_port(prefect_port)
+        server = _start([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                         "--port", str(port)], f"http://127.0.0.1:{port}/api/health")
+        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        console.print(f"Prefect server and UI: http://127.0.0.1:{port}")
+    try:
+        from prefect import serve as prefect_serve
+        from prefect.schedules import Cron
 
-    from flows.stream import learn_stream, learn_yesterday
+        from flows.stream import learn_stream, learn_yesterday
 
-    params = {"source": source, "workdir": str(workdir.resolve()), "policy": policy, "model": model}
-    prefect_serve(
-        learn_yesterday.to_deployment(name="daily", cron=cron, timezone=timezone, parameters=params | {"timezone": timezone}),
-        learn_stream.to_deployment(name="backfill", parameters=params),
-    )
+        params = {"source": source, "workdir": str(workdir.resolve()), "policy": policy, "model": model}
+        prefect_serve(
+            learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
+                                          parameters=params | {"timezone": timezone}),
+            learn_stream.to_deployment(name="backfill", parameters=params),
+        )
+    finally:
+        _stop([server] if server else [])
 
 
 def _free_port(preferred: int) -> int:
@@ -268,19 +286,41 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _start(cmd: list[str], health: str, timeout: float = 120) -> subprocess.Popen:
+    """Start a server in its own session (monim decides when it stops) and wait until it answers."""
     import urllib.request
 
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise _fail(f"{url} exited with status {proc.returncode}")
+            raise _fail(f"{Path(cmd[0]).name} exited with status {proc.returncode}")
         try:
-            urllib.request.urlopen(url, timeout=2)
-            return
+            urllib.request.urlopen(health, timeout=2)
+            return proc
         except OSError:
             time.sleep(1)
-    raise _fail(f"{url} did not answer within {timeout:.0f} s")
+    _stop([proc])
+    raise _fail(f"{health} did not answer within {timeout:.0f} s")
+
+
+def _interruptible() -> None:
+    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGINT, then a kill after 20 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 @app.command()
@@ -290,30 +330,19 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_p
     bin_dir = Path(sys.executable).parent
     prefect_port, mlflow_port = _free_port(prefect_port), _free_port(mlflow_port)
     db = (workdir / "mlflow.db").resolve()
-    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    commands = [
-        [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{db}", "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
-    ]
-    # Ctrl-C or a kill stops monim, which then stops both servers (run in their own sessions).
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.default_int_handler)
-    procs = [subprocess.Popen(cmd, env=env, start_new_session=True) for cmd in commands]
+    _interruptible()
+    procs: list[subprocess.Popen] = []
     try:
-        _wait_healthy(f"http://127.0.0.1:{prefect_port}/api/health", procs[0])
-        _wait_healthy(f"http://127.0.0.1:{mlflow_port}/health", procs[1])
+        procs.append(_start([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+                            f"http://127.0.0.1:{prefect_port}/api/health"))
+        procs.append(_start([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
+                             "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
+                            f"http://127.0.0.1:{mlflow_port}/health"))
         console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\nCtrl-C stops both.")
         while all(p.poll() is None for p in procs):
             time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
