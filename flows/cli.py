@@ -85,9 +85,11 @@ def _status_of(root: Path) -> dict:
 
     ds = Datastore.read(root)
     index = MemoryIndex(root, ds.identity["hidden_size"])
+    size = ds.bytes_on_disk() + index.bytes_on_disk()
     return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
-            "bytes": ds.bytes_on_disk() + index.bytes_on_disk(), "model": ds.manifest["model"],
-            "last_day": ds.days[-1].date if ds.days else None}
+            "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "model": ds.manifest["model"],
+            "last_day": ds.days[-1].date if ds.days else None,
+            "memrate_by_day": {d.date: d.memrate for d in ds.days}}
 
 
 def _table(title: str, rows: list[dict], columns: list[str]) -> Table:

@@ -48,6 +48,8 @@ def test_status_eval_forget(learned, tmp_path):
     workdir, model, out = learned
     status = last_json(monim("status", "--workdir", workdir, "--json"))
     assert {k: status[k] for k in ("days", "tokens_seen", "entries")} == {k: out[k] for k in ("days", "tokens_seen", "entries")}
+    assert status["bytes_per_entry"] == pytest.approx(status["bytes"] / status["entries"])
+    assert set(status["memrate_by_day"].values()) == {1.0}
     ev = last_json(monim("eval", "--workdir", workdir, "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-02", "--json"))
     assert {"ppl_lm", "ppl", "accuracy", "tokens"} <= set(ev) and ev["tokens"] > 0 and ev["ppl"] > 1
     text = tmp_path / "text.txt"

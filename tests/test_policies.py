@@ -4,7 +4,6 @@ import datetime as dt
 
 import numpy as np
 import pytest
-import torch
 
 from monim.knnlm import ThetaScores
 from monim.lm import load_lm
