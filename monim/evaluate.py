@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from monim.knnlm import theta_scores
+from monim.knnlm import Interpolation, theta_scores
 from monim.lm import LM, ScoreConfig, score
 from monim.memory import Memory
 from monim.stream import Document
@@ -16,14 +16,15 @@ def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: Sc
     """PPL and top-1 next-word accuracy of the LM alone and with the memory (its tuned λ, T)."""
     use_memory = memory is not None and len(memory) > 0
     batches = memory.score(docs, cfg) if use_memory else list(score(lm, docs, cfg))
+    interp = memory.interpolation if use_memory else Interpolation()
     n, nll_lm, nll, hits_lm, hits = 0, 0.0, 0.0, 0, 0
     for b in batches:
-        theta = theta_scores(b, memory.interpolation, len(lm.tokenizer)) if use_memory else None
+        theta = theta_scores(b, interp, len(lm.tokenizer))  # the LM's own scores when b has no neighbours
         n += len(b)
         nll_lm -= float(b.logp.astype(np.float64).sum())
         hits_lm += int((b.argmax == b.target).sum())
-        nll -= float(theta.logp.sum()) if theta else float(b.logp.astype(np.float64).sum())
-        hits += int((theta.argmax == b.target).sum()) if theta else int((b.argmax == b.target).sum())
+        nll -= float(theta.logp.sum())
+        hits += int((theta.argmax == b.target).sum())
     if not n:
         return {"tokens": 0, "ppl_lm": math.nan, "ppl": math.nan, "accuracy_lm": math.nan, "accuracy": math.nan}
     return {"tokens": n, "ppl_lm": math.exp(nll_lm / n), "ppl": math.exp(nll / n),
