@@ -73,19 +73,23 @@ def _check_model(workdir: Path, model: Optional[str]) -> None:
     from monim.datastore import Datastore
 
     want = model or "smollm2-135m"
-    for manifest in (workdir / "memories").glob("*/manifest.json"):
-        built = Datastore.read(manifest.parent).manifest["model"]
+    for root in _memories(workdir):
+        built = Datastore.read(root).manifest["model"]
         if built != want:
-            raise _fail(f"{manifest.parent} was built with model {built!r}, not {want!r}: use another --workdir")
+            raise _fail(f"{root} was built with model {built!r}, not {want!r}: use another --workdir")
+
+
+def _memories(workdir: Path) -> list[Path]:
+    """The memory directories of a work directory, one per policy."""
+    return sorted(p.parent for p in (workdir / "memories").glob("*/manifest.json"))
 
 
 def _status_of(root: Path) -> dict:
     from monim.datastore import Datastore
-    from monim.index import MemoryIndex
+    from monim.index import index_bytes
 
     ds = Datastore.read(root)
-    index = MemoryIndex(root, ds.identity["hidden_size"])
-    size = ds.bytes_on_disk() + index.bytes_on_disk()
+    size = ds.bytes_on_disk() + index_bytes(root)
     return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
             "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "model": ds.manifest["model"],
             "last_day": ds.days[-1].date if ds.days else None,
@@ -202,7 +206,7 @@ def evaluate(workdir: Path = WORKDIR, source: Optional[str] = typer.Option(None)
 
 
 def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:
-    found = sorted(p.parent for p in (workdir / "memories").glob("*/manifest.json"))
+    found = _memories(workdir)
     if not found:
         raise _fail(f"no memory in {workdir} (run `monim learn` first)")
     if policy:
@@ -217,7 +221,7 @@ def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:
 def status(workdir: Path = WORKDIR, policy: Optional[str] = typer.Option(None), as_json: bool = AS_JSON) -> None:
     """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories."""
     root = _memory_dir(workdir, policy)
-    memories = {p.parent.name: _status_of(p.parent) for p in sorted((workdir / "memories").glob("*/manifest.json"))}
+    memories = {root.name: _status_of(root) for root in _memories(workdir)}
     console.print(_table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
                          ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
     _emit(memories[root.name] | {"policy": root.name, "memories": memories}, as_json)
@@ -234,7 +238,7 @@ def forget(workdir: Path = WORKDIR, doc: Optional[list[str]] = typer.Option(None
 
     if not doc and not day:
         raise _fail("give --doc ID or --day DATE")
-    roots = [_memory_dir(workdir, policy)] if policy else sorted(p.parent for p in (workdir / "memories").glob("*/manifest.json"))
+    roots = [_memory_dir(workdir, policy)] if policy else _memories(workdir)
     removed = {}
     for root in roots:
         ds = Datastore.read(root)

@@ -53,6 +53,12 @@ def indexed_ids(index: faiss.Index) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
+def index_bytes(root: Path | str) -> int:
+    """Bytes of a memory's index file, without loading it."""
+    path = Path(root) / "index" / "index.faiss"
+    return path.stat().st_size if path.exists() else 0
+
+
 class MemoryIndex:
     """The datastore's FAISS index in `<memory>/index/`, versioned with the datastore."""
 
@@ -76,8 +82,7 @@ class MemoryIndex:
         return 0 if self.index is None else self.index.ntotal
 
     def bytes_on_disk(self) -> int:
-        path = self.dir / "index.faiss"
-        return path.stat().st_size if path.exists() else 0
+        return index_bytes(self.dir.parent)
 
     def sync(self, ds: Datastore, retrain: bool = False) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild."""
