@@ -7,8 +7,6 @@ day as the memory grows. RandMem stores at MoNIM's cumulative rate, so MoNIM run
 Usage: python benchmarks/memory_policies.py [--days 10] [--max-docs 8] [--out ...json]
 """
 
-import argparse
-import datetime as dt
 import json
 import shutil
 import tempfile
@@ -24,30 +22,16 @@ from monim.knnlm import perplexity, tune_interpolation
 from monim.lm import ScoreConfig, load_lm, score
 from monim.memory import Memory, calibrate, memorize_day
 from monim.policies import make_policy
-from monim.stream import iter_days, open_source
-
-REPO = Path(__file__).resolve().parents[1]
-STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
-
+from news_days import first_days, parser
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--source", type=Path, default=STREAM)
-    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
-    ap.add_argument("--days", type=int, default=10)
-    ap.add_argument("--max-docs", type=int, default=8)
+    ap = parser(__doc__, "memory_policies")
     ap.add_argument("--k", type=int, default=1024)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "memory_policies.json")
     args = ap.parse_args()
 
     lm = load_lm(args.model)
     cfg, index_cfg = ScoreConfig(), IndexConfig(k=args.k)
-    days = []
-    for day in iter_days(open_source(args.source), start=args.start):
-        days.append(day)
-        if len(days) == args.days:
-            break
+    days = first_days(args)
     console = Console(width=150)
 
     # the baseline: the bare LM's forward pass over the same training tokens, per day
@@ -68,11 +52,11 @@ def main() -> None:
     for policy in policies:
         if policy is None:  # RandMem at MoNIM's cumulative rate
             policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"], seed=0)
-        memory = Memory(work / policy.name, lm, index_cfg)
+        memory = Memory(work / policy.name, lm, index_cfg, use_calibrator=False)  # constant λ: see calibrator.py
         rows = []
         for day, bare in zip(days, bare_seconds):
             stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
-            calibrate(memory, day.validation, cfg)  # the next day's Θ uses (λ, T) tuned on validation
+            calibrate(memory, day.date.isoformat(), day.validation, cfg)  # the next day's Θ: (λ, T) tuned on validation
             pass_seconds = stats.seconds["lm_and_search"] + stats.seconds["policy"]
             rows.append(stats.as_dict() | {"entries_total": len(memory), "bare_seconds": bare,
                                            "throughput_ratio": bare / pass_seconds})

@@ -25,6 +25,12 @@ WORKDIR = typer.Option(Path("monim-work"), "--workdir", help="Where memories, ru
 AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last line.")
 MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
+CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant λ, T instead of the NN calibrator.")
+SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator's gate predicts λ below this (paper: 0.3).")
+
+
+def _calibrator_params(skip: Optional[float]) -> dict:
+    return {} if skip is None else {"skip_threshold": skip}
 
 
 def _fail(message: str) -> typer.Exit:
@@ -140,6 +146,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt or kl."),
           workdir: Path = WORKDIR, model: Optional[str] = MODEL,
           max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
+          constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
           tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Learn the stream's days from START to END into the work directory with one policy."""
     from monim.policies import make_policy
@@ -153,16 +160,21 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     use_workdir(workdir)
     from flows.stream import learn_stream
 
-    rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri)
-    console.print(_table(f"{policy} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
-                                                          "entries", "ppl_lm", "ppl", "accuracy"]))
-    _emit(_status_of(workdir / "memories" / policy) | {"policy": policy, "rows": rows}, as_json)
+    rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri,
+                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip))
+    from monim.config import RunConfig
+
+    name = RunConfig(policy=policy, calibrated=not constant_lam).name
+    console.print(_table(f"{name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
+                                                        "entries", "ppl_lm", "ppl", "accuracy"]))
+    _emit(_status_of(workdir / "memories" / name) | {"policy": name, "rows": rows}, as_json)
 
 
 @app.command()
 def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
             policies: str = typer.Option("bare,fullmem,randmem,monim-amt", help="Comma-separated policies."),
             workdir: Path = WORKDIR, model: Optional[str] = MODEL, max_docs: Optional[int] = typer.Option(None),
+            constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment."""
     _check_source(source, start, end)
@@ -171,7 +183,8 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
     from flows.compare import compare_policies
 
     summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
-                               tracking_uri=tracking_uri)
+                               tracking_uri=tracking_uri, calibrated=not constant_lam,
+                               calibrator_params=_calibrator_params(skip))
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     _emit({"policies": summary}, as_json)
 
@@ -181,7 +194,7 @@ def evaluate(workdir: Path = WORKDIR, source: Optional[str] = typer.Option(None)
              end: Optional[str] = typer.Option(None), split: str = typer.Option("test"),
              text: Optional[Path] = typer.Option(None, help="Score a plain text file instead (e.g. WikiText)."),
              policy: Optional[str] = typer.Option(None, help="Which memory (default: the only one, else monim-amt)."),
-             as_json: bool = AS_JSON) -> None:
+             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, as_json: bool = AS_JSON) -> None:
     """PPL and next-word accuracy of the LM alone and with a memory."""
     root = _memory_dir(workdir, policy)
     from monim.datastore import Datastore
@@ -200,7 +213,10 @@ def evaluate(workdir: Path = WORKDIR, source: Optional[str] = typer.Option(None)
     else:
         raise _fail("give --source (with --start/--end) or --text")
     lm = load_lm(Datastore.read(root).manifest["model"])
-    result = evaluate_docs(lm, docs, Memory(root, lm))
+    from monim.calibrator import CalibratorConfig
+
+    memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam)
+    result = evaluate_docs(lm, docs, memory)
     console.print(_table(f"{root.name} on {len(docs)} documents", [result], list(result)))
     _emit(result | {"policy": root.name, "documents": len(docs)}, as_json)
 

@@ -36,7 +36,8 @@ def summarize(rows: list[dict]) -> dict:
 @flow(name="monim-compare")
 def compare_policies(source: str, start: str | None = None, end: str | None = None, policies: list[str] | None = None,
                      workdir: str = "monim-work", model: str | None = None, max_docs: int | None = None,
-                     seed: int = 0, experiment: str | None = None, tracking_uri: str | None = None) -> dict[str, dict]:
+                     seed: int = 0, experiment: str | None = None, tracking_uri: str | None = None,
+                     calibrated: bool = True, calibrator_params: dict | None = None) -> dict[str, dict]:
     """Run each policy over the same days; RandMem stores at MoNIM's rate when MoNIM runs too."""
     policies = policies or POLICIES
     order = sorted(policies, key=lambda p: p != "monim-amt" and p != "monim")  # MoNIM first, for RandMem's rate
@@ -46,7 +47,8 @@ def compare_policies(source: str, start: str | None = None, end: str | None = No
         if policy == "randmem":
             monim = summary.get("monim-amt") or summary.get("monim")
             params = {"rate": round(monim["memrate"], 4)} if monim else {}
-        rows = learn_stream(source, start, end, policy, workdir, model, max_docs, params, seed, experiment, tracking_uri)
+        rows = learn_stream(source, start, end, policy, workdir, model, max_docs, params, seed, experiment, tracking_uri,
+                            calibrated, calibrator_params)
         summary[policy] = summarize(rows)
     table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()} for p in policies]
     create_table_artifact(table, key="monim-comparison", description=f"{source} {start}..{end}")

@@ -22,20 +22,20 @@ def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: 
     cfg = RunConfig(**config)
     counts = ingest(config, date)
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in counts.items()}
-    version = 0
+    state = "v0"
     if cfg.policy != BARE:
         stats = memorize(config, date)
         index = update_index(config)
         theta = calibrate(config, date)
         seconds = stats.pop("seconds") | {"index_update": index["seconds"]}
         pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
-        version = stats["version"]
+        state = f"v{stats['version']}-{theta.pop('theta')}"
         row |= {
             "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
-    row |= evaluate(config, date, version)
+    row |= evaluate(config, date, state)
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
     record_day(config, row)

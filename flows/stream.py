@@ -29,10 +29,15 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 def learn_stream(source: str, start: str | None = None, end: str | None = None, policy: str = "monim-amt",
                  workdir: str = "monim-work", model: str | None = None, max_docs: int | None = None,
                  policy_params: dict | None = None, seed: int = 0, experiment: str | None = None,
-                 tracking_uri: str | None = None) -> list[dict]:
-    """Learn every day from start to end with one policy; days already finished are skipped."""
+                 tracking_uri: str | None = None, calibrated: bool = True,
+                 calibrator_params: dict | None = None) -> list[dict]:
+    """Learn every day from start to end with one policy; days already finished are skipped.
+
+    Θ uses the NN calibrator's λ unless `calibrated` is False (constant λ; run named '<policy>-const').
+    """
     cfg = RunConfig(source=source, workdir=workdir, policy=policy, policy_params=policy_params or {},
-                    model=model, max_docs=max_docs, seed=seed)
+                    model=model, max_docs=max_docs, seed=seed, calibrated=calibrated,
+                    calibrator_params=calibrator_params or {})
     config = asdict(cfg)
     done = recorded_days(config)
     dates = [d.isoformat() for d in list_dates(source, _date(start), _date(end))]

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from monim.calibrator import CalibratorConfig
 from monim.index import IndexConfig
 from monim.lm import ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
@@ -26,6 +27,8 @@ class RunConfig:
     model: str | None = None
     max_docs: int | None = None  # training documents taken per day
     seed: int = 0
+    calibrated: bool = True  # Θ uses the NN calibrator's per-token λ (False: the constant λ)
+    calibrator_params: dict = field(default_factory=dict)  # monim.calibrator.CalibratorConfig fields
     stride: int = 512
     context: int = 512
     batch_size: int = 8
@@ -35,8 +38,8 @@ class RunConfig:
 
     @property
     def name(self) -> str:
-        """The run's name: the policy, or 'bare' for the LM alone."""
-        return self.policy
+        """The run's name: the policy ('-const' when Θ uses the constant λ), or 'bare' for the LM alone."""
+        return self.policy if self.calibrated or self.policy == BARE else f"{self.policy}-const"
 
     @property
     def memory_dir(self) -> Path:
@@ -48,14 +51,18 @@ class RunConfig:
     def score_config(self) -> ScoreConfig:
         return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size)
 
+    def calibrator_config(self) -> CalibratorConfig:
+        return CalibratorConfig(**self.calibrator_params)
+
     def index_config(self) -> IndexConfig:
         return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = {k: v for k, v in asdict(self).items() if k != "policy_params"}
+        out = {k: v for k, v in asdict(self).items() if k not in ("policy_params", "calibrator_params")}
         if self.policy != BARE:
             out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
+            out |= {f"calibrator.{k}": v for k, v in asdict(self.calibrator_config()).items()}
         return out
 
     def fingerprint(self) -> str:

@@ -140,6 +140,9 @@ class Datastore:
     def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray:
         return np.load(self.root / "shards" / name / f"{array}.npy", mmap_mode="r" if mmap else None)
 
+    def has_array(self, name: str, array: str) -> bool:
+        return (self.root / "shards" / name / f"{array}.npy").exists()
+
     def shard_docs(self, name: str) -> list[str]:
         return json.loads((self.root / "shards" / name / "docs.json").read_text())
 
@@ -178,10 +181,11 @@ class Datastore:
     # --- writing ---------------------------------------------------------------------------
 
     def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
-                   params: dict | None = None, force: bool = False) -> bool:
+                   params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None) -> bool:
         """Append one day's entries atomically; False (no change) if the day is already committed.
 
-        With force, a committed day is replaced, but only if it is the last one.
+        With force, a committed day is replaced, but only if it is the last one. `text`: arrays
+        describing the day's training text (monim.lexical.day_counts), kept in the day's shard.
         """
         date = str(date)
         days = list(self.manifest["days"])
@@ -207,7 +211,7 @@ class Datastore:
             "docs": np.array([doc_index[d] for d in entries.doc_ids]),
             "positions": entries.positions,
         }
-        arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()}
+        arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()} | (text or {})
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
         self._write_shard(name, arrays, docs)
         days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}).__dict__)
@@ -243,11 +247,13 @@ class Datastore:
         self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
 
     def _rewrite(self, rec: dict, keep: np.ndarray | None) -> str:
-        """A new shard holding the kept entries of `rec`'s shard (none if keep is None)."""
+        """A new shard holding the kept entries of `rec`'s shard; keep None: none, nor its text."""
         old = rec["shard"]
         n = len(self.shard(old, "values"))
+        text = {} if keep is None else {p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
+                                        if p.stem not in DTYPES}
         keep = np.zeros(n, bool) if keep is None else keep
-        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES}
+        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES} | text
         name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
         self._write_shard(name, arrays, self.shard_docs(old))
         return name

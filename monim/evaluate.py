@@ -13,19 +13,23 @@ from monim.stream import Document
 
 
 def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: ScoreConfig | None = None) -> dict:
-    """PPL and top-1 next-word accuracy of the LM alone and with the memory (its tuned λ, T)."""
+    """PPL and top-1 next-word accuracy of the LM alone and with the memory (Θ: its calibrator or
+    constant λ), and the share of tokens whose retrieval the skip gate skipped."""
     use_memory = memory is not None and len(memory) > 0
+    if use_memory:
+        memory.searched = memory.skipped = 0
     batches = memory.score(docs, cfg) if use_memory else list(score(lm, docs, cfg))
-    interp = memory.interpolation if use_memory else Interpolation()
     n, nll_lm, nll, hits_lm, hits = 0, 0.0, 0.0, 0, 0
     for b in batches:
-        theta = theta_scores(b, interp, len(lm.tokenizer))  # the LM's own scores when b has no neighbours
+        # the LM's own scores when b has no neighbours
+        theta = memory.theta_scores(b) if use_memory else theta_scores(b, Interpolation(), len(lm.tokenizer))
         n += len(b)
         nll_lm -= float(b.logp.astype(np.float64).sum())
         hits_lm += int((b.argmax == b.target).sum())
         nll -= float(theta.logp.sum())
         hits += int((theta.argmax == b.target).sum())
     if not n:
-        return {"tokens": 0, "ppl_lm": math.nan, "ppl": math.nan, "accuracy_lm": math.nan, "accuracy": math.nan}
-    return {"tokens": n, "ppl_lm": math.exp(nll_lm / n), "ppl": math.exp(nll / n),
-            "accuracy_lm": hits_lm / n, "accuracy": hits / n}
+        return {"tokens": 0, "ppl_lm": math.nan, "ppl": math.nan, "accuracy_lm": math.nan, "accuracy": math.nan,
+                "skipped": math.nan}
+    return {"tokens": n, "ppl_lm": math.exp(nll_lm / n), "ppl": math.exp(nll / n), "accuracy_lm": hits_lm / n,
+            "accuracy": hits / n, "skipped": memory.skipped / n if use_memory else 0.0}

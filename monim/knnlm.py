@@ -60,15 +60,24 @@ class ThetaScores:
     argmax: np.ndarray
 
 
-def theta_scores(batch, interp: Interpolation, vocab_size: int, chunk: int = 256) -> ThetaScores:
+def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
+    """λ per row: `lam` (a number or one per row), 0 for rows without any neighbour (LM alone)."""
+    has = torch.from_numpy(knn_values[:, 0] >= 0)
+    return torch.where(has, torch.as_tensor(lam, dtype=torch.float64), 0.0).double()
+
+
+def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray | None = None,
+                 chunk: int = 256) -> ThetaScores:
     """Score a batch (monim.lm.TokenScores with neighbours) under the interpolated model.
 
-    The maximum of the interpolated distribution lies at the LM's top token or at one of the
-    neighbours' values, so only those candidates are evaluated (exactly, from the full kNN
-    distribution of `chunk` rows at a time).
+    λ is the constant `interp.lam` or, given, one per token (a calibrator's); rows without
+    neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated distribution
+    lies at the LM's top token or at one of the neighbours' values, so only those candidates are
+    evaluated (exactly, from the full kNN distribution of `chunk` rows at a time).
     """
     if batch.knn_values is None:  # an empty memory: Θ is the bare LM
         return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
+    lams = row_lam(batch.knn_values, interp.lam if lam is None else lam)
     out = []
     for i in range(0, len(batch), chunk):
         sl = slice(i, i + chunk)
@@ -76,10 +85,10 @@ def theta_scores(batch, interp: Interpolation, vocab_size: int, chunk: int = 256
         logw = knn_log_weights(torch.from_numpy(batch.knn_dist[sl]), values, interp.temperature)
         probs = knn_full_probs(logw, values, vocab_size)
         target, top = torch.from_numpy(batch.target[sl]).long(), torch.from_numpy(batch.argmax[sl]).long()
-        logp = interpolate(torch.from_numpy(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), interp.lam)
+        logp = interpolate(torch.from_numpy(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), lams[sl])
         cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
         cand_lm = torch.cat([torch.from_numpy(batch.max_logp[sl])[:, None], torch.from_numpy(batch.lm_logp_values[sl])], 1)
-        cand = interpolate(cand_lm, probs.gather(1, cand_ids).log(), interp.lam)
+        cand = interpolate(cand_lm, probs.gather(1, cand_ids).log(), lams[sl])
         cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
         best = cand.argmax(dim=1)
         out.append((logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))
@@ -94,6 +103,11 @@ def target_knn_logprob(batch, temperature: float) -> torch.Tensor:
     return knn_target_logprob(logw, values, torch.from_numpy(batch.target).long())
 
 
+def knn_logprobs_by_temperature(batch, temperatures=TEMPERATURES) -> np.ndarray:
+    """[n, len(temperatures)]: log p_kNN(target) at each temperature (what λ, T tuning needs)."""
+    return torch.stack([target_knn_logprob(batch, t) for t in temperatures], dim=1).numpy()
+
+
 def perplexity(batches: list, interp: Interpolation | None = None) -> float:
     """PPL of the LM alone (interp None, or no neighbours), or of LM + memory with (λ, T)."""
     nll, n = 0.0, 0
@@ -101,10 +115,26 @@ def perplexity(batches: list, interp: Interpolation | None = None) -> float:
         if interp is None or b.knn_values is None:
             logp = torch.from_numpy(b.logp).double()
         else:
-            logp = interpolate(torch.from_numpy(b.logp), target_knn_logprob(b, interp.temperature), interp.lam)
+            logp = interpolate(torch.from_numpy(b.logp), target_knn_logprob(b, interp.temperature),
+                               row_lam(b.knn_values, interp.lam))
         nll -= logp.sum().item()
         n += len(b)
     return math.exp(nll / n) if n else math.nan
+
+
+def tune_grid(lm_logp: np.ndarray, knn_logp: np.ndarray, lambdas=LAMBDAS,
+              temperatures=TEMPERATURES) -> tuple[Interpolation, float]:
+    """The (λ, T) with the lowest mean NLL, from log P_LM [n] and log p_kNN at each T [n, len(T)]."""
+    if not len(lm_logp):
+        return Interpolation(), math.inf
+    lm, knn = torch.from_numpy(lm_logp), torch.from_numpy(knn_logp)
+    best, best_nll = Interpolation(), math.inf
+    for j, temperature in enumerate(temperatures):
+        for lam in lambdas:
+            nll = -interpolate(lm, knn[:, j], lam).mean().item()
+            if nll < best_nll:
+                best, best_nll = Interpolation(lam, temperature), nll
+    return best, best_nll
 
 
 def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES) -> tuple[Interpolation, float]:
@@ -112,12 +142,6 @@ def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES
     batches = [b for b in batches if b.knn_values is not None]
     if not batches:
         return Interpolation(), math.inf
-    lm = torch.cat([torch.from_numpy(b.logp) for b in batches])
-    best, best_nll = Interpolation(), math.inf
-    for temperature in temperatures:
-        knn = torch.cat([target_knn_logprob(b, temperature) for b in batches])
-        for lam in lambdas:
-            nll = -interpolate(lm, knn, lam).mean().item()
-            if nll < best_nll:
-                best, best_nll = Interpolation(lam, temperature), nll
-    return best, best_nll
+    lm = np.concatenate([b.logp for b in batches])
+    knn = np.concatenate([knn_logprobs_by_temperature(b, temperatures) for b in batches])
+    return tune_grid(lm, knn, lambdas, temperatures)

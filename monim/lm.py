@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -183,6 +183,7 @@ class TokenScores:
 
     doc_id: np.ndarray  # object array of str
     position: np.ndarray  # int32: index of the target token in its document
+    prev: np.ndarray  # int32: the last context token (the one before the target)
     target: np.ndarray  # int32
     logp: np.ndarray  # float32: log P(target)
     max_logp: np.ndarray  # float32: max_y log P(y)
@@ -190,12 +191,18 @@ class TokenScores:
     argmax: np.ndarray  # int32: the LM's top token
     key: np.ndarray  # float16 [n, hidden]
     # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
-    knn_dist: np.ndarray | None = None  # float32 squared L2 distance
+    knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
     knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
     lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
 
     def __len__(self) -> int:
         return len(self.target)
+
+    @classmethod
+    def concat(cls, parts: list[TokenScores]) -> TokenScores:
+        """Many batches as one (all with neighbours, or all without)."""
+        return cls(**{f.name: None if getattr(parts[0], f.name) is None
+                      else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
 def windows(n_tokens: int, cfg: ScoreConfig) -> Iterator[tuple[int, int, int]]:
@@ -204,31 +211,18 @@ def windows(n_tokens: int, cfg: ScoreConfig) -> Iterator[tuple[int, int, int]]:
         yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
 
 
-def token_stats(lm: LM, hidden: torch.Tensor, target: torch.Tensor, chunk: int,
-                extra: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """log P(target), max log P, argmax, entropy and log P at `extra` ids [n, m] (or an empty
-    [n, 0]), projecting only `chunk` rows to the vocabulary at a time."""
-    extra = torch.zeros((len(target), 0), dtype=torch.long, device=target.device) if extra is None else extra
-    out = []
-    for i in range(0, len(target), chunk):
-        logits = lm.logits(hidden[i : i + chunk])
-        lse = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(1, target[i : i + chunk, None])[:, 0] - lse
-        top = logits.max(dim=-1)
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-        at_extra = logits.gather(1, extra[i : i + chunk]) - lse[:, None]
-        out.append((logp, top.values - lse, top.indices, entropy, at_extra))
-    return tuple(torch.cat(parts) for parts in zip(*out))
-
-
 Window = tuple[str, list[int], int, int]  # doc id, tokens[a:e], a, s
-# keys fp32 [n, d] -> (squared distances [n, k], neighbour values [n, k], -1 where none)
-Neighbors = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+# tokens scored by the LM (no neighbours yet) -> (squared distances [n, k], values [n, k], -1 where none)
+Neighbors = Callable[[TokenScores], tuple[np.ndarray, np.ndarray]]
 
 
 @torch.inference_mode()
 def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neighbors | None = None) -> TokenScores:
-    """Score one batch of windows: each feeds tokens[a:e-1] and keeps the targets at s..e-1."""
+    """Score one batch of windows: each feeds tokens[a:e-1] and keeps the targets at s..e-1.
+
+    The vocabulary projection runs `cfg.head_chunk` rows at a time; each chunk's LM statistics
+    are known before its neighbours are searched (so a retriever can decide to skip rows).
+    """
     width = max(len(toks) - 1 for _, toks, _, _ in batch)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -246,26 +240,31 @@ def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neig
         targets += toks[s - a :]
     hidden, keys = lm.forward(input_ids.to(lm.device), mask.to(lm.device))
     rows_t, cols_t = torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device)
+    hidden, keys = hidden[rows_t, cols_t], keys[rows_t, cols_t]
     target = torch.tensor(targets, device=lm.device)
-    key = keys[rows_t, cols_t]
-    dist = values = None
-    if neighbors is not None:
-        dist, values = neighbors(key.float().cpu().numpy())
-    extra = None if values is None else torch.from_numpy(values).long().clamp(min=0).to(lm.device)
-    logp, max_logp, argmax, entropy, at_values = token_stats(lm, hidden[rows_t, cols_t], target, cfg.head_chunk, extra)
-    return TokenScores(
-        doc_id=np.array(doc_ids, dtype=object),
-        position=np.array(positions, dtype=np.int32),
-        target=np.array(targets, dtype=np.int32),
-        logp=logp.cpu().numpy(),
-        max_logp=max_logp.cpu().numpy(),
-        entropy=entropy.cpu().numpy(),
-        argmax=argmax.to(torch.int32).cpu().numpy(),
-        key=key.to(torch.float16).cpu().numpy(),
-        knn_dist=dist,
-        knn_values=values,
-        lm_logp_values=None if values is None else at_values.cpu().numpy(),
-    )
+    doc_ids, positions = np.array(doc_ids, dtype=object), np.array(positions, dtype=np.int32)
+    prev = input_ids[rows_t.cpu(), cols_t.cpu()].numpy().astype(np.int32)
+    parts = []
+    for i in range(0, len(targets), cfg.head_chunk):
+        sl = slice(i, i + cfg.head_chunk)
+        logits = lm.logits(hidden[sl])
+        lse = torch.logsumexp(logits, dim=-1)
+        top = logits.max(dim=-1)
+        part = TokenScores(
+            doc_id=doc_ids[sl], position=positions[sl], prev=prev[sl],
+            target=target[sl].to(torch.int32).cpu().numpy(),
+            logp=(logits.gather(1, target[sl, None])[:, 0] - lse).cpu().numpy(),
+            max_logp=(top.values - lse).cpu().numpy(),
+            entropy=(lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)).cpu().numpy(),
+            argmax=top.indices.to(torch.int32).cpu().numpy(),
+            key=keys[sl].to(torch.float16).cpu().numpy(),
+        )
+        if neighbors is not None:
+            part.knn_dist, part.knn_values = neighbors(part)
+            at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
+            part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+        parts.append(part)
+    return TokenScores.concat(parts)
 
 
 def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
@@ -294,8 +293,3 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
                 batch = []
     if batch:
         yield score_windows(lm, batch, cfg, neighbors)
-
-
-def count_targets(lm: LM, docs: Iterable[Document]) -> int:
-    """How many tokens `score` will predict for these documents."""
-    return sum(max(0, len(lm.tokenizer(doc.text)["input_ids"]) - 1) for doc in docs)

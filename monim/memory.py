@@ -3,29 +3,46 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import hashlib
+import json
+import os
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from monim.datastore import Datastore, Entries
+from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
+from monim.datastore import Datastore, Entries, _write_json
 from monim.index import IndexConfig, MemoryIndex
-from monim.knnlm import Interpolation, theta_scores, tune_interpolation
-from monim.lm import LM, ScoreConfig, TokenScores, count_targets, score
+from monim.knnlm import TEMPERATURES, Interpolation, ThetaScores, knn_logprobs_by_temperature, theta_scores, tune_grid
+from monim.lexical import LexicalCounts, day_counts
+from monim.lm import LM, ScoreConfig, TokenScores, score
 from monim.policies import Policy, policy_params
 from monim.stream import Day, Document
 
 
 class Memory:
-    """A memory directory: its datastore, its FAISS index, and kNN search for the LM."""
+    """A memory directory: its datastore, FAISS index, lexical counts and calibrator, and Θ's scoring.
 
-    def __init__(self, root: Path | str, lm: LM, index_cfg: IndexConfig | None = None):
+    Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
+    per-token λ (`use_calibrator`) or the constant λ, both trained on validation data by `calibrate`.
+    """
+
+    def __init__(self, root: Path | str, lm: LM, index_cfg: IndexConfig | None = None,
+                 calibrator_cfg: CalibratorConfig | None = None, use_calibrator: bool = True):
         self.lm = lm
         self.ds = Datastore.for_lm(root, lm)
         self.index = MemoryIndex(root, lm.hidden_size, index_cfg)
+        self.calibrator_cfg = calibrator_cfg or CalibratorConfig()
+        self.use_calibrator = use_calibrator
         self.search_seconds = 0.0
+        self.searched = self.skipped = 0
+        self._loaded: dict[tuple[str, str], Calibrator | None] = {}
+        self._lexical: LexicalCounts | None = None
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -33,7 +50,47 @@ class Memory:
     @property
     def interpolation(self) -> Interpolation:
         """The constant (λ, T) last tuned on validation data (defaults before any tuning)."""
-        return Interpolation(**self.ds.manifest["theta"]) if self.ds.manifest["theta"] else Interpolation()
+        theta = self.ds.manifest["theta"]
+        return Interpolation(theta["lam"], theta["temperature"]) if theta else Interpolation()
+
+    def theta_dir(self) -> Path | None:
+        """The folder of the last calibration (its examples and calibrators), if any."""
+        rel = self.ds.manifest["theta"].get("dir")
+        return self.ds.root / rel if rel else None
+
+    def calibrator(self, name: str = "calibrator") -> Calibrator | None:
+        """The last trained calibrator ('calibrator') or skip gate ('gate'), if any."""
+        folder = self.theta_dir()
+        if folder is None:
+            return None
+        if (str(folder), name) not in self._loaded:
+            path = folder / f"{name}.pt"
+            self._loaded[(str(folder), name)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
+        return self._loaded[(str(folder), name)]
+
+    def calibration_set(self) -> tuple[list[str], Examples | None]:
+        """The calibration tokens gathered so far: their files (one per day) and the examples."""
+        folder = self.theta_dir()
+        chain = json.loads((folder / "meta.json").read_text())["examples"] if folder else []
+        parts = [Examples.load(self.ds.root / p) for p in chain]
+        return chain, Examples.concat(parts) if parts else None
+
+    def lexical(self) -> LexicalCounts:
+        """Token counts and distinct successors over the memorized training text."""
+        if self._lexical is None or self._lexical.shards != [d.shard for d in self.ds.days]:
+            self._lexical = LexicalCounts.of(self.ds)
+        return self._lexical
+
+    def lam(self, batch: TokenScores) -> np.ndarray | float:
+        """Θ's λ for each token of a scored batch: the calibrator's, or the constant one."""
+        calibrator = self.calibrator() if self.use_calibrator else None
+        if calibrator is None or batch.knn_values is None:
+            return self.interpolation.lam
+        return calibrator.lam(examples(batch, self.lexical()))
+
+    def theta_scores(self, batch: TokenScores) -> ThetaScores:
+        """log P(target), max log P and top-1 of each token under Θ."""
+        return theta_scores(batch, self.interpolation, len(self.lm.tokenizer), self.lam(batch))
 
     def sync(self, retrain: bool = False) -> dict:
         """Bring the index up to the committed entries (detects a stale or missing index)."""
@@ -47,10 +104,25 @@ class Memory:
         self.search_seconds += time.perf_counter() - started
         return dist, values
 
-    def score(self, docs: list[Document], cfg: ScoreConfig | None = None) -> list[TokenScores]:
+    def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The LM's hook (monim.lm.Neighbors): search each token's neighbours, except where the
+        skip gate predicts λ < θ (calibrator_cfg.skip_threshold); skipped rows get none."""
+        theta, gate = self.calibrator_cfg.skip_threshold, self.calibrator("gate")
+        wanted = np.ones(len(batch), bool)
+        if skip and theta is not None and gate is not None and self.use_calibrator:
+            wanted = gate.lam(examples(batch, self.lexical())) >= theta
+        k = self.index.cfg.k
+        dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)
+        if wanted.any():
+            dist[wanted], values[wanted] = self.neighbors(batch.key[wanted].astype(np.float32))
+        self.searched += int(wanted.sum())
+        self.skipped += int((~wanted).sum())
+        return dist, values
+
+    def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True) -> list[TokenScores]:
         """Score documents with the LM and, if the memory holds entries, their neighbours."""
         self.sync()
-        return list(score(self.lm, docs, cfg, self.neighbors if len(self) else None))
+        return list(score(self.lm, docs, cfg, functools.partial(self.search, skip=skip) if len(self) else None))
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
         """Remove documents' or days' entries from the datastore, and then from the index."""
@@ -91,8 +163,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
         rec = next(d for d in ds.days if d.date == date)
         return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
     docs = day.train[:max_docs]
-    total = count_targets(memory.lm, docs) if progress else 0
-    interp = memory.interpolation
+    tokens = [memory.lm.tokenizer(d.text)["input_ids"] for d in docs]
+    total = sum(max(0, len(t) - 1) for t in tokens)
     timer = {"lm_and_search": 0.0, "policy": 0.0}
     memory.search_seconds = 0.0
     rng = np.random.default_rng([seed, day.date.toordinal()])
@@ -100,11 +172,11 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     tokens_seen = 0
     started = time.perf_counter()
     memory.sync()
-    search = memory.neighbors if len(memory) and policy.uses_theta else None
+    search = memory.search if len(memory) and policy.uses_theta else None
     for batch in score(memory.lm, docs, cfg, search):
         t = time.perf_counter()
         timer["lm_and_search"] += t - started
-        keep = policy.select(batch, theta_scores(batch, interp, len(memory.lm.tokenizer)), memory.lm, rng)
+        keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
         parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
         tokens_seen += len(batch)
         if progress:
@@ -113,7 +185,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
         timer["policy"] += started - t
     entries = Entries.concat(parts, memory.lm.hidden_size)
     t = time.perf_counter()
-    ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force)
+    ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force, text=day_counts(tokens))
+    memory.lexical()  # extend the lexical counts with the day
     timer["commit"] = time.perf_counter() - t
     timer["index"] = memory.sync()["seconds"]
     timer["search"] = memory.search_seconds
@@ -121,10 +194,56 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)
 
 
-def calibrate(memory: Memory, docs: list[Document], cfg: ScoreConfig | None = None) -> Interpolation:
-    """Tune the constant (λ, T) on validation documents; the next day's Θ and evaluation use it."""
-    if not docs or not len(memory):
-        return memory.interpolation
-    interp, _ = tune_interpolation(memory.score(docs, cfg))
-    memory.ds.set_theta(asdict(interp))
-    return interp
+def calibrate(memory: Memory, date: str, docs: list[Document], cfg: ScoreConfig | None = None,
+              force: bool = False) -> dict:
+    """Add a day's validation articles to the calibration set, tune the constant (λ, T) on the whole
+    set and train the calibrator and the skip gate on it; the next day's Θ and evaluation use them.
+
+    Each day's calibration tokens keep the features they had when the day was calibrated (never
+    rescored), so the set grows by a few articles a day at a constant cost. Re-running a calibrated
+    day changes nothing unless forced.
+    """
+    theta = memory.ds.manifest["theta"]
+    same_day = theta.get("date") == date
+    if not len(memory) or (same_day and not force):
+        return theta | {"trained": False}
+    ccfg = memory.calibrator_cfg
+    docs = docs[: ccfg.docs_per_day]
+    chain, _ = memory.calibration_set()
+    chain = chain[:-1] if same_day else chain  # a forced re-run replaces the day's own examples
+    lexical, parts = memory.lexical(), []
+    for batch in memory.score(docs, cfg, skip=False):
+        held = np.array([_held_out(d, ccfg.holdout) for d in batch.doc_id], dtype=bool)
+        parts.append(examples(batch, lexical, knn_logprobs_by_temperature(batch), held))
+    new = Examples.concat(parts) if parts else None
+    calibration = Examples.concat([Examples.load(memory.ds.root / p) for p in chain] + ([new] if new else []))
+    interp, _ = tune_grid(calibration.lm_logp.astype(np.float64), calibration.knn_logp.astype(np.float64))
+    t_index = TEMPERATURES.index(interp.temperature)
+    trained = {}
+    for name, gcfg in (("calibrator", ccfg), ("gate", ccfg.without("density"))):
+        if not gcfg.groups:
+            continue
+        start = memory.calibrator(name) if ccfg.warm_start and not same_day else None
+        epochs = warm_epochs(gcfg, len(chain)) if start is not None else gcfg.max_epochs
+        trained[name] = train_calibrator(calibration, gcfg, interp.lam, interp.temperature, t_index, start, epochs)
+    name = f"{date}-{uuid.uuid4().hex[:8]}"
+    folder = memory.ds.root / "theta" / name
+    tmp = folder.with_name(f".tmp-{name}")
+    tmp.mkdir(parents=True)
+    if new is not None:
+        new.save(tmp / "examples.npz")
+        chain = [*chain, f"theta/{name}/examples.npz"]
+    for key, calibrator in trained.items():
+        calibrator.record["date"] = date
+        calibrator.save(tmp / f"{key}.pt")
+    record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
+              "new_tokens": len(new) if new else 0} | {k: c.record for k, c in trained.items()}
+    _write_json(tmp / "meta.json", record | {"examples": chain})
+    os.replace(tmp, folder)
+    memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}"})
+    return record | {"trained": True}
+
+
+def _held_out(doc_id: str, every: int) -> bool:
+    """Whether a calibration article is held back for early stopping (fixed by its id)."""
+    return int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16) % every == 0

@@ -36,7 +36,7 @@ def lm_for(model: str | None) -> LM:
 
 
 def memory_for(cfg: RunConfig) -> Memory:
-    return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config())
+    return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config(), cfg.calibrator_config(), cfg.calibrated)
 
 
 def day_of(cfg: RunConfig, date: str) -> Day:
@@ -81,23 +81,33 @@ def update_index(config: dict) -> dict:
     return stats
 
 
-@task(cache_policy=NO_CACHE)
+@task(retries=1, cache_policy=NO_CACHE)
 def calibrate(config: dict, date: str) -> dict:
-    """Tune the constant λ and temperature on the day's validation articles."""
+    """Grow the calibration set with the day's validation articles; tune the constant λ, T and
+    train the NN calibrator and skip gate on it (idempotent per day)."""
     cfg = RunConfig(**config)
-    interp = calibrate_memory(memory_for(cfg), day_of(cfg, date).validation, cfg.score_config())
-    logger().info("calibrated: λ=%.2f T=%g", interp.lam, interp.temperature)
-    return {"lam": interp.lam, "temperature": interp.temperature}
+    memory = memory_for(cfg)
+    record = calibrate_memory(memory, date, day_of(cfg, date).validation, cfg.score_config())
+    out = {"lam": record.get("lam", memory.interpolation.lam), "temperature": record.get("temperature", memory.interpolation.temperature),
+           "theta": memory.ds.manifest["theta"].get("dir", "")}
+    if record.get("trained"):
+        cal = record.get("calibrator", {})
+        out |= {"calibration_tokens": record["calibration_tokens"], "calibrator_nll": cal.get("held_out_nll"),
+                "calibrator_nll_constant": cal.get("held_out_nll_start"), "calibrator_seconds": cal.get("seconds")}
+        logger().info("calibrated on %d tokens: constant λ=%.2f T=%g; calibrator held-out NLL %.3f (constant λ %.3f)",
+                      record["calibration_tokens"], record["lam"], record["temperature"], cal.get("held_out_nll", 0),
+                      cal.get("held_out_nll_start", 0))
+    return out
 
 
 def _evaluation_key(context, parameters: dict) -> str:
-    """Cache key: the day, the run's settings and the memory's version, never tensors."""
+    """Cache key: the day, the run's settings and the memory's state, never tensors."""
     cfg = RunConfig(**parameters["config"])
-    return f"monim-eval-{cfg.fingerprint()}-{parameters['date']}-v{parameters['memory_version']}"
+    return f"monim-eval-{cfg.fingerprint()}-{parameters['date']}-{parameters['memory_state']}"
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True)
-def evaluate(config: dict, date: str, memory_version: int) -> dict:
+def evaluate(config: dict, date: str, memory_state: str) -> dict:
     """Test PPL and next-word accuracy, bare LM and LM + memory, on the day's test articles."""
     cfg = RunConfig(**config)
     memory = None if cfg.policy == BARE else memory_for(cfg)

@@ -91,3 +91,24 @@ def test_stream_resumes_after_the_last_learned_day(compared):
     assert [r["date"] for r in rows] == [*DAYS, "1987-03-04"]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert len(list((workdir / "memories" / "fullmem" / "shards").iterdir())) == 3
+
+
+def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
+    from flows.stream import learn_stream
+    from monim.lm import load_lm
+    from monim.memory import Memory
+
+    workdir, model, summary = compared
+    memory = Memory(workdir / "memories" / "monim-amt", load_lm(model))
+    assert memory.calibrator().record["date"] == DAYS[1] and memory.calibrator("gate") is not None
+    chain, calibration = memory.calibration_set()
+    assert [p.split("/")[1][:10] for p in chain] == list(DAYS)  # one day's validation articles each
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
+    run = client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'monim-amt'")[0]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "calibrator_nll")] == [0, 1]
+    assert run.data.params["calibrated"] == "True" and run.data.params["calibrator.groups"] == str(("distribution", "lexical", "density"))
+    # constant λ is its own run and memory, named after it
+    rows = learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "monim-amt", str(workdir), model, 3, calibrated=False)
+    assert [r["date"] for r in rows] == list(DAYS) and (workdir / "memories" / "monim-amt-const" / "manifest.json").exists()
+    assert client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'monim-amt-const'")

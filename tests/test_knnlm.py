@@ -89,7 +89,7 @@ def fake_batch(memory, seed=2):
     target = rng.integers(0, V, len(queries)).astype(np.int32)
     n = len(queries)
     batch = TokenScores(
-        doc_id=np.array(["q"] * n, dtype=object), position=np.arange(n, dtype=np.int32), target=target,
+        doc_id=np.array(["q"] * n, dtype=object), position=np.arange(n, dtype=np.int32), prev=target, target=target,
         logp=lm_logp[np.arange(n), target].astype(np.float32), max_logp=lm_logp.max(1).astype(np.float32),
         entropy=np.zeros(n, np.float32), argmax=lm_logp.argmax(1).astype(np.int32),
         key=queries.astype(np.float16), knn_dist=dist, knn_values=vals,

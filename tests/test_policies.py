@@ -72,8 +72,12 @@ def test_memorize_day_with_a_tiny_model(tiny_model_dir, tmp_path):
     again = memorize_day(Memory(tmp_path, lm), day, make_policy("fullmem"))
     assert not again.committed and again.stored == n_tokens and Memory(tmp_path, lm).bytes_on_disk() == size
     assert memory.ds.days[0].policy == "fullmem" and not memory.ds.manifest["theta"]
-    interp = calibrate(memory, day.validation)
-    assert memory.ds.manifest["theta"] == {"lam": interp.lam, "temperature": interp.temperature}
+    record = calibrate(memory, "2022-06-01", day.validation)
+    theta = memory.ds.manifest["theta"]
+    assert record["trained"] and (theta["lam"], theta["temperature"]) == (record["lam"], record["temperature"])
+    assert memory.calibrator() is not None and memory.calibrator("gate") is not None
+    assert not calibrate(Memory(tmp_path, lm), "2022-06-01", day.validation)["trained"]  # a re-run changes nothing
+    assert Memory(tmp_path, lm).ds.manifest["theta"] == theta
 
 
 def article_day(date, text, doc_id):

@@ -1,0 +1,134 @@
+"""The NN calibrator vs constant λ for FullMem, RandMem and MoNIM over days of a real news stream.
+
+Each policy learns the days (≤ max-docs training articles a day) and calibrates every day on the
+day's validation articles. MoNIM runs twice: Θ with the calibrator and Θ with the constant λ (its
+memory depends on Θ); FullMem and RandMem (at the calibrated MoNIM's rate) do not read Θ, so one
+memory each is evaluated both ways. On the final memories and all the days' test articles it
+prints: PPL with constant λ vs calibrator (the paper's ablation table); the feature-group
+ablation (calibrators trained from scratch on MoNIM's calibration set without each group);
+warm-started daily vs retrained; and the skip rule (θ) — share skipped, PPL, time saved, measured
+in this same run against scoring with full retrieval.
+Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [--out ...json]
+"""
+
+import dataclasses
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from monim.calibrator import FEATURE_GROUPS, CalibratorConfig, examples, train_calibrator
+from monim.index import IndexConfig
+from monim.knnlm import Interpolation, perplexity, theta_scores
+from monim.lm import ScoreConfig, load_lm
+from monim.memory import Memory, calibrate, memorize_day
+from monim.policies import make_policy
+from news_days import first_days, parser
+
+def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
+    """Test PPL under Θ with a given calibrator (its λ per token and its temperature)."""
+    nll, n = 0.0, 0
+    for b in batches:
+        lam = calibrator.lam(examples(b, memory.lexical()))
+        nll -= theta_scores(b, Interpolation(0.0, calibrator.temperature), len(memory.lm.tokenizer), lam).logp.sum()
+        n += len(b)
+    return math.exp(nll / n)
+
+
+def timed_score(memory: Memory, docs: list, skip: bool) -> tuple[list, float, float]:
+    memory.search_seconds, memory.searched, memory.skipped = 0.0, 0, 0
+    started = time.perf_counter()
+    batches = memory.score(docs, skip=skip)
+    return batches, time.perf_counter() - started, memory.search_seconds
+
+
+def main() -> None:
+    ap = parser(__doc__, "calibrator")
+    ap.add_argument("--skip", type=float, default=0.3)
+    args = ap.parse_args()
+
+    lm = load_lm(args.model)
+    cfg = ScoreConfig()
+    days = first_days(args)
+    test = [d for day in days for d in day.test]
+    console = Console(width=150)
+    work = Path(tempfile.mkdtemp(prefix="monim-bench-cal-"))
+    results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
+               "test_articles": len(test), "policies": {}}
+    runs = [("monim-amt", True), ("monim-amt", False), ("fullmem", True), ("randmem", True)]
+    memories: dict[str, Memory] = {}
+    for name, calibrated in runs:
+        params = {"rate": results["policies"]["monim-amt"]["memrate"]} if name == "randmem" else {}
+        policy = make_policy(name, **params)
+        label = name if calibrated else f"{name}-const"
+        memory = Memory(work / label, lm, IndexConfig(), CalibratorConfig(skip_threshold=args.skip), calibrated)
+        cal_seconds = []
+        for day in days:
+            stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
+            record = calibrate(memory, day.date.isoformat(), day.validation, cfg)
+            cal_seconds.append(record["calibrator"]["seconds"] + record["gate"]["seconds"])
+            console.print(f"{label} {stats.date}: stored {stats.stored}/{stats.tokens_seen}, memory {len(memory)}, "
+                          f"λ={record['lam']} T={record['temperature']}, calibration set {record['calibration_tokens']} "
+                          f"tokens, held-out NLL {record['calibrator']['held_out_nll']:.4f} "
+                          f"(constant λ {record['calibrator']['held_out_nll_start']:.4f})")
+        full, seconds, search = timed_score(memory, test, skip=False)
+        row = {"memrate": memory.ds.memrate, "entries": len(memory), "lam": memory.interpolation.lam,
+               "temperature": memory.interpolation.temperature, "bare_ppl": perplexity(full),
+               "ppl_constant": perplexity(full, memory.interpolation), "ppl_calibrated": ppl_of(full, memory, memory.calibrator()),
+               "score_seconds": seconds, "search_seconds": search, "train_seconds_per_day": float(np.mean(cal_seconds))}
+        skipped, skip_seconds, skip_search = timed_score(memory, test, skip=True)
+        row |= {"skip_share": memory.skipped / max(memory.skipped + memory.searched, 1),
+                "ppl_skip": ppl_of(skipped, memory, memory.calibrator()), "skip_score_seconds": skip_seconds,
+                "skip_search_seconds": skip_search}
+        results["policies"][label] = row
+        memories[label] = memory
+        console.print(label, row)
+
+    # feature-group ablation and warm start vs retrain, on the calibrated MoNIM's calibration set
+    memory = memories["monim-amt"]
+    _, calibration = memory.calibration_set()
+    full = memory.score(test, skip=False)
+    interp = memory.interpolation
+    t_index = memory.calibrator().temperature_index
+    base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)
+    ablation = {"all (warm-started daily)": {"ppl": ppl_of(full, memory, memory.calibrator()),
+                                             **memory.calibrator().record}}
+    for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
+            (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
+        cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature, t_index)
+        ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.record}
+    ablation["constant λ"] = {"ppl": perplexity(full, interp)}
+    results["ablation"] = ablation
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+
+    table = Table(title=f"Test PPL, constant λ vs NN calibrator — {len(days)} days from {days[0].date}, ≤{args.max_docs} articles/day")
+    for col in ("policy", "MemRate", "bare LM", "constant λ", "calibrator", f"skip θ={args.skip}: share",
+                "PPL", "scoring time ratio", "search time ratio"):
+        table.add_column(col, justify="right")
+    for label, r in results["policies"].items():
+        table.add_row(label, f"{r['memrate']:.1%}", f"{r['bare_ppl']:.2f}", f"{r['ppl_constant']:.2f}",
+                      f"{r['ppl_calibrated']:.2f}", f"{r['skip_share']:.1%}", f"{r['ppl_skip']:.2f}",
+                      f"{r['skip_score_seconds'] / r['score_seconds']:.2f}",
+                      f"{r['skip_search_seconds'] / max(r['search_seconds'], 1e-9):.2f}")
+    console.print(table)
+    table = Table(title="Calibrator features (MoNIM-AMT's memory and calibration set)")
+    for col in ("features", "test PPL", "held-out NLL", "train tokens", "epochs", "train seconds"):
+        table.add_column(col, justify="right")
+    for label, r in ablation.items():
+        table.add_row(label, f"{r['ppl']:.3f}", f"{r.get('held_out_nll', math.nan):.4f}", str(r.get("train_tokens", "")),
+                      str(r.get("epochs", "")), f"{r.get('seconds', math.nan):.1f}")
+    console.print(table)
+    console.print(f"wrote {args.out}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

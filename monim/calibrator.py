@@ -1,0 +1,269 @@
+"""The NN calibrator: the kNN weight λ per token, from LM, lexical and neighbour-density features.
+
+Features (method.md): the key; the LM's max probability and entropy ("distribution"); log(count+1)
+of the last context token and log(#distinct successors+1) over the memorized text ("lexical");
+the top-10 neighbours' distances and the number of distinct values among the top-i ("density").
+Each scalar feature and the 20 density numbers go through a small Linear-LeakyReLU-Linear net,
+are concatenated with the key, then 4 layers of 128 (ReLU, dropout) give a 2-way log-softmax
+(LM weight, kNN weight). The output bias starts at the tuned constant λ, so training starts near
+the constant-λ model; early stopping on held-out tokens keeps the best epoch (0: that start).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+FEATURE_GROUPS = ("distribution", "lexical", "density")
+TOP = 10  # neighbours described by the density features
+
+
+@dataclass
+class CalibratorConfig:
+    """How the calibrator is built, trained and used."""
+
+    groups: tuple[str, ...] = FEATURE_GROUPS  # feature groups fed to the network (ablation switches)
+    hidden: int = 128
+    layers: int = 4
+    embed: int = 128  # width of each scalar feature's (and the density numbers') embedding
+    dropout: float = 0.2
+    lr: float = 3e-4
+    knn_penalty: float = 0.05  # × mean kNN weight, added to the mixture NLL
+    max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
+    batch_size: int = 256
+    warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
+    docs_per_day: int = 15  # validation articles added to the calibration set each day (paper: 10 + 5)
+    holdout: int = 3  # one calibration article in `holdout` is held back for early stopping
+    skip_threshold: float | None = None  # θ: skip retrieval where the gate predicts λ < θ (paper: 0.3)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.groups = tuple(self.groups)
+        unknown = set(self.groups) - set(FEATURE_GROUPS)
+        if unknown or not self.groups:
+            raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
+
+    def without(self, group: str) -> CalibratorConfig:
+        """The same config with one feature group switched off (the skip gate drops 'density')."""
+        return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
+
+
+@dataclass
+class Examples:
+    """Calibration tokens: raw features, LM log P(target) and log p_kNN(target) per temperature."""
+
+    key: np.ndarray  # float16 [n, d]
+    distribution: np.ndarray  # float32 [n, 2]: max_y P(y), entropy
+    lexical: np.ndarray  # float32 [n, 2]: log(count+1), log(#distinct successors+1)
+    density: np.ndarray  # float32 [n, 2*TOP]: log(1 + distance), distinct values among the top-i
+    lm_logp: np.ndarray  # float32 [n]
+    knn_logp: np.ndarray  # float32 [n, len(TEMPERATURES)] (empty [n, 0] when built for prediction)
+    holdout: np.ndarray  # bool [n]: held back for early stopping
+
+    def __len__(self) -> int:
+        return len(self.lm_logp)
+
+    def take(self, rows: np.ndarray) -> Examples:
+        return Examples(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    @classmethod
+    def concat(cls, parts: list[Examples]) -> Examples:
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    def save(self, path: Path) -> None:
+        np.savez(path, **{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def load(cls, path: Path) -> Examples:
+        with np.load(path) as f:
+            return cls(**{k: f[k] for k in f.files})
+
+
+def distinct_prefix_counts(values: np.ndarray) -> np.ndarray:
+    """[n, m]: how many distinct values (ignoring -1) are among each row's first i+1 neighbours."""
+    same = values[:, :, None] == values[:, None, :]  # [n, m, m]: value j equals value i
+    earlier = np.tril(np.ones(values.shape[1:] * 2, bool), k=-1)  # i < j
+    first = ~(same & earlier.T[None]).any(axis=1) & (values >= 0)  # no earlier neighbour has it
+    return np.cumsum(first, axis=1)
+
+
+def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """[n, 2*TOP]: log(1 + d) of the TOP nearest neighbours, then their distinct-value counts."""
+    n, k = values.shape
+    if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
+        dist = np.concatenate([dist, np.full((n, TOP - k), np.inf, np.float32)], axis=1)
+        values = np.concatenate([values, np.full((n, TOP - k), -1, values.dtype)], axis=1)
+    dist, values = dist[:, :TOP], values[:, :TOP]
+    logd = np.log1p(np.minimum(np.where(values >= 0, dist, np.inf), 1e6))
+    return np.concatenate([logd, distinct_prefix_counts(values)], axis=1).astype(np.float32)
+
+
+def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None) -> Examples:
+    """The features of a scored batch (monim.lm.TokenScores with neighbours) as Examples.
+
+    `lexical` is a monim.lexical.LexicalCounts; `knn_logp` the targets' log p_kNN per temperature.
+    """
+    n = len(batch)
+    density = (density_features(batch.knn_dist, batch.knn_values) if batch.knn_values is not None
+               else np.zeros((n, 2 * TOP), np.float32))
+    return Examples(
+        key=batch.key,
+        distribution=np.stack([np.exp(batch.max_logp), batch.entropy], axis=1).astype(np.float32),
+        lexical=lexical.features(batch.prev),
+        density=density,
+        lm_logp=batch.logp.astype(np.float32),
+        knn_logp=np.zeros((n, 0), np.float32) if knn_logp is None else knn_logp.astype(np.float32),
+        holdout=np.zeros(n, bool) if holdout is None else holdout,
+    )
+
+
+def _stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.mean(0), x.std(0, unbiased=False).clamp(min=1e-4)
+
+
+class CalibratorNet(nn.Module):
+    """Per-feature embedding nets + key → 4×128 MLP → log (LM weight, kNN weight)."""
+
+    def __init__(self, key_dim: int, groups: tuple[str, ...], cfg: CalibratorConfig):
+        super().__init__()
+        self.groups = groups
+        self.n_scalars = 2 * ("distribution" in groups) + 2 * ("lexical" in groups)
+        self.key_dim = key_dim if "distribution" in groups else 0
+        self.use_density = "density" in groups
+        e = cfg.embed
+        self.scalar_nets = nn.ModuleList(nn.Sequential(nn.Linear(1, e), nn.LeakyReLU(), nn.Linear(e, e))
+                                         for _ in range(self.n_scalars))
+        self.density_net = nn.Sequential(nn.Linear(2 * TOP, e), nn.LeakyReLU(), nn.Linear(e, e)) if self.use_density else None
+        width = self.key_dim + e * (self.n_scalars + self.use_density)
+        layers: list[nn.Module] = []
+        for i in range(cfg.layers):
+            layers += [nn.Linear(width if i == 0 else cfg.hidden, cfg.hidden), nn.ReLU(), nn.Dropout(cfg.dropout)]
+        self.mlp = nn.Sequential(*layers)
+        self.out = nn.Linear(cfg.hidden, 2)
+        # input standardization, fixed when the net is first trained (kept by warm starts)
+        for name, dim in (("key", self.key_dim), ("scalars", self.n_scalars), ("density", 2 * TOP * self.use_density)):
+            self.register_buffer(f"{name}_mean", torch.zeros(dim))
+            self.register_buffer(f"{name}_std", torch.ones(dim))
+
+    def inputs(self, ex: Examples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The feature groups this net reads, as float32 tensors (key, scalars, density)."""
+        n = len(ex)
+        key = torch.from_numpy(ex.key).float() if self.key_dim else torch.zeros(n, 0)
+        scalars = [ex.distribution] * ("distribution" in self.groups) + [ex.lexical] * ("lexical" in self.groups)
+        scalars = torch.from_numpy(np.concatenate(scalars, axis=1)) if scalars else torch.zeros(n, 0)
+        density = torch.from_numpy(ex.density) if self.use_density else torch.zeros(n, 0)
+        return key, scalars, density
+
+    def fit_standardization(self, ex: Examples, lam: float) -> None:
+        """Set the input standardization from training data, and the output bias to the constant λ."""
+        for name, x in zip(("key", "scalars", "density"), self.inputs(ex)):
+            if x.shape[1]:
+                mean, std = _stats(x)
+                getattr(self, f"{name}_mean").copy_(mean)
+                getattr(self, f"{name}_std").copy_(std)
+        with torch.no_grad():  # (zero output weights would leave ReLU units dead for one side)
+            self.out.bias.copy_(torch.tensor([math.log1p(-lam), math.log(lam)]))
+
+    def forward(self, key: torch.Tensor, scalars: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
+        key = (key - self.key_mean) / self.key_std
+        scalars = (scalars - self.scalars_mean) / self.scalars_std
+        parts = [key] + [net(scalars[:, i : i + 1]) for i, net in enumerate(self.scalar_nets)]
+        if self.density_net is not None:
+            parts.append(self.density_net((density - self.density_mean) / self.density_std))
+        return torch.log_softmax(self.out(self.mlp(torch.cat(parts, dim=1))), dim=-1)
+
+
+@dataclass
+class Calibrator:
+    """A trained calibrator: its net, the kNN temperature it was trained with, and its record."""
+
+    net: CalibratorNet
+    temperature: float
+    temperature_index: int  # column of Examples.knn_logp
+    config: CalibratorConfig
+    record: dict = field(default_factory=dict)  # day trained on, epochs, held-out NLL, seconds
+
+    @torch.no_grad()
+    def lam(self, ex: Examples, chunk: int = 4096) -> np.ndarray:
+        """The predicted kNN weight λ of each token."""
+        self.net.eval()
+        out = [self.net(*(x[i : i + chunk] for x in self.net.inputs(ex)))[:, 1].exp() for i in range(0, len(ex), chunk)]
+        return torch.cat(out).double().numpy() if out else np.zeros(0)
+
+    def save(self, path: Path) -> None:
+        torch.save({"state": self.net.state_dict(), "key_dim": self.net.key_dim or None, "temperature": self.temperature,
+                    "temperature_index": self.temperature_index, "config": asdict(self.config), "record": self.record}, path)
+
+    @classmethod
+    def load(cls, path: Path, key_dim: int) -> Calibrator:
+        saved = torch.load(path, weights_only=True)
+        cfg = CalibratorConfig(**saved["config"])
+        net = CalibratorNet(key_dim, cfg.groups, cfg)
+        net.load_state_dict(saved["state"])
+        return cls(net, saved["temperature"], saved["temperature_index"], cfg, saved["record"])
+
+
+def mixture_nll(logw: torch.Tensor, lm_logp: torch.Tensor, knn_logp: torch.Tensor) -> torch.Tensor:
+    """Per token -log((1-λ) P_LM + λ p_kNN) with log (1-λ, λ) = logw."""
+    return -torch.logaddexp(logw[:, 0] + lm_logp, logw[:, 1] + knn_logp.clamp(min=-1e4))
+
+
+def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperature: float, temperature_index: int,
+                     start: Calibrator | None = None, epochs: int | None = None) -> Calibrator:
+    """Train on the non-held-out examples, keeping the epoch (0: the start) with the best held-out NLL.
+
+    The start is yesterday's calibrator (warm start, if its feature groups match) or a fresh net
+    whose output is the constant λ.
+    """
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    train, held = ex.take(~ex.holdout), ex.take(ex.holdout)
+    if not len(train) or not len(held):  # too few articles to hold some back: no early stopping
+        train = held = ex
+    warm = start is not None and start.net.groups == cfg.groups and start.temperature_index == temperature_index
+    if warm:
+        net = copy.deepcopy(start.net)
+    else:
+        net = CalibratorNet(ex.key.shape[1], cfg.groups, cfg)
+        net.fit_standardization(train, lam)
+    epochs = epochs if epochs is not None else cfg.max_epochs
+    inputs, targets = net.inputs(train), (torch.from_numpy(train.lm_logp), torch.from_numpy(train.knn_logp[:, temperature_index]))
+    held_inputs = net.inputs(held)
+    held_targets = (torch.from_numpy(held.lm_logp), torch.from_numpy(held.knn_logp[:, temperature_index]))
+
+    def held_nll() -> float:
+        net.eval()
+        with torch.no_grad():
+            return mixture_nll(net(*held_inputs), *held_targets).mean().item()
+
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    best_nll, best_state, best_epoch = held_nll(), copy.deepcopy(net.state_dict()), 0
+    start_nll = best_nll
+    for epoch in range(1, epochs + 1):
+        net.train()
+        for rows in torch.randperm(len(train)).split(cfg.batch_size):
+            logw = net(*(x[rows] for x in inputs))
+            loss = mixture_nll(logw, *(t[rows] for t in targets)).mean() + cfg.knn_penalty * logw[:, 1].exp().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        nll = held_nll()
+        if nll < best_nll:
+            best_nll, best_state, best_epoch = nll, copy.deepcopy(net.state_dict()), epoch
+    net.load_state_dict(best_state)
+    record = {"warm_start": warm, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
+              "held_out_tokens": len(held), "held_out_nll_start": start_nll, "held_out_nll": best_nll,
+              "seconds": time.perf_counter() - started}
+    return Calibrator(net, temperature, temperature_index, cfg, record)
+
+
+def warm_epochs(cfg: CalibratorConfig, days_trained: int) -> int:
+    """Epochs for today's warm start: one fewer for each day already trained, down to 1."""
+    return max(1, cfg.max_epochs - days_trained)

@@ -1,0 +1,85 @@
+"""Lexical statistics of the text a memory has learned from: token counts and distinct successors.
+
+Each committed day keeps its own counts in its shard (`day_counts`); `LexicalCounts.of` sums them
+over the committed days, kept in `lexical.npz` beside the manifest and extended day by day (a
+derived file, like the index: rebuilt from the shards when it does not match them).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from monim.datastore import Datastore
+
+TEXT_ARRAYS = ("lex_tokens", "lex_counts", "lex_pairs")
+
+
+def day_counts(documents: Iterable[Sequence[int]]) -> dict[str, np.ndarray]:
+    """One day's token ids with their counts, and its distinct (token, next token) pairs as codes."""
+    docs = [np.asarray(d, dtype=np.int64) for d in documents]
+    tokens = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    ids, counts = np.unique(tokens, return_counts=True)
+    pairs = np.unique(np.concatenate([(d[:-1] << 32) | d[1:] for d in docs])) if docs else np.zeros(0, np.int64)
+    return {"lex_tokens": ids, "lex_counts": counts.astype(np.int64), "lex_pairs": pairs}
+
+
+@dataclass
+class LexicalCounts:
+    """Occurrences of each token and its distinct successors, over all memorized training text."""
+
+    count: np.ndarray  # int64, indexed by token id
+    pairs: np.ndarray  # sorted distinct codes (token << 32) | next token
+    shards: list[str]  # the committed days' shards these counts cover
+
+    def distinct(self) -> np.ndarray:
+        """How many distinct tokens follow each token id."""
+        return np.bincount(self.pairs >> 32, minlength=len(self.count)).astype(np.int64)
+
+    def features(self, prev: np.ndarray) -> np.ndarray:
+        """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token."""
+        prev = np.asarray(prev, dtype=np.int64)
+        known = prev < len(self.count)
+        at = np.where(known, prev, 0)
+        count = np.where(known, self.count[at], 0)
+        distinct = np.where(known, self.distinct()[at], 0)
+        return np.log1p(np.stack([count, distinct], axis=1).astype(np.float64)).astype(np.float32)
+
+    def add(self, day: dict[str, np.ndarray], shard: str) -> LexicalCounts:
+        """These counts plus one day's."""
+        size = max(len(self.count), int(day["lex_tokens"].max()) + 1 if len(day["lex_tokens"]) else 0)
+        count = np.zeros(size, np.int64)
+        count[: len(self.count)] = self.count
+        np.add.at(count, day["lex_tokens"], day["lex_counts"])
+        return LexicalCounts(count, np.union1d(self.pairs, day["lex_pairs"]), [*self.shards, shard])
+
+    @classmethod
+    def empty(cls) -> LexicalCounts:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
+
+    @classmethod
+    def of(cls, ds: Datastore) -> LexicalCounts:
+        """The counts over every committed day: from the cache if current, extended, or rebuilt."""
+        shards = [d.shard for d in ds.days]
+        path = ds.root / "lexical.npz"
+        counts = cls.empty()
+        if path.exists():
+            with np.load(path) as f:
+                cached = cls(f["count"], f["pairs"], list(f["shards"]))
+            if cached.shards == shards[: len(cached.shards)]:
+                counts = cached
+        if counts.shards == shards:
+            return counts
+        for shard in shards[len(counts.shards):]:
+            if ds.has_array(shard, "lex_pairs"):
+                counts = counts.add({a: np.asarray(ds.shard(shard, a)) for a in TEXT_ARRAYS}, shard)
+            else:  # a day committed without its text (or whose text was forgotten)
+                counts = cls(counts.count, counts.pairs, [*counts.shards, shard])
+        tmp = path.with_name(f".lexical.{uuid.uuid4().hex}.npz")
+        np.savez(tmp, count=counts.count, pairs=counts.pairs, shards=np.array(counts.shards, dtype=str))
+        os.replace(tmp, path)
+        return counts
