@@ -7,6 +7,7 @@ derived file, like the index: rebuilt from the shards when it does not match the
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class LexicalCounts:
     pairs: np.ndarray  # sorted distinct codes (token << 32) | next token
     shards: list[str]  # the committed days' shards these counts cover
 
+    @functools.cached_property
     def distinct(self) -> np.ndarray:
         """How many distinct tokens follow each token id."""
         return np.bincount(self.pairs >> 32, minlength=len(self.count)).astype(np.int64)
@@ -46,7 +48,7 @@ class LexicalCounts:
         known = prev < len(self.count)
         at = np.where(known, prev, 0)
         count = np.where(known, self.count[at], 0)
-        distinct = np.where(known, self.distinct()[at], 0)
+        distinct = np.where(known, self.distinct[at], 0)
         return np.log1p(np.stack([count, distinct], axis=1).astype(np.float64)).astype(np.float32)
 
     def add(self, day: dict[str, np.ndarray], shard: str) -> LexicalCounts:
