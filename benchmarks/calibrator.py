@@ -3,12 +3,12 @@
 Each policy learns the days (≤ max-docs training articles a day) and calibrates every day on the
 day's validation articles; each final memory is evaluated with the constant λ and with the
 calibrator. FullMem and RandMem (at MoNIM's rate) do not read Θ while memorizing; MoNIM does, so
-with --constant-monim a second MoNIM memory is learned with a constant-λ Θ throughout. On the final memories and all the days' test articles it
+`--runs monim-amt-const` learns a MoNIM memory with a constant-λ Θ throughout. On the final memories and all the days' test articles it
 prints: PPL with constant λ vs calibrator (the paper's ablation table); the feature-group
 ablation (calibrators trained from scratch on MoNIM's calibration set without each group);
 warm-started daily vs retrained; and the skip rule (θ) — share skipped, PPL, time saved, measured
 in this same run against scoring with full retrieval.
-Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [--constant-monim] [--out ...json]
+Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [--runs monim-amt,fullmem,randmem,monim-amt-const] [--out ...json]
 """
 
 import dataclasses
@@ -52,7 +52,8 @@ def timed_score(memory: Memory, docs: list, skip: bool) -> tuple[list, float, fl
 def main() -> None:
     ap = parser(__doc__, "calibrator")
     ap.add_argument("--skip", type=float, default=0.3)
-    ap.add_argument("--constant-monim", action="store_true", help="Also learn a MoNIM memory whose Θ uses constant λ.")
+    ap.add_argument("--runs", default="monim-amt,fullmem,randmem",
+                    help="Memories to learn; '<policy>-const' learns with a constant-λ Θ (matters for MoNIM).")
     args = ap.parse_args()
 
     lm = load_lm(args.model)
@@ -63,10 +64,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="monim-bench-cal-"))
     results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
                "test_articles": len(test), "policies": {}}
-    runs = [("monim-amt", True), ("fullmem", True), ("randmem", True)] + [("monim-amt", False)] * args.constant_monim
+    runs = [(r.removesuffix("-const"), not r.endswith("-const")) for r in args.runs.split(",")]
     memories: dict[str, Memory] = {}
     for name, calibrated in runs:
-        params = {"rate": results["policies"]["monim-amt"]["memrate"]} if name == "randmem" else {}
+        params = {"rate": results["policies"]["monim-amt"]["memrate"]} if name == "randmem" and "monim-amt" in memories else {}
         policy = make_policy(name, **params)
         label = name if calibrated else f"{name}-const"
         memory = Memory(work / label, lm, IndexConfig(), CalibratorConfig(skip_threshold=args.skip), calibrated)
@@ -93,20 +94,21 @@ def main() -> None:
         console.print(label, row)
 
     # feature-group ablation and warm start vs retrain, on the calibrated MoNIM's calibration set
-    memory = memories["monim-amt"]
-    _, calibration = memory.calibration_set()
-    full = memory.score(test, skip=False)
-    interp = memory.interpolation
-    t_index = memory.calibrator().temperature_index
-    base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)
-    ablation = {"all (warm-started daily)": {"ppl": ppl_of(full, memory, memory.calibrator()),
-                                             **memory.calibrator().record}}
-    for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
-            (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
-        cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature, t_index)
-        ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.record}
-    ablation["constant λ"] = {"ppl": perplexity(full, interp)}
-    results["ablation"] = ablation
+    if "monim-amt" in memories:
+        memory = memories["monim-amt"]
+        _, calibration = memory.calibration_set()
+        full = memory.score(test, skip=False)
+        interp = memory.interpolation
+        t_index = memory.calibrator().temperature_index
+        base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)
+        ablation = {"all (warm-started daily)": {"ppl": ppl_of(full, memory, memory.calibrator()),
+                                                 **memory.calibrator().record}}
+        for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
+                (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
+            cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature, t_index)
+            ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.record}
+        ablation["constant λ"] = {"ppl": perplexity(full, interp)}
+        results["ablation"] = ablation
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
 
@@ -120,13 +122,14 @@ def main() -> None:
                       f"{r['skip_score_seconds'] / r['score_seconds']:.2f}",
                       f"{r['skip_search_seconds'] / max(r['search_seconds'], 1e-9):.2f}")
     console.print(table)
-    table = Table(title="Calibrator features (MoNIM-AMT's memory and calibration set)")
-    for col in ("features", "test PPL", "held-out NLL", "train tokens", "epochs", "train seconds"):
-        table.add_column(col, justify="right")
-    for label, r in ablation.items():
-        table.add_row(label, f"{r['ppl']:.3f}", f"{r.get('held_out_nll', math.nan):.4f}", str(r.get("train_tokens", "")),
-                      str(r.get("epochs", "")), f"{r.get('seconds', math.nan):.1f}")
-    console.print(table)
+    if "ablation" in results:
+        table = Table(title="Calibrator features (MoNIM-AMT's memory and calibration set)")
+        for col in ("features", "test PPL", "held-out NLL", "train tokens", "epochs", "train seconds"):
+            table.add_column(col, justify="right")
+        for label, r in ablation.items():
+            table.add_row(label, f"{r['ppl']:.3f}", f"{r.get('held_out_nll', math.nan):.4f}", str(r.get("train_tokens", "")),
+                          str(r.get("epochs", "")), f"{r.get('seconds', math.nan):.1f}")
+        console.print(table)
     console.print(f"wrote {args.out}")
     shutil.rmtree(work, ignore_errors=True)
 
