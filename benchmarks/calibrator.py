@@ -96,16 +96,15 @@ def main() -> None:
     # feature-group ablation and warm start vs retrain, on the calibrated MoNIM's calibration set
     if "monim-amt" in memories:
         memory = memories["monim-amt"]
-        _, calibration = memory.calibration_set()
+        calibration = memory.calibration_set()
         full = memory.score(test, skip=False)
         interp = memory.interpolation
-        t_index = memory.calibrator().temperature_index
         base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)
         ablation = {"all (warm-started daily)": {"ppl": ppl_of(full, memory, memory.calibrator()),
                                                  **memory.calibrator().record}}
         for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
                 (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
-            cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature, t_index)
+            cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature)
             ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.record}
         ablation["constant λ"] = {"ppl": perplexity(full, interp)}
         results["ablation"] = ablation

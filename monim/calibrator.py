@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from monim.knnlm import TEMPERATURES
+
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 TOP = 10  # neighbours described by the density features
 
@@ -185,8 +187,7 @@ class Calibrator:
     """A trained calibrator: its net, the kNN temperature it was trained with, and its record."""
 
     net: CalibratorNet
-    temperature: float
-    temperature_index: int  # column of Examples.knn_logp
+    temperature: float  # one of monim.knnlm.TEMPERATURES
     config: CalibratorConfig
     record: dict = field(default_factory=dict)  # day trained on, epochs, held-out NLL, seconds
 
@@ -198,8 +199,8 @@ class Calibrator:
         return torch.cat(out).double().numpy() if out else np.zeros(0)
 
     def save(self, path: Path) -> None:
-        torch.save({"state": self.net.state_dict(), "key_dim": self.net.key_dim or None, "temperature": self.temperature,
-                    "temperature_index": self.temperature_index, "config": asdict(self.config), "record": self.record}, path)
+        torch.save({"state": self.net.state_dict(), "temperature": self.temperature, "config": asdict(self.config),
+                    "record": self.record}, path)
 
     @classmethod
     def load(cls, path: Path, key_dim: int) -> Calibrator:
@@ -207,7 +208,7 @@ class Calibrator:
         cfg = CalibratorConfig(**saved["config"])
         net = CalibratorNet(key_dim, cfg.groups, cfg)
         net.load_state_dict(saved["state"])
-        return cls(net, saved["temperature"], saved["temperature_index"], cfg, saved["record"])
+        return cls(net, saved["temperature"], cfg, saved["record"])
 
 
 def mixture_nll(logw: torch.Tensor, lm_logp: torch.Tensor, knn_logp: torch.Tensor) -> torch.Tensor:
@@ -215,7 +216,7 @@ def mixture_nll(logw: torch.Tensor, lm_logp: torch.Tensor, knn_logp: torch.Tenso
     return -torch.logaddexp(logw[:, 0] + lm_logp, logw[:, 1] + knn_logp.clamp(min=-1e4))
 
 
-def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperature: float, temperature_index: int,
+def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperature: float,
                      start: Calibrator | None = None, epochs: int | None = None) -> Calibrator:
     """Train on the non-held-out examples, keeping the epoch (0: the start) with the best held-out NLL.
 
@@ -227,16 +228,17 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
     train, held = ex.take(~ex.holdout), ex.take(ex.holdout)
     if not len(train) or not len(held):  # too few articles to hold some back: no early stopping
         train = held = ex
-    warm = start is not None and start.net.groups == cfg.groups and start.temperature_index == temperature_index
+    warm = start is not None and start.net.groups == cfg.groups and start.temperature == temperature
+    column = TEMPERATURES.index(temperature)  # of Examples.knn_logp
     if warm:
         net = copy.deepcopy(start.net)
     else:
         net = CalibratorNet(ex.key.shape[1], cfg.groups, cfg)
         net.fit_standardization(train, lam)
     epochs = epochs if epochs is not None else cfg.max_epochs
-    inputs, targets = net.inputs(train), (torch.from_numpy(train.lm_logp), torch.from_numpy(train.knn_logp[:, temperature_index]))
+    inputs, targets = net.inputs(train), (torch.from_numpy(train.lm_logp), torch.from_numpy(train.knn_logp[:, column]))
     held_inputs = net.inputs(held)
-    held_targets = (torch.from_numpy(held.lm_logp), torch.from_numpy(held.knn_logp[:, temperature_index]))
+    held_targets = (torch.from_numpy(held.lm_logp), torch.from_numpy(held.knn_logp[:, column]))
 
     def held_nll() -> float:
         net.eval()
@@ -261,7 +263,7 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
     record = {"warm_start": warm, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
               "held_out_tokens": len(held), "held_out_nll_start": start_nll, "held_out_nll": best_nll,
               "seconds": time.perf_counter() - started}
-    return Calibrator(net, temperature, temperature_index, cfg, record)
+    return Calibrator(net, temperature, cfg, record)
 
 
 def warm_epochs(cfg: CalibratorConfig, days_trained: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.datastore import Datastore, Entries, _write_json
 from monim.index import IndexConfig, MemoryIndex
-from monim.knnlm import TEMPERATURES, Interpolation, ThetaScores, knn_logprobs_by_temperature, theta_scores, tune_grid
+from monim.knnlm import Interpolation, ThetaScores, knn_logprobs_by_temperature, theta_scores, tune_grid
 from monim.lexical import LexicalCounts, day_counts
 from monim.lm import LM, ScoreConfig, TokenScores, score
 from monim.policies import Policy, policy_params
@@ -68,12 +68,15 @@ class Memory:
             self._loaded[(str(folder), name)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
         return self._loaded[(str(folder), name)]
 
-    def calibration_set(self) -> tuple[list[str], Examples | None]:
-        """The calibration tokens gathered so far: their files (one per day) and the examples."""
+    def calibration_files(self) -> list[str]:
+        """The files of the calibration tokens gathered so far (one per day), relative to the root."""
         folder = self.theta_dir()
-        chain = json.loads((folder / "meta.json").read_text())["examples"] if folder else []
-        parts = [Examples.load(self.ds.root / p) for p in chain]
-        return chain, Examples.concat(parts) if parts else None
+        return json.loads((folder / "meta.json").read_text())["examples"] if folder else []
+
+    def calibration_set(self) -> Examples | None:
+        """The calibration tokens gathered so far."""
+        parts = [Examples.load(self.ds.root / p) for p in self.calibration_files()]
+        return Examples.concat(parts) if parts else None
 
     def lexical(self) -> LexicalCounts:
         """Token counts and distinct successors over the memorized training text."""
@@ -107,9 +110,9 @@ class Memory:
     def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The LM's hook (monim.lm.Neighbors): search each token's neighbours, except where the
         skip gate predicts λ < θ (calibrator_cfg.skip_threshold); skipped rows get none."""
-        theta, gate = self.calibrator_cfg.skip_threshold, self.calibrator("gate")
+        theta = self.calibrator_cfg.skip_threshold
         wanted = np.ones(len(batch), bool)
-        if skip and theta is not None and gate is not None and self.use_calibrator:
+        if skip and self.use_calibrator and theta is not None and (gate := self.calibrator("gate")) is not None:
             wanted = gate.lam(examples(batch, self.lexical())) >= theta
         k = self.index.cfg.k
         dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)
@@ -209,7 +212,7 @@ def calibrate(memory: Memory, date: str, docs: list[Document], cfg: ScoreConfig 
         return theta | {"trained": False}
     ccfg = memory.calibrator_cfg
     docs = docs[: ccfg.docs_per_day]
-    chain, _ = memory.calibration_set()
+    chain = memory.calibration_files()
     chain = chain[:-1] if same_day else chain  # a forced re-run replaces the day's own examples
     lexical, parts = memory.lexical(), []
     for batch in memory.score(docs, cfg, skip=False):
@@ -218,14 +221,13 @@ def calibrate(memory: Memory, date: str, docs: list[Document], cfg: ScoreConfig 
     new = Examples.concat(parts) if parts else None
     calibration = Examples.concat([Examples.load(memory.ds.root / p) for p in chain] + ([new] if new else []))
     interp, _ = tune_grid(calibration.lm_logp.astype(np.float64), calibration.knn_logp.astype(np.float64))
-    t_index = TEMPERATURES.index(interp.temperature)
     trained = {}
     for name, gcfg in (("calibrator", ccfg), ("gate", ccfg.without("density"))):
         if not gcfg.groups:
             continue
         start = memory.calibrator(name) if ccfg.warm_start and not same_day else None
         epochs = warm_epochs(gcfg, len(chain)) if start is not None else gcfg.max_epochs
-        trained[name] = train_calibrator(calibration, gcfg, interp.lam, interp.temperature, t_index, start, epochs)
+        trained[name] = train_calibrator(calibration, gcfg, interp.lam, interp.temperature, start, epochs)
     name = f"{date}-{uuid.uuid4().hex[:8]}"
     folder = memory.ds.root / "theta" / name
     tmp = folder.with_name(f".tmp-{name}")

@@ -88,8 +88,8 @@ def calibrate(config: dict, date: str) -> dict:
     cfg = RunConfig(**config)
     memory = memory_for(cfg)
     record = calibrate_memory(memory, date, day_of(cfg, date).validation, cfg.score_config())
-    out = {"lam": record.get("lam", memory.interpolation.lam), "temperature": record.get("temperature", memory.interpolation.temperature),
-           "theta": memory.ds.manifest["theta"].get("dir", "")}
+    interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
+    out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", "")}
     if record.get("trained"):
         cal = record.get("calibrator", {})
         out |= {"calibration_tokens": record["calibration_tokens"], "calibrator_nll": cal.get("held_out_nll"),

@@ -122,16 +122,16 @@ def test_calibrator_separates_a_useful_memory_from_a_useless_one():
     ex, _ = synthetic(3000, 0)
     test, good = synthetic(1000, 1)
     cfg = CalibratorConfig(max_epochs=5)
-    cal = train_calibrator(ex, cfg, lam=0.25, temperature=1.0, temperature_index=1)
+    cal = train_calibrator(ex, cfg, lam=0.25, temperature=1.0)
     lam = cal.lam(test)
     assert lam[good].mean() > 0.9 and lam[~good].mean() < 0.1, (lam[good].mean(), lam[~good].mean())
     assert cal.record["held_out_nll"] < cal.record["held_out_nll_start"]  # better than the constant λ it started at
     # the ablation switch really removes inputs: without density (and with uninformative other
     # features) nothing separates the two halves
-    blind = train_calibrator(ex, cfg.without("density"), lam=0.25, temperature=1.0, temperature_index=1).lam(test)
+    blind = train_calibrator(ex, cfg.without("density"), lam=0.25, temperature=1.0).lam(test)
     assert abs(blind[good].mean() - blind[~good].mean()) < 0.1
     # warm start keeps training from where yesterday's net stopped
-    again = train_calibrator(ex, cfg, 0.25, 1.0, 1, start=cal, epochs=1)
+    again = train_calibrator(ex, cfg, 0.25, 1.0, start=cal, epochs=1)
     assert again.record["warm_start"] and again.record["held_out_nll_start"] == pytest.approx(cal.record["held_out_nll"], rel=1e-5)
 
 

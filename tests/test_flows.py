@@ -101,7 +101,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
     workdir, model, summary = compared
     memory = Memory(workdir / "memories" / "monim-amt", load_lm(model))
     assert memory.calibrator().record["date"] == DAYS[1] and memory.calibrator("gate") is not None
-    chain, calibration = memory.calibration_set()
+    chain = memory.calibration_files()
     assert [p.split("/")[1][:10] for p in chain] == list(DAYS)  # one day's validation articles each
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
