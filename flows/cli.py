@@ -175,50 +175,120 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             policies: str = typer.Option("bare,fullmem,randmem,monim-amt", help="Comma-separated policies."),
             workdir: Path = WORKDIR, model: Optional[str] = MODEL, max_docs: Optional[int] = typer.Option(None),
             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
+            period: Optional[str] = typer.Option(None, help="month or week: PPL on each period's test set as of each period's end."),
+            period_docs: Optional[int] = typer.Option(None, help="Test articles per period (default all)."),
+            text: Optional[Path] = typer.Option(None, help="Forgetting probe: a general-domain text (e.g. WikiText)."),
+            text_chars: Optional[int] = typer.Option(None, help="Only the text's first characters."),
+            text_every: int = typer.Option(7, help="Days between forgetting probes."),
+            qa: Optional[Path] = typer.Option(None, help="Multiple-choice questions (JSONL) for the final memories."),
+            shots: str = typer.Option("0", help="Comma-separated numbers of solved examples, e.g. 0,3."),
             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
-    """Run several policies over the same days into one MLflow experiment."""
+    """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     _check_source(source, start, end)
     _check_model(workdir, model)
+    for path in (text, qa):
+        if path is not None and not path.is_file():
+            raise _fail(f"file not found: {path}")
+    from monim.evaluate import EvalConfig
+
+    try:
+        evaluation = EvalConfig(period, period_docs, str(text) if text else None, text_chars, text_every,
+                                str(qa) if qa else None, tuple(int(k) for k in shots.split(",")))
+    except ValueError as e:
+        raise _fail(str(e))
     use_workdir(workdir)
+    from dataclasses import asdict
+
     from flows.compare import compare_policies
 
     summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
                                tracking_uri=tracking_uri, calibrated=not constant_lam,
-                               calibrator_params=_calibrator_params(skip))
+                               calibrator_params=_calibrator_params(skip), evaluation=asdict(evaluation))
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     _emit({"policies": summary}, as_json)
 
 
 @app.command("eval")
-def evaluate(workdir: Path = WORKDIR, source: Optional[str] = typer.Option(None), start: Optional[str] = typer.Option(None),
+def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, "--as-of", help="Use the memory as it stood after this day."),
+             source: Optional[str] = typer.Option(None), start: Optional[str] = typer.Option(None),
              end: Optional[str] = typer.Option(None), split: str = typer.Option("test"),
-             text: Optional[Path] = typer.Option(None, help="Score a plain text file instead (e.g. WikiText)."),
+             period: str = typer.Option("month", help="month or week: the source's PPL per period."),
+             text: Optional[Path] = typer.Option(None, help="Also score a plain text file (e.g. WikiText): ppl_text."),
+             text_chars: Optional[int] = typer.Option(None, help="Only the text's first characters."),
+             qa: Optional[Path] = typer.Option(None, help="Multiple-choice questions (JSONL): qa_accuracy."),
+             shots: int = typer.Option(0, help="Solved examples before each question."),
              policy: Optional[str] = typer.Option(None, help="Which memory (default: the only one, else monim-amt)."),
              constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, as_json: bool = AS_JSON) -> None:
-    """PPL and next-word accuracy of the LM alone and with a memory."""
+    """PPL and next-word accuracy of the LM alone and with a memory (optionally as of a past day) on
+    a source's articles (overall and per period), a text file, and multiple-choice questions."""
+    if source is None and text is None and qa is None:
+        raise _fail("give --source (with --start/--end), --text or --qa")
+    if period not in ("month", "week"):
+        raise _fail(f"--period must be month or week, not {period!r}")
     root = _memory_dir(workdir, policy)
+    from monim.calibrator import CalibratorConfig
     from monim.datastore import Datastore
-    from monim.evaluate import evaluate as evaluate_docs
+    from monim.evaluate import combine, evaluate_many, period_sets, text_document
     from monim.lm import load_lm
     from monim.memory import Memory
-    from monim.stream import Document, iter_days, open_source
+    from monim.qa import answer_questions, read_questions
+    from monim.stream import StreamError
 
-    if text is not None:
-        if not text.is_file():
-            raise _fail(f"text file not found: {text}")
-        docs = [Document(text.name, dt.date.today(), text.read_text(encoding="utf-8"))]
-    elif source is not None:
-        _check_source(source, start, end)
-        docs = [d for day in iter_days(open_source(source), _day(start), _day(end)) for d in day.split(split)]
-    else:
-        raise _fail("give --source (with --start/--end) or --text")
     lm = load_lm(Datastore.read(root).manifest["model"])
-    from monim.calibrator import CalibratorConfig
+    memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam,
+                    as_of=_day(as_of))
+    result: dict = {"policy": root.name, "as_of": memory.days[-1].date if memory.days else None, "entries": len(memory)}
+    if source is not None:
+        _check_source(source, start, end)
+        sets = period_sets(source, _day(start), _day(end), period, split=split)
+        by_period = {p: evaluate_many(lm, docs, {"m": memory})["m"] for p, docs in sets.items()}
+        result |= combine(list(by_period.values())) | {"documents": sum(len(d) for d in sets.values()),
+                                                       f"ppl_by_{period}": {p: r["ppl"] for p, r in by_period.items()},
+                                                       f"ppl_lm_by_{period}": {p: r["ppl_lm"] for p, r in by_period.items()}}
+    if text is not None:
+        try:
+            r = evaluate_many(lm, [text_document(text, text_chars)], {"m": memory})["m"]
+        except FileNotFoundError as e:
+            raise _fail(str(e))
+        result |= {"ppl_text": r["ppl"], "ppl_text_lm": r["ppl_lm"], "text_tokens": r["tokens"]}
+    if qa is not None:
+        days = memory.days
+        first = dt.date.fromisoformat(days[0].date) if days else None
+        last = dt.date.fromisoformat(days[-1].date) + dt.timedelta(days=7) if days else None
+        try:
+            questions, pool = read_questions(qa, first, last), read_questions(qa)
+        except (FileNotFoundError, StreamError) as e:
+            raise _fail(str(e))
+        if not questions:
+            raise _fail(f"{qa} has no questions dated {first}..{last} (the memory's days and a week after)")
+        answers = answer_questions(lm, questions, {"m": memory, "lm": None}, shots, pool)
+        result |= answers["m"] | {"qa_accuracy_lm": answers["lm"]["qa_accuracy"], "qa_shots": shots}
+    console.print(_table(f"{root.name} as of {result['as_of']}", [result],
+                         [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]))
+    _emit(result, as_json)
 
-    memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam)
-    result = evaluate_docs(lm, docs, memory)
-    console.print(_table(f"{root.name} on {len(docs)} documents", [result], list(result)))
-    _emit(result | {"policy": root.name, "documents": len(docs)}, as_json)
+
+@app.command()
+def report(workdir: Path = WORKDIR, experiment: Optional[str] = typer.Option(None, help="Default: the work directory's only one."),
+           out: Optional[Path] = typer.Option(None, help="Folder for report.md and its PNGs (default WORKDIR/report)."),
+           tracking_uri: Optional[str] = TRACKING) -> None:
+    """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
+    use_workdir(workdir)
+    from tasks.tracking import client, tracking_uri as resolve
+
+    uri = resolve(str(workdir), tracking_uri)
+    if experiment is None:
+        names = [e.name for e in client(uri).search_experiments() if e.name != "Default"]
+        if len(names) != 1:
+            raise _fail(f"give --experiment: {uri} has {len(names)} experiments ({', '.join(names) or 'none'})")
+        experiment = names[0]
+    from flows.report import report_runs
+
+    try:
+        path = report_runs(experiment, uri, str(out or workdir / "report"))
+    except ValueError as e:
+        raise _fail(str(e))
+    console.print(f"report: {path}")
 
 
 def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:

@@ -25,6 +25,14 @@ def _date(value: str | dt.date | None) -> dt.date | None:
     return dt.date.fromisoformat(value) if isinstance(value, str) else value
 
 
+def stream_config(source: str, policy: str, workdir: str, model: str | None, max_docs: int | None,
+                  policy_params: dict | None, seed: int, calibrated: bool, calibrator_params: dict | None) -> dict:
+    """The RunConfig (as a dict) of one policy learning a stream."""
+    return asdict(RunConfig(source=source, workdir=workdir, policy=policy, policy_params=policy_params or {},
+                            model=model, max_docs=max_docs, seed=seed, calibrated=calibrated,
+                            calibrator_params=calibrator_params or {}))
+
+
 @flow(name="monim-stream")
 def learn_stream(source: str, start: str | None = None, end: str | None = None, policy: str = "monim-amt",
                  workdir: str = "monim-work", model: str | None = None, max_docs: int | None = None,
@@ -35,17 +43,15 @@ def learn_stream(source: str, start: str | None = None, end: str | None = None, 
 
     Θ uses the NN calibrator's λ unless `calibrated` is False (constant λ; run named '<policy>-const').
     """
-    cfg = RunConfig(source=source, workdir=workdir, policy=policy, policy_params=policy_params or {},
-                    model=model, max_docs=max_docs, seed=seed, calibrated=calibrated,
-                    calibrator_params=calibrator_params or {})
-    config = asdict(cfg)
+    config = stream_config(source, policy, workdir, model, max_docs, policy_params, seed, calibrated, calibrator_params)
+    cfg = RunConfig(**config)
     done = recorded_days(config)
     dates = [d.isoformat() for d in list_dates(source, _date(start), _date(end))]
     todo = [d for d in dates if d not in done]
     logger().info("%s: %d days in range, %d already learned, %d to learn", cfg.name, len(dates), len(dates) - len(todo), len(todo))
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    run_id = open_run(config, experiment or experiment_name(source), uri)
     origin = dt.date.fromisoformat(min([*done, *dates] or ["9999-12-31"]))
+    run_id = open_run(config, experiment or experiment_name(source), uri, origin.isoformat())
     for date in todo:
         learn_day(config, date, run_id, uri, step=(dt.date.fromisoformat(date) - origin).days)
     rows = sorted(recorded_days(config).values(), key=lambda r: r["date"])

@@ -106,6 +106,7 @@ class MemoryIndex:
             gone, new = np.setdiff1d(have, want), np.setdiff1d(want, have)
             if len(gone):
                 self.index.remove_ids(faiss.IDSelectorBatch(gone))
+                self._search_index = None
             self._add_ids(ds, new)
             stats.update(added=len(new), removed=len(gone))
         self.meta["version"] = ds.version
@@ -163,15 +164,35 @@ class MemoryIndex:
                 faiss.extract_index_ivf(self._search_index).nprobe = self.cfg.nprobe
         return self._search_index
 
-    def search(self, queries: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Squared L2 distances and entry ids of the k nearest keys (id -1 where fewer exist)."""
+    def _search_below(self, q: np.ndarray, k: int, below: int) -> tuple[np.ndarray, np.ndarray]:
+        """Search only the entries with id < `below` (time travel): exactly over those keys, read in
+        place from the flat index, or in the IVF-PQ index with an id range selector."""
+        if self.meta.get("kind") == "ivfpq":
+            params = faiss.SearchParametersIVF(sel=faiss.IDSelectorRange(0, below), nprobe=self.cfg.nprobe)
+            return self.index.search(q, k, params=params)
+        ids = faiss.vector_to_array(self.index.id_map)
+        flat = faiss.downcast_index(self.index.index)
+        xb = faiss.rev_swig_ptr(flat.get_xb(), self.index.ntotal * self.d).reshape(-1, self.d)
+        rows = np.flatnonzero(ids < below)
+        # ids grow with the days, so the entries below are the first rows: a view, not a copy
+        keys = xb[: len(rows)] if not len(rows) or rows[-1] == len(rows) - 1 else xb[rows]
+        if not len(rows):
+            return np.full((len(q), k), np.inf, np.float32), np.full((len(q), k), -1, np.int64)
+        dist, at = faiss.knn(q, keys, min(k, len(rows)))
+        out_d, out_i = np.full((len(q), k), np.inf, np.float32), np.full((len(q), k), -1, np.int64)
+        out_d[:, : dist.shape[1]], out_i[:, : at.shape[1]] = dist, np.where(at >= 0, ids[rows][at.clip(min=0)], -1)
+        return out_d, out_i
+
+    def search(self, queries: np.ndarray, k: int | None = None, below: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Squared L2 distances and entry ids of the k nearest keys (id -1 where fewer exist);
+        with `below`, only among the entries with id < below."""
         k = k or self.cfg.k
         n = len(queries)
         if self.ntotal == 0:
             return np.full((n, k), np.inf, np.float32), np.full((n, k), -1, np.int64)
-        index = self._searcher()
         dist, ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
         for i in range(0, n, self.cfg.query_batch):
             q = np.ascontiguousarray(queries[i : i + self.cfg.query_batch], dtype=np.float32)
-            dist[i : i + len(q)], ids[i : i + len(q)] = index.search(q, k)
+            found = self._search_below(q, k, below) if below is not None else self._searcher().search(q, k)
+            dist[i : i + len(q)], ids[i : i + len(q)] = found
         return dist, ids

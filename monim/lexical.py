@@ -64,9 +64,11 @@ class LexicalCounts:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
 
     @classmethod
-    def of(cls, ds: Datastore) -> LexicalCounts:
-        """The counts over every committed day: from the cache if current, extended, or rebuilt."""
-        shards = [d.shard for d in ds.days]
+    def of(cls, ds: Datastore, shards: list[str] | None = None) -> LexicalCounts:
+        """The counts over every committed day (or these first days' shards): from the cache if
+        current, extended, or rebuilt; the cache keeps the counts of all committed days."""
+        every = [d.shard for d in ds.days]
+        shards = every if shards is None else shards
         path = ds.root / "lexical.npz"
         counts = cls.empty()
         if path.exists():
@@ -81,6 +83,8 @@ class LexicalCounts:
                 counts = counts.add({a: np.asarray(ds.shard(shard, a)) for a in TEXT_ARRAYS}, shard)
             else:  # a day committed without its text (or whose text was forgotten)
                 counts = cls(counts.count, counts.pairs, [*counts.shards, shard])
+        if shards != every:
+            return counts
         tmp = path.with_name(f".lexical.{uuid.uuid4().hex}.npz")
         np.savez(tmp, count=counts.count, pairs=counts.pairs, shards=np.array(counts.shards, dtype=str))
         os.replace(tmp, path)

@@ -190,6 +190,7 @@ class TokenScores:
     entropy: np.ndarray  # float32: entropy of P(.) in nats
     argmax: np.ndarray  # int32: the LM's top token
     key: np.ndarray  # float16 [n, hidden]
+    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
     # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
     knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
     knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
@@ -205,9 +206,11 @@ class TokenScores:
                       else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
-def windows(n_tokens: int, cfg: ScoreConfig) -> Iterator[tuple[int, int, int]]:
-    """(a, s, e): feed tokens[a:e-1] to predict the targets tokens[s:e], with s - 1 - a <= context."""
-    for s in range(1, n_tokens, cfg.stride):
+def windows(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> Iterator[tuple[int, int, int]]:
+    """(a, s, e): feed tokens[a:e-1] to predict the targets tokens[s:e], with s - 1 - a <= context.
+
+    Targets start at position `first` (1: every token after the first)."""
+    for s in range(max(first, 1), n_tokens, cfg.stride):
         yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
 
 
@@ -217,7 +220,8 @@ Neighbors = Callable[[TokenScores], tuple[np.ndarray, np.ndarray]]
 
 
 @torch.inference_mode()
-def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neighbors | None = None) -> TokenScores:
+def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neighbors | None = None,
+                  keep_hidden: bool = False) -> TokenScores:
     """Score one batch of windows: each feeds tokens[a:e-1] and keeps the targets at s..e-1.
 
     The vocabulary projection runs `cfg.head_chunk` rows at a time; each chunk's LM statistics
@@ -258,11 +262,32 @@ def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neig
             entropy=(lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)).cpu().numpy(),
             argmax=top.indices.to(torch.int32).cpu().numpy(),
             key=keys[sl].to(torch.float16).cpu().numpy(),
+            hidden=hidden[sl].float().cpu().numpy() if keep_hidden else None,
         )
         if neighbors is not None:
-            part.knn_dist, part.knn_values = neighbors(part)
-            at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
-            part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+            _search(lm, part, logits, lse, neighbors)
+        parts.append(part)
+    return TokenScores.concat(parts)
+
+
+def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
+    """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
+    part.knn_dist, part.knn_values = neighbors(part)
+    at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
+    part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+
+
+@torch.inference_mode()
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 256) -> TokenScores:
+    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run)."""
+    if batch.hidden is None:
+        raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
+    parts = []
+    for i in range(0, len(batch), chunk):
+        part = TokenScores(**{f.name: None if getattr(batch, f.name) is None or f.name.startswith(("knn", "lm_logp"))
+                              else getattr(batch, f.name)[i : i + chunk] for f in fields(TokenScores)})
+        logits = lm.logits(torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype))
+        _search(lm, part, logits, torch.logsumexp(logits, dim=-1), neighbors)
         parts.append(part)
     return TokenScores.concat(parts)
 
@@ -277,19 +302,26 @@ def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
 
 
 def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
-          neighbors: Neighbors | None = None) -> Iterator[TokenScores]:
+          neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
     """Score documents window by window, batched; memory stays bounded by one batch.
 
-    With `neighbors` (a memory's search), each token also carries its nearest entries.
+    With `neighbors` (a memory's search), each token also carries its nearest entries; with
+    `keep_hidden`, its final hidden state (to search other memories later: `with_neighbors`).
     """
+    sequences = ((doc.id, lm.tokenizer(doc.text)["input_ids"], 1) for doc in docs)
+    return score_tokens(lm, sequences, cfg, neighbors, keep_hidden)
+
+
+def score_tokens(lm: LM, sequences: Iterable[tuple[str, list[int], int]], cfg: ScoreConfig | None = None,
+                 neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
+    """Score token sequences (id, token ids, first target position) like `score`."""
     cfg = fit_window(lm, cfg or ScoreConfig())
     batch: list[Window] = []
-    for doc in docs:
-        toks = lm.tokenizer(doc.text)["input_ids"]
-        for a, s, e in windows(len(toks), cfg):
-            batch.append((doc.id, toks[a:e], a, s))
+    for seq_id, toks, first in sequences:
+        for a, s, e in windows(len(toks), cfg, first):
+            batch.append((seq_id, toks[a:e], a, s))
             if len(batch) == cfg.batch_size:
-                yield score_windows(lm, batch, cfg, neighbors)
+                yield score_windows(lm, batch, cfg, neighbors, keep_hidden)
                 batch = []
     if batch:
-        yield score_windows(lm, batch, cfg, neighbors)
+        yield score_windows(lm, batch, cfg, neighbors, keep_hidden)

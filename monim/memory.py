@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import functools
 import hashlib
@@ -16,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
-from monim.datastore import Datastore, Entries, _write_json
+from monim.datastore import Datastore, DayRecord, Entries, _write_json
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import Interpolation, ThetaScores, knn_logprobs_by_temperature, theta_scores, tune_grid
 from monim.lexical import LexicalCounts, day_counts
@@ -30,10 +31,13 @@ class Memory:
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
     per-token λ (`use_calibrator`) or the constant λ, both trained on validation data by `calibrate`.
+    With `as_of` (a date), the memory is read as it stood after that day (time travel, read-only):
+    the days up to it, the calibration made that day and an index search limited to their entries.
     """
 
     def __init__(self, root: Path | str, lm: LM, index_cfg: IndexConfig | None = None,
-                 calibrator_cfg: CalibratorConfig | None = None, use_calibrator: bool = True):
+                 calibrator_cfg: CalibratorConfig | None = None, use_calibrator: bool = True,
+                 as_of: dt.date | str | None = None):
         self.lm = lm
         self.ds = Datastore.for_lm(root, lm)
         self.index = MemoryIndex(root, lm.hidden_size, index_cfg)
@@ -43,19 +47,53 @@ class Memory:
         self.searched = self.skipped = 0
         self._loaded: dict[tuple[str, str], Calibrator | None] = {}
         self._lexical: LexicalCounts | None = None
+        self.as_of = None if as_of is None else str(as_of)
+
+    def at(self, as_of: dt.date | str) -> Memory:
+        """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
+        view = copy.copy(self)
+        view.as_of, view._lexical, view.searched, view.skipped = str(as_of), None, 0, 0
+        view.__dict__.pop("_below", None)
+        return view
 
     def __len__(self) -> int:
-        return len(self.ds)
+        return len(self.ds) if self.as_of is None else sum(d.entries for d in self.days)
+
+    @property
+    def days(self) -> list[DayRecord]:
+        """The committed days this memory holds (up to `as_of`)."""
+        return [d for d in self.ds.days if self.as_of is None or d.date <= self.as_of]
+
+    @functools.cached_property
+    def _below(self) -> int | None:
+        """With `as_of` before the last day: the first entry id learned after it (ids grow by day)."""
+        days = self.days
+        if len(days) == len(self.ds.days):
+            return None
+        ids = [int(self.ds.shard(d.shard, "ids")[-1]) for d in days if d.entries]
+        return max(ids) + 1 if ids else 0
+
+    def theta(self) -> dict:
+        """Θ's settings (λ, T, date, dir): the last calibration, or the last one up to `as_of`."""
+        if self.as_of is None:
+            return self.ds.manifest["theta"]
+        folders = [p for p in (self.ds.root / "theta").glob("*/meta.json") if p.parent.name[:10] <= self.as_of]
+        if not folders:
+            return {}
+        # the latest day; a day calibrated twice (forced, or after a crash) counts its last calibration
+        meta = max(folders, key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
+        record = json.loads(meta.read_text())
+        return {k: record[k] for k in ("lam", "temperature", "date")} | {"dir": f"theta/{meta.parent.name}"}
 
     @property
     def interpolation(self) -> Interpolation:
         """The constant (λ, T) last tuned on validation data (defaults before any tuning)."""
-        theta = self.ds.manifest["theta"]
+        theta = self.theta()
         return Interpolation(theta["lam"], theta["temperature"]) if theta else Interpolation()
 
     def theta_dir(self) -> Path | None:
         """The folder of the last calibration (its examples and calibrators), if any."""
-        rel = self.ds.manifest["theta"].get("dir")
+        rel = self.theta().get("dir")
         return self.ds.root / rel if rel else None
 
     def calibrator(self, name: str = "calibrator") -> Calibrator | None:
@@ -80,8 +118,9 @@ class Memory:
 
     def lexical(self) -> LexicalCounts:
         """Token counts and distinct successors over the memorized training text."""
-        if self._lexical is None or self._lexical.shards != [d.shard for d in self.ds.days]:
-            self._lexical = LexicalCounts.of(self.ds)
+        shards = [d.shard for d in self.days]
+        if self._lexical is None or self._lexical.shards != shards:
+            self._lexical = LexicalCounts.of(self.ds, shards)
         return self._lexical
 
     def lam(self, batch: TokenScores) -> np.ndarray | float:
@@ -102,7 +141,7 @@ class Memory:
     def neighbors(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Squared distances and values of each key's k nearest entries (value -1: none)."""
         started = time.perf_counter()
-        dist, ids = self.index.search(keys)
+        dist, ids = self.index.search(keys, below=self._below)
         values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
         self.search_seconds += time.perf_counter() - started
         return dist, values
@@ -127,8 +166,14 @@ class Memory:
         self.sync()
         return list(score(self.lm, docs, cfg, functools.partial(self.search, skip=skip) if len(self) else None))
 
+    def writable(self) -> None:
+        """Refuse to change a memory read as of a past day."""
+        if self.as_of is not None:
+            raise ValueError(f"{self.ds.root} read as of {self.as_of} is read-only")
+
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
         """Remove documents' or days' entries from the datastore, and then from the index."""
+        self.writable()
         removed = self.ds.forget(doc_ids, days)
         self.sync()
         return removed
@@ -161,6 +206,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
 
     `progress(tokens_done, tokens_total)` is called after each scored batch.
     """
+    memory.writable()
     ds, date = memory.ds, day.date.isoformat()
     if ds.committed(date) and not force:
         rec = next(d for d in ds.days if d.date == date)
@@ -206,6 +252,7 @@ def calibrate(memory: Memory, date: str, docs: list[Document], cfg: ScoreConfig 
     rescored), so the set grows by a few articles a day at a constant cost. Re-running a calibrated
     day changes nothing unless forced.
     """
+    memory.writable()
     theta = memory.ds.manifest["theta"]
     same_day = theta.get("date") == date
     if not len(memory) or (same_day and not force):

@@ -35,3 +35,45 @@ def ppl_over_days(rows: list[dict]) -> Figure:
     fig.autofmt_xdate()
     plt.close(fig)
     return fig
+
+
+def lines(title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]], dashed: tuple[str, ...] = ()) -> Figure:
+    """One line per labelled series of (x, y) points; the `dashed` labels drawn dashed."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, "--" if label in dashed else "o-", label=label, markersize=3)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    plt.close(fig)
+    return fig
+
+
+def panels(title: str, xlabel: str, ylabel: str, groups: dict[str, dict[str, tuple[list, list]]]) -> Figure:
+    """Side-by-side panels (one per group) of labelled lines, sharing the y axis."""
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), sharey=True, squeeze=False)
+    for ax, (group, series) in zip(axes[0], groups.items()):
+        for label, (xs, ys) in series.items():
+            ax.plot(xs, ys, "o-", label=label, markersize=3)
+        ax.set(xlabel=xlabel, title=group)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title)
+    plt.close(fig)
+    return fig
+
+
+def bars(title: str, ylabel: str, groups: dict[str, dict[str, tuple[float, float, float]]]) -> Figure:
+    """Grouped bars of (value, low, high) with their intervals: {group: {label: (v, low, high)}}."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = list(dict.fromkeys(label for g in groups.values() for label in g))
+    width = 0.8 / max(len(groups), 1)
+    for i, (group, values) in enumerate(groups.items()):
+        xs = [j + i * width for j, label in enumerate(labels) if label in values]
+        v = [values[label] for label in labels if label in values]
+        ax.bar(xs, [x[0] for x in v], width, label=group,
+               yerr=[[x[0] - x[1] for x in v], [x[2] - x[0] for x in v]], capsize=3)
+    ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(labels))], labels)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    plt.close(fig)
+    return fig

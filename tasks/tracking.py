@@ -40,17 +40,21 @@ def experiment_id(uri: str, name: str, workdir: str) -> str:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
-def open_run(config: dict, experiment: str, uri: str) -> str:
-    """The MLflow run of this policy on this work directory: resumed if it exists, else created."""
+def open_run(config: dict, experiment: str, uri: str, origin: str | None = None) -> str:
+    """The MLflow run of this policy on this work directory: resumed if it exists, else created.
+    `origin`: the date of step 0 (tagged, so that readers can turn steps back into dates)."""
     cfg = RunConfig(**config)
     c = client(uri)
     exp = experiment_id(uri, experiment, cfg.workdir)
     memory = str(cfg.memory_dir.resolve())
     runs = c.search_runs([exp], filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1)
     if runs:
+        if origin and runs[0].data.tags.get("monim.origin") != origin:
+            c.set_tag(runs[0].info.run_id, "monim.origin", origin)
         return runs[0].info.run_id
-    run = c.create_run(exp, run_name=cfg.name, tags={"monim.memory": memory, "monim.policy": cfg.policy,
-                                                       "monim.source": cfg.source, "monim.model": cfg.model or "default"})
+    tags = {"monim.memory": memory, "monim.policy": cfg.policy, "monim.source": cfg.source,
+            "monim.model": cfg.model or "default"} | ({"monim.origin": origin} if origin else {})
+    run = c.create_run(exp, run_name=cfg.name, tags=tags)
     from mlflow.entities import Param
 
     c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in cfg.params().items()])
@@ -64,16 +68,34 @@ def open_run(config: dict, experiment: str, uri: str) -> str:
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 def log_day(run_id: str, uri: str, step: int, metrics: dict) -> bool:
     """Log one day's numeric metrics at step = day index, once (a re-run logs nothing again)."""
-    from mlflow.entities import Metric
-
     c = client(uri)
     if any(m.step == step for m in c.get_metric_history(run_id, "ppl")):
         return False
-    now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
-    c.log_batch(run_id, metrics=batch)
+    _log(c, run_id, [(k, step, v) for k, v in metrics.items()])
     return True
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> int:
+    """Log (metric, step, value) points not logged yet at that step; returns how many were new."""
+    c = client(uri)
+    have: dict[str, set[int]] = {}
+    for key, _, _ in points:
+        if key not in have:
+            have[key] = {m.step for m in c.get_metric_history(run_id, key)}
+    return _log(c, run_id, [(k, step, v) for k, step, v in points if step not in have[k]])
+
+
+def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
+    """Log the numeric (finite or infinite, not NaN) points in batches."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, step, v in points
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+    for i in range(0, len(batch), 1000):  # MLflow's limit per batch
+        c.log_batch(run_id, metrics=batch[i : i + 1000])
+    return len(batch)
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
@@ -93,3 +115,17 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
         for name, figure in (("memory_growth.png", memory_growth(rows)), ("ppl.png", ppl_over_days(rows))):
             figure.savefig(Path(tmp) / name, dpi=100, bbox_inches="tight")
             c.log_artifact(run_id, str(Path(tmp) / name), artifact_path="plots")
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
+    """Every run of an experiment: {name: {"tags", "params", "metrics": {key: [(step, value)]}}}."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} at {uri}")
+    out = {}
+    for run in c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
+        metrics = {k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
+        out[run.info.run_name] = {"tags": dict(run.data.tags), "params": dict(run.data.params), "metrics": metrics}
+    return out

@@ -63,12 +63,32 @@ def test_status_eval_forget(learned, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("Grain prices rose on the Chicago Board of Trade as exports improved. " * 5)
     ev_text = last_json(monim("eval", "--workdir", workdir, "--text", text, "--json"))
-    assert ev_text["documents"] == 1 and ev_text["tokens"] > 50
+    assert ev_text["ppl_text"] > 1 and ev_text["text_tokens"] > 50 and "ppl" not in ev_text
+    qa = tmp_path / "quiz.jsonl"
+    qa.write_text("\n".join(json.dumps({"question": f"What rose on day {d}?", "choices": ["grain", "oil"], "answer": [0],
+                                        "date": d}) for d in ("1987-03-02", "1987-03-05", "1987-04-01")))
+    # as of the first day: its entries only; questions up to a week after it
+    past = last_json(monim("eval", "--workdir", workdir, "--as-of", "1987-03-02", "--source", DEMO, "--start", "1987-03-02",
+                           "--end", "1987-03-03", "--period", "week", "--text", text, "--qa", qa, "--shots", 1, "--json"))
+    assert past["as_of"] == "1987-03-02" and past["entries"] == out["rows"][0]["entries_stored"]
+    assert list(past["ppl_by_week"]) == ["1987-W10"] and past["ppl_by_week"]["1987-W10"] == pytest.approx(past["ppl"])
+    assert past["qa_n"] == 2 and 0 <= past["qa_accuracy"] <= 1 and past["qa_shots"] == 1 and past["ppl_text"] > 1
+    assert past["ppl_text_lm"] == pytest.approx(ev_text["ppl_text_lm"])
     first_day = out["rows"][0]["entries_stored"]
     removed = last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-02", "--json"))["removed"]
     assert removed == {"fullmem": first_day}
     after = last_json(monim("status", "--workdir", workdir, "--json"))
     assert after["entries"] == out["entries"] - first_day and after["tokens_seen"] == out["tokens_seen"]
+
+
+def test_report_from_mlflow(learned, tmp_path):
+    workdir, model, out = learned
+    monim("report", "--workdir", workdir, "--out", tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Policies: test perplexity and MemRate" in report and "| fullmem | 2 | 100.0% |" in report
+    assert (tmp_path / "memory_growth.png").is_file()
+    proc = monim("report", "--workdir", tmp_path / "empty", check=False)
+    assert proc.returncode == 2 and "give --experiment" in proc.stderr
 
 
 def test_compare_into_one_experiment(tiny_model_dir, tmp_path):

@@ -1,0 +1,106 @@
+"""Tasks of the evaluation suite: per-period PPL as of each period's end, the forgetting probe, QA.
+
+Each task evaluates every run at once (memories read as of past days, without copies), so the LM
+scores each text once; results are cached on the memories' state and the suite's settings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from prefect import task
+
+from monim.config import BARE, RunConfig
+from monim.evaluate import EvalConfig, evaluate_many, period_of, period_sets, text_document
+from monim.memory import Memory
+from monim.qa import answer_questions, read_questions
+from tasks.learning import lm_for, logger, memory_for
+
+
+def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
+    """When each measure is taken: the last learned day of each period; every `text_every` days
+    (and the last day) for the forgetting probe; the last day for QA."""
+    dates = sorted(dates)
+    ends: dict[str, str] = {}
+    if ecfg.period:
+        for d in dates:
+            ends[period_of(dt.date.fromisoformat(d), ecfg.period)] = d
+    probes = sorted({*dates[ecfg.text_every - 1 :: ecfg.text_every], dates[-1]}) if dates else []
+    return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
+
+
+def _memories(configs: list[dict], days: list[str]) -> dict[tuple[str, str], Memory | None]:
+    """Each run's memory as of each day (None for the bare LM)."""
+    out = {}
+    for config in configs:
+        cfg = RunConfig(**config)
+        memory = None if cfg.policy == BARE else memory_for(cfg)
+        out |= {(cfg.name, day): memory and memory.at(day) for day in days}
+    return out
+
+
+def _suite_key(context, parameters: dict) -> str:
+    """Cache key: the runs' settings and memories' states, the days and the suite's settings."""
+    states = []
+    for config in parameters["configs"]:
+        cfg = RunConfig(**config)
+        manifest = cfg.memory_dir / "manifest.json"
+        version = json.loads(manifest.read_text()).get("version") if manifest.exists() else 0
+        states.append(f"{cfg.fingerprint()}:{version}")
+    rest = {k: v for k, v in parameters.items() if k != "configs"}
+    return f"monim-{context.task.name}-" + json.dumps([states, rest], sort_keys=True, default=str)
+
+
+def _cells(results: dict) -> dict[str, dict[str, dict]]:
+    """{(run, day): metrics} as {run: {day: metrics}}."""
+    out: dict[str, dict[str, dict]] = {}
+    for (name, day), metrics in results.items():
+        out.setdefault(name, {})[day] = metrics
+    return out
+
+
+@task(cache_key_fn=_suite_key, persist_result=True)
+def period_perplexity(configs: list[dict], source: str, start: str, end: str, days: list[str], ecfg: dict) -> dict:
+    """PPL and next-word accuracy on each period's test articles, with each run's memory as of the
+    end of that period and of every later one (the lower triangle of the forgetting matrix)."""
+    e = EvalConfig(**ecfg)
+    model, seed = RunConfig(**configs[0]).model, RunConfig(**configs[0]).seed
+    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, seed, e.period_docs)
+    memories = _memories(configs, days)
+    out: dict[str, dict] = {}
+    for period, docs in sets.items():
+        learned = [d for d in days if period_of(dt.date.fromisoformat(d), e.period) >= period]
+        cells = {key: m for key, m in memories.items() if key[1] in learned}
+        results = evaluate_many(lm_for(model), docs, cells)
+        out[period] = _cells(results)
+        logger().info("%s: %d test articles, PPL as of %s: %s", period, len(docs), learned[0] if learned else "-",
+                      {k[0]: round(v["ppl"], 2) for k, v in results.items() if k[1] == (learned or [None])[0]})
+    return out
+
+
+@task(cache_key_fn=_suite_key, persist_result=True)
+def text_perplexity(configs: list[dict], days: list[str], ecfg: dict) -> dict:
+    """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
+    e = EvalConfig(**ecfg)
+    doc = text_document(e.text, e.text_chars)
+    results = _cells(evaluate_many(lm_for(RunConfig(**configs[0]).model), [doc], _memories(configs, days)))
+    logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
+    return results
+
+
+@task(cache_key_fn=_suite_key, persist_result=True)
+def question_answering(configs: list[dict], first: str, last: str, ecfg: dict) -> dict:
+    """Multiple-choice accuracy of each run's final memory on the questions dated from its first
+    learned day to `qa_days_after` days after its last, for each number of shots."""
+    e = EvalConfig(**ecfg)
+    until = dt.date.fromisoformat(last) + dt.timedelta(days=e.qa_days_after)
+    questions = read_questions(e.qa, dt.date.fromisoformat(first), until)
+    pool = read_questions(e.qa)
+    memories = {name: m for (name, _), m in _memories(configs, [last]).items()}
+    out: dict[str, dict] = {}
+    for k in e.shots:
+        for name, metrics in answer_questions(lm_for(RunConfig(**configs[0]).model), questions, memories, k, pool).items():
+            out.setdefault(name, {})[k] = metrics
+        logger().info("QA %d-shot on %d questions: %s", k, len(questions), {n: round(r[k]["qa_accuracy"], 3) for n, r in out.items()})
+    return out

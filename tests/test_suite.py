@@ -1,0 +1,97 @@
+"""The evaluation suite and the report through the comparison flow, read back from MLflow (SQLite)."""
+
+import datetime as dt
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from monim.evaluate import evaluate, period_sets
+from monim.lm import load_lm
+from monim.memory import Memory
+from monim.qa import Question, answer_questions, read_questions
+from monim.stream import DEMO_STREAM
+
+DAYS = ("1987-03-07", "1987-03-09")  # a Saturday and the next Monday: two ISO weeks
+EXPERIMENT = "monim-reuters-1987-03-02_03-13"
+
+
+@pytest.fixture(scope="module")
+def suite(prefect, tiny_model_dir, tmp_path_factory):
+    from flows.compare import compare_policies
+
+    workdir = tmp_path_factory.mktemp("suite")
+    text = workdir / "general.txt"
+    text.write_text("The river flows through the old town and joins the sea near the harbour. " * 8)
+    qa = workdir / "quiz.jsonl"
+    rows = [{"question": f"Which market moved on day {d}?", "choices": ["grain", "oil", "gold"], "answer": [i % 3],
+             "date": d} for i, d in enumerate(["1987-03-01", "1987-03-07", "1987-03-09", "1987-03-16", "1987-03-17"])]
+    qa.write_text("\n".join(json.dumps(r) for r in rows))
+    model = str(tiny_model_dir("llama"))
+    evaluation = {"period": "week", "period_docs": 2, "text": str(text), "text_every": 1, "qa": str(qa), "shots": (0, 1)}
+    compare_policies(str(DEMO_STREAM), DAYS[0], DAYS[1], ["bare", "fullmem", "monim-amt"], str(workdir), model,
+                     max_docs=2, evaluation=evaluation)
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    runs = {r.info.run_name: r.info.run_id for r in client.search_runs([exp.experiment_id])}
+    return workdir, model, client, runs, qa
+
+
+def history(client, run_id, key):
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def test_period_ppl_is_logged_as_of_each_period_end(suite):
+    workdir, model, client, runs, _ = suite
+    lm = load_lm(model)
+    sets = period_sets(str(DEMO_STREAM), dt.date(1987, 3, 7), dt.date(1987, 3, 9), "week", max_docs=2)
+    assert list(sets) == ["1987-W10", "1987-W11"]
+    # week 10 as of its end (step 0) and of week 11's (step 2); week 11 only as of its own end
+    fullmem = runs["fullmem"]
+    w10, w11 = history(client, fullmem, "ppl_period/1987-W10"), history(client, fullmem, "ppl_period/1987-W11")
+    assert set(w10) == {0, 2} and set(w11) == {2}
+    memory = Memory(workdir / "memories" / "fullmem", lm)
+    assert w10[0] == pytest.approx(evaluate(lm, sets["1987-W10"], memory.at(DAYS[0]))["ppl"], rel=1e-4)
+    assert w11[2] == pytest.approx(evaluate(lm, sets["1987-W11"], memory)["ppl"], rel=1e-4)
+    bare = history(client, runs["bare"], "ppl_period/1987-W10")
+    assert bare[0] == bare[2] == pytest.approx(evaluate(lm, sets["1987-W10"])["ppl_lm"], rel=1e-6)
+
+
+def test_forgetting_probe_and_qa_are_logged(suite):
+    workdir, model, client, runs, qa = suite
+    for name, run_id in runs.items():
+        text = history(client, run_id, "ppl_text")
+        assert set(text) == {0, 2} and all(v > 1 for v in text.values())  # every day (text_every=1)
+        assert history(client, run_id, "ppl_text_lm")[0] == pytest.approx(history(client, runs["bare"], "ppl_text")[0])
+        # questions from the first learned day to a week after the last: 03-07, 03-09, 03-16
+        assert history(client, run_id, "qa_n") == {2: 3.0}
+        for k in (0, 1):
+            acc = history(client, run_id, f"qa_accuracy_{k}shot")[2]
+            low, high = history(client, run_id, f"qa_ci_low_{k}shot")[2], history(client, run_id, f"qa_ci_high_{k}shot")[2]
+            assert acc in (0.0, 1 / 3, 2 / 3, 1.0) and low <= acc <= high
+    questions = read_questions(qa, dt.date(1987, 3, 7), dt.date(1987, 3, 16))
+    lm = load_lm(model)
+    want = answer_questions(lm, questions, {"lm": None}, 1, read_questions(qa))["lm"]["qa_accuracy"]
+    assert history(client, runs["bare"], "qa_accuracy_1shot")[2] == pytest.approx(want)
+    assert isinstance(questions[0], Question)
+
+
+def test_report_has_the_papers_tables(suite):
+    workdir, model, client, runs, _ = suite
+    report = (workdir / "report" / "report.md").read_text()
+    for heading in ("Policies: test perplexity and MemRate", "Memory growth", "Forgetting matrix", "Forgetting probe",
+                    "Multiple-choice QA"):
+        assert f"## {heading}" in report
+    assert "| fullmem | 2 | 100.0% |" in report and "after 1987-03-07" in report and "1987-W11" in report
+    for png in ("memory_growth.png", "forgetting_matrix.png", "forgetting_probe.png", "qa.png"):
+        assert (workdir / "report" / png).stat().st_size > 1000
+
+
+def test_rerunning_the_suite_logs_nothing_twice(suite):
+    from flows.evaluate import evaluate_runs
+    from flows.stream import stream_config
+
+    workdir, model, client, runs, qa = suite
+    configs = [stream_config(str(DEMO_STREAM), p, str(workdir), model, 2, {}, 0, True, None) for p in ("bare", "fullmem")]
+    evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2})
+    assert len(client.get_metric_history(runs["fullmem"], "ppl_period/1987-W10")) == 2
