@@ -29,6 +29,33 @@ CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant 
 SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator's gate predicts λ below this (paper: 0.3).")
 
 
+PERIOD = typer.Option(None, "--period", help="month or week: PPL on each period's test set as of each period's end.")
+PERIOD_DOCS = typer.Option(None, "--period-docs", help="Test articles per period (default all).")
+TEXT = typer.Option(None, "--text", help="Forgetting probe: a general-domain text (e.g. WikiText).")
+TEXT_CHARS = typer.Option(None, "--text-chars", help="Only the text's first characters.")
+TEXT_EVERY = typer.Option(7, "--text-every", help="Days between forgetting probes.")
+QA = typer.Option(None, "--qa", help="Multiple-choice questions (JSONL) for the final memories.")
+SHOTS = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3.")
+
+
+def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optional[Path], text_chars: Optional[int],
+                text_every: int, qa: Optional[Path], shots: str) -> Optional[dict]:
+    """The evaluation suite's settings (None: nothing to measure), or a clear error."""
+    from dataclasses import asdict
+
+    from monim.evaluate import EvalConfig
+
+    for path in (text, qa):
+        if path is not None and not path.is_file():
+            raise _fail(f"file not found: {path}")
+    try:
+        e = EvalConfig(period, period_docs, str(text) if text else None, text_chars, text_every,
+                       str(qa) if qa else None, tuple(int(k) for k in shots.split(",")))
+    except ValueError as err:
+        raise _fail(str(err))
+    return asdict(e) if e.period or e.text or e.qa else None
+
+
 def _calibrator_params(skip: Optional[float]) -> dict:
     return {} if skip is None else {"skip_threshold": skip}
 
@@ -136,7 +163,8 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
     console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
                          _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
-                  f"{(workdir / 'mlflow.db').resolve()}  ·  see both with: monim ui --workdir {workdir}")
+                  f"{(workdir / 'mlflow.db').resolve()}  ·  see both with: monim ui --workdir {workdir}  ·  "
+                  f"report: {workdir / 'report' / 'report.md'}")
     _emit({"workdir": str(workdir), "policies": summary}, as_json)
 
 
@@ -147,8 +175,11 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           workdir: Path = WORKDIR, model: Optional[str] = MODEL,
           max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
           constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
-          tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
-    """Learn the stream's days from START to END into the work directory with one policy."""
+          period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
+          text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
+          shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Learn the stream's days from START to END into the work directory with one policy (then
+    run the evaluation suite on it if asked)."""
     from monim.policies import make_policy
 
     try:
@@ -157,11 +188,12 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
         raise _fail(str(e))
     _check_source(source, start, end)
     _check_model(workdir, model)
+    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
     use_workdir(workdir)
     from flows.stream import learn_stream
 
     rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri,
-                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip))
+                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip), evaluation=evaluation)
     from monim.config import RunConfig
 
     name = RunConfig(policy=policy, calibrated=not constant_lam).name
@@ -175,37 +207,22 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             policies: str = typer.Option("bare,fullmem,randmem,monim-amt", help="Comma-separated policies."),
             workdir: Path = WORKDIR, model: Optional[str] = MODEL, max_docs: Optional[int] = typer.Option(None),
             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
-            period: Optional[str] = typer.Option(None, help="month or week: PPL on each period's test set as of each period's end."),
-            period_docs: Optional[int] = typer.Option(None, help="Test articles per period (default all)."),
-            text: Optional[Path] = typer.Option(None, help="Forgetting probe: a general-domain text (e.g. WikiText)."),
-            text_chars: Optional[int] = typer.Option(None, help="Only the text's first characters."),
-            text_every: int = typer.Option(7, help="Days between forgetting probes."),
-            qa: Optional[Path] = typer.Option(None, help="Multiple-choice questions (JSONL) for the final memories."),
-            shots: str = typer.Option("0", help="Comma-separated numbers of solved examples, e.g. 0,3."),
-            tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+            period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
+            text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
+            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     _check_source(source, start, end)
     _check_model(workdir, model)
-    for path in (text, qa):
-        if path is not None and not path.is_file():
-            raise _fail(f"file not found: {path}")
-    from monim.evaluate import EvalConfig
-
-    try:
-        evaluation = EvalConfig(period, period_docs, str(text) if text else None, text_chars, text_every,
-                                str(qa) if qa else None, tuple(int(k) for k in shots.split(",")))
-    except ValueError as e:
-        raise _fail(str(e))
+    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
     use_workdir(workdir)
-    from dataclasses import asdict
-
     from flows.compare import compare_policies
 
     summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
                                tracking_uri=tracking_uri, calibrated=not constant_lam,
-                               calibrator_params=_calibrator_params(skip), evaluation=asdict(evaluation))
+                               calibrator_params=_calibrator_params(skip), evaluation=evaluation)
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
-    _emit({"policies": summary}, as_json)
+    console.print(f"report: {workdir / 'report' / 'report.md'}")
+    _emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
 
 
 @app.command("eval")

@@ -9,10 +9,9 @@ from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate_runs
 from flows.report import report_runs
-from flows.stream import experiment_name, learn_stream, stream_config
-from monim.evaluate import EvalConfig
+from flows.stream import learn_stream, stream_config
 from monim.report import summarize
-from tasks.tracking import tracking_uri as resolve_tracking_uri
+from tasks.tracking import experiment_name, tracking_uri as resolve_tracking_uri
 
 POLICIES = ["bare", "fullmem", "randmem", "monim", "monim-amt"]
 
@@ -40,8 +39,7 @@ def compare_policies(source: str, start: str | None = None, end: str | None = No
         configs[policy] = stream_config(source, policy, workdir, model, max_docs, params, seed, calibrated, calibrator_params)
     table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()} for p in policies]
     create_table_artifact(table, key="monim-comparison", description=f"{source} {start}..{end}")
-    e = EvalConfig(**(evaluation or {}))
-    if e.period or e.text or e.qa:
+    if evaluation:
         evaluate_runs([configs[p] for p in policies], start, end, evaluation, experiment, tracking_uri)
     report_runs(experiment or experiment_name(source), resolve_tracking_uri(workdir, tracking_uri),
                 str(Path(workdir) / "report"))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict
+from typing import Callable
 
 from prefect import flow
 
-from flows.stream import experiment_name
 from monim.config import RunConfig
-from monim.evaluate import EvalConfig
+from monim.evaluate import EvalConfig, period_of
 from tasks.evaluation import checkpoint_days, period_perplexity, question_answering, text_perplexity
 from tasks.learning import recorded_days
-from tasks.tracking import log_points, open_run, tracking_uri as resolve_tracking_uri
+from tasks.tracking import experiment_name, log_points, metric_steps, open_run, tracking_uri as resolve_tracking_uri
 
 
 def _learned(configs: list[dict], start: str | None, end: str | None) -> list[str]:
@@ -28,7 +28,8 @@ def evaluate_runs(configs: list[dict], start: str | None = None, end: str | None
                   tracking_uri: str | None = None) -> dict:
     """Measure learned runs as of past days (time travel) and log each measure to its MLflow run
     at step = day index: `ppl_period/<period>` and `accuracy_period/<period>`, `ppl_text` and
-    `ppl_text_lm`, `qa_accuracy_<k>shot` with its 95% interval and `qa_n`."""
+    `ppl_text_lm`, `qa_accuracy_<k>shot` with its 95% interval and `qa_n`. Measures already
+    logged for a day are not taken again, so a daily run only measures the new days."""
     e = EvalConfig(**(evaluation or {}))
     days = _learned(configs, start, end)
     if not days:
@@ -39,26 +40,33 @@ def evaluate_runs(configs: list[dict], start: str | None = None, end: str | None
     def step(day: str) -> int:
         return (dt.date.fromisoformat(day) - origin).days
 
+    uri = resolve_tracking_uri(workdir, tracking_uri)
+    run_ids = {RunConfig(**c).name: open_run(c, experiment or experiment_name(source), uri, origin.isoformat())
+               for c in configs}
+
+    def missing(candidates: list[str], key: Callable[[str], str]) -> list[str]:
+        """The days whose measure some run has not logged yet (logged measures are not recomputed)."""
+        logged = {name: metric_steps(run_id, uri, sorted({key(d) for d in candidates})) for name, run_id in run_ids.items()}
+        return [d for d in candidates if any(step(d) not in logged[name].get(key(d), []) for name in logged)]
+
     at = checkpoint_days(days, e)
     ecfg = asdict(e)
-    points: dict[str, list] = {RunConfig(**c).name: [] for c in configs}
+    points: dict[str, list] = {name: [] for name in run_ids}
     out = {}
-    if e.period:
-        out["periods"] = period_perplexity(configs, source, days[0], days[-1], at["periods"], ecfg)
+    if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}")):
+        out["periods"] = period_perplexity(configs, source, days[0], days[-1], todo, ecfg)
         for period, runs in out["periods"].items():
             for name, cells in runs.items():
                 points[name] += [(f"{m}_period/{period}", step(d), r[m]) for d, r in cells.items() for m in ("ppl", "accuracy")]
-    if e.text:
-        out["text"] = text_perplexity(configs, at["text"], ecfg)
+    if e.text and (todo := missing(at["text"], lambda d: "ppl_text")):
+        out["text"] = text_perplexity(configs, todo, ecfg)
         for name, cells in out["text"].items():
             points[name] += [(k, step(d), r[src]) for d, r in cells.items() for k, src in (("ppl_text", "ppl"), ("ppl_text_lm", "ppl_lm"))]
-    if e.qa:
+    if e.qa and missing(at["qa"], lambda d: f"qa_accuracy_{e.shots[-1]}shot"):
         out["qa"] = question_answering(configs, days[0], days[-1], ecfg)
         for name, by_shots in out["qa"].items():
             points[name] += [(f"{m}_{k}shot" if m != "qa_n" else m, step(days[-1]), v)
                              for k, r in by_shots.items() for m, v in r.items()]
-    uri = resolve_tracking_uri(workdir, tracking_uri)
-    for config in configs:
-        run_id = open_run(config, experiment or experiment_name(source), uri, origin.isoformat())
-        log_points(run_id, uri, points[RunConfig(**config).name])
+    for name, run_id in run_ids.items():
+        log_points(run_id, uri, points[name])
     return out

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from prefect import flow
 
 from flows.day import learn_day
+from flows.evaluate import evaluate_runs
 from monim.config import RunConfig
 from monim.stream import list_dates
 from tasks.learning import logger, recorded_days
-from tasks.tracking import log_summary, open_run, tracking_uri as resolve_tracking_uri
-
-
-def experiment_name(source: str) -> str:
-    """The default MLflow experiment of a stream: one per source."""
-    return "monim-" + Path(source.removeprefix("hf:")).name.split(".")[0]
+from tasks.tracking import experiment_name, log_summary, open_run, tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:
@@ -38,10 +33,11 @@ def learn_stream(source: str, start: str | None = None, end: str | None = None, 
                  workdir: str = "monim-work", model: str | None = None, max_docs: int | None = None,
                  policy_params: dict | None = None, seed: int = 0, experiment: str | None = None,
                  tracking_uri: str | None = None, calibrated: bool = True,
-                 calibrator_params: dict | None = None) -> list[dict]:
+                 calibrator_params: dict | None = None, evaluation: dict | None = None) -> list[dict]:
     """Learn every day from start to end with one policy; days already finished are skipped.
 
     Θ uses the NN calibrator's λ unless `calibrated` is False (constant λ; run named '<policy>-const').
+    `evaluation` (monim.evaluate.EvalConfig fields) runs the evaluation suite on the run afterwards.
     """
     config = stream_config(source, policy, workdir, model, max_docs, policy_params, seed, calibrated, calibrator_params)
     cfg = RunConfig(**config)
@@ -57,14 +53,17 @@ def learn_stream(source: str, start: str | None = None, end: str | None = None, 
     rows = sorted(recorded_days(config).values(), key=lambda r: r["date"])
     if todo:
         log_summary(run_id, uri, rows)
+    if evaluation:
+        evaluate_runs([config], start, end, evaluation, experiment, tracking_uri)
     return [r for r in rows if r["date"] in dates]
 
 
 @flow(name="monim-yesterday")
 def learn_yesterday(source: str, workdir: str = "monim-work", policy: str = "monim-amt", timezone: str = "UTC",
                     model: str | None = None, max_docs: int | None = None, experiment: str | None = None,
-                    tracking_uri: str | None = None) -> list[dict]:
-    """The daily job: learn yesterday (in `timezone`), catching up any day missed since the last run."""
+                    tracking_uri: str | None = None, evaluation: dict | None = None) -> list[dict]:
+    """The daily job: learn yesterday (in `timezone`), catching up any day missed since the last run;
+    with `evaluation`, the suite measures the days not measured yet."""
     yesterday = dt.datetime.now(ZoneInfo(timezone)).date() - dt.timedelta(days=1)
     done = recorded_days(asdict(RunConfig(source=source, workdir=workdir, policy=policy)))
     start = dt.date.fromisoformat(max(done)) + dt.timedelta(days=1) if done else yesterday
@@ -72,4 +71,4 @@ def learn_yesterday(source: str, workdir: str = "monim-work", policy: str = "mon
         logger().info("nothing to learn: %s is already learned", yesterday)
         return []
     return learn_stream(source, start.isoformat(), yesterday.isoformat(), policy, workdir, model, max_docs,
-                        experiment=experiment, tracking_uri=tracking_uri)
+                        experiment=experiment, tracking_uri=tracking_uri, evaluation=evaluation)

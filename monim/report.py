@@ -147,11 +147,11 @@ def _qa(runs: dict, out: Path) -> str | None:
             low, high = m.get(f"qa_ci_low_{shots}", math.nan), m.get(f"qa_ci_high_{shots}", math.nan)
             row.append(f"{100 * m[k]:.1f}% [{100 * low:.1f}, {100 * high:.1f}]" if k in m else "")
             if k in m:
-                groups.setdefault(shots, {})[name] = (m[k], low, high)
+                groups.setdefault(shots.replace("shot", "-shot"), {})[name] = (m[k], low, high)
         rows.append(row)
     bars("Multiple-choice QA accuracy (95% interval)", "accuracy", groups).savefig(out / "qa.png", dpi=100,
                                                                                    bbox_inches="tight")
-    header = ["policy", "questions", *(k.removeprefix("qa_accuracy_") for k in keys)]
+    header = ["policy", "questions", *(k.removeprefix("qa_accuracy_").replace("shot", "-shot") for k in keys)]
     return "\n".join([_table(header, rows), "", "![QA accuracy](qa.png)"])
 
 

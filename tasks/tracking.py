@@ -21,6 +21,11 @@ def tracking_uri(workdir: str, uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve() / 'mlflow.db'}"
 
 
+def experiment_name(source: str) -> str:
+    """The default MLflow experiment of a stream: one per source."""
+    return "monim-" + Path(source.removeprefix("hf:")).name.split(".")[0]
+
+
 def client(uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -84,6 +89,13 @@ def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> i
         if key not in have:
             have[key] = {m.step for m in c.get_metric_history(run_id, key)}
     return _log(c, run_id, [(k, step, v) for k, step, v in points if step not in have[k]])
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def metric_steps(run_id: str, uri: str, keys: list[str]) -> dict[str, list[int]]:
+    """The steps at which each of these metrics is logged in the run."""
+    c = client(uri)
+    return {k: sorted({m.step for m in c.get_metric_history(run_id, k)}) for k in keys}
 
 
 def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:

@@ -93,5 +93,5 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
 
     workdir, model, client, runs, qa = suite
     configs = [stream_config(str(DEMO_STREAM), p, str(workdir), model, 2, {}, 0, True, None) for p in ("bare", "fullmem")]
-    evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2})
+    assert evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2}) == {}  # all logged already
     assert len(client.get_metric_history(runs["fullmem"], "ppl_period/1987-W10")) == 2
