@@ -251,24 +251,15 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
     from monim.qa import answer_questions, read_questions
     from monim.stream import StreamError
 
+    if source is not None:
+        _check_source(source, start, end)
+    if text is not None and not text.is_file():
+        raise _fail(f"text file not found: {text}")
     lm = load_lm(Datastore.read(root).manifest["model"])
     memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam,
                     as_of=_day(as_of))
     result: dict = {"policy": root.name, "as_of": memory.days[-1].date if memory.days else None, "entries": len(memory)}
-    if source is not None:
-        _check_source(source, start, end)
-        sets = period_sets(source, _day(start), _day(end), period, split=split)
-        by_period = {p: evaluate_many(lm, docs, {"m": memory})["m"] for p, docs in sets.items()}
-        result |= combine(list(by_period.values())) | {"documents": sum(len(d) for d in sets.values()),
-                                                       f"ppl_by_{period}": {p: r["ppl"] for p, r in by_period.items()},
-                                                       f"ppl_lm_by_{period}": {p: r["ppl_lm"] for p, r in by_period.items()}}
-    if text is not None:
-        try:
-            r = evaluate_many(lm, [text_document(text, text_chars)], {"m": memory})["m"]
-        except FileNotFoundError as e:
-            raise _fail(str(e))
-        result |= {"ppl_text": r["ppl"], "ppl_text_lm": r["ppl_lm"], "text_tokens": r["tokens"]}
-    if qa is not None:
+    if qa is not None:  # read first: a bad file or an empty range fails before any scoring
         days = memory.days
         first = dt.date.fromisoformat(days[0].date) if days else None
         last = dt.date.fromisoformat(days[-1].date) + dt.timedelta(days=7) if days else None
@@ -278,6 +269,16 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
             raise _fail(str(e))
         if not questions:
             raise _fail(f"{qa} has no questions dated {first}..{last} (the memory's days and a week after)")
+    if source is not None:
+        sets = period_sets(source, _day(start), _day(end), period, split=split)
+        by_period = {p: evaluate_many(lm, docs, {"m": memory})["m"] for p, docs in sets.items()}
+        result |= combine(list(by_period.values())) | {"documents": sum(len(d) for d in sets.values()),
+                                                       f"ppl_by_{period}": {p: r["ppl"] for p, r in by_period.items()},
+                                                       f"ppl_lm_by_{period}": {p: r["ppl_lm"] for p, r in by_period.items()}}
+    if text is not None:
+        r = evaluate_many(lm, [text_document(text, text_chars)], {"m": memory})["m"]
+        result |= {"ppl_text": r["ppl"], "ppl_text_lm": r["ppl_lm"], "text_tokens": r["tokens"]}
+    if qa is not None:
         answers = answer_questions(lm, questions, {"m": memory, "lm": None}, shots, pool)
         result |= answers["m"] | {"qa_accuracy_lm": answers["lm"]["qa_accuracy"], "qa_shots": shots}
     console.print(_table(f"{root.name} as of {result['as_of']}", [result],

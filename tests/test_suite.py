@@ -95,3 +95,14 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
     configs = [stream_config(str(DEMO_STREAM), p, str(workdir), model, 2, {}, 0, True, None) for p in ("bare", "fullmem")]
     assert evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2}) == {}  # all logged already
     assert len(client.get_metric_history(runs["fullmem"], "ppl_period/1987-W10")) == 2
+
+
+def test_checkpoint_days():
+    from monim.evaluate import EvalConfig
+    from tasks.evaluation import checkpoint_days
+
+    days = [f"2022-06-{d:02d}" for d in range(1, 16) if d != 10]  # a day without news
+    at = checkpoint_days(days, EvalConfig(period="week", text_every=7))
+    assert at["periods"] == ["2022-06-05", "2022-06-12", "2022-06-15"]  # ISO weeks end on Sundays
+    assert at["text"] == ["2022-06-07", "2022-06-15"] and at["qa"] == ["2022-06-15"]  # every 7th learned day, and the last
+    assert checkpoint_days(days, EvalConfig(period="month"))["periods"] == ["2022-06-15"]
