@@ -29,7 +29,8 @@ def evaluate_runs(configs: list[dict], start: str | None = None, end: str | None
     """Measure learned runs as of past days (time travel) and log each measure to its MLflow run
     at step = day index: `ppl_period/<period>` and `accuracy_period/<period>`, `ppl_text` and
     `ppl_text_lm`, `qa_accuracy_<k>shot` with its 95% interval and `qa_n`. Measures already
-    logged for a day are not taken again, so a daily run only measures the new days."""
+    logged for a run and day are not taken again: a daily run measures only its new days, a run
+    added to an experiment only itself."""
     e = EvalConfig(**(evaluation or {}))
     days = _learned(configs, start, end)
     if not days:
@@ -44,26 +45,28 @@ def evaluate_runs(configs: list[dict], start: str | None = None, end: str | None
     run_ids = {RunConfig(**c).name: open_run(c, experiment or experiment_name(source), uri, origin.isoformat())
                for c in configs}
 
-    def missing(candidates: list[str], key: Callable[[str], str]) -> list[str]:
-        """The days whose measure some run has not logged yet (logged measures are not recomputed)."""
-        logged = {name: metric_steps(run_id, uri, sorted({key(d) for d in candidates})) for name, run_id in run_ids.items()}
-        return [d for d in candidates if any(step(d) not in logged[name].get(key(d), []) for name in logged)]
+    def missing(candidates: list[str], key: Callable[[str], str]) -> tuple[list[str], list[dict]]:
+        """The days some run has not measured yet, and those runs (logged measures are not retaken)."""
+        keys = sorted({key(d) for d in candidates})
+        logged = {name: metric_steps(run_id, uri, keys) for name, run_id in run_ids.items()}
+        lacking = {name: [d for d in candidates if step(d) not in logged[name].get(key(d), [])] for name in logged}
+        return sorted({d for ds in lacking.values() for d in ds}), [c for c in configs if lacking[RunConfig(**c).name]]
 
     at = checkpoint_days(days, e)
     ecfg = asdict(e)
     points: dict[str, list] = {name: [] for name in run_ids}
     out = {}
-    if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}")):
-        out["periods"] = period_perplexity(configs, source, days[0], days[-1], todo, ecfg)
+    if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}"))[0]:
+        out["periods"] = period_perplexity(todo[1], source, days[0], days[-1], todo[0], ecfg)
         for period, runs in out["periods"].items():
             for name, cells in runs.items():
                 points[name] += [(f"{m}_period/{period}", step(d), r[m]) for d, r in cells.items() for m in ("ppl", "accuracy")]
-    if e.text and (todo := missing(at["text"], lambda d: "ppl_text")):
-        out["text"] = text_perplexity(configs, todo, ecfg)
+    if e.text and (todo := missing(at["text"], lambda d: "ppl_text"))[0]:
+        out["text"] = text_perplexity(todo[1], todo[0], ecfg)
         for name, cells in out["text"].items():
             points[name] += [(k, step(d), r[src]) for d, r in cells.items() for k, src in (("ppl_text", "ppl"), ("ppl_text_lm", "ppl_lm"))]
-    if e.qa and missing(at["qa"], lambda d: f"qa_accuracy_{e.shots[-1]}shot"):
-        out["qa"] = question_answering(configs, days[0], days[-1], ecfg)
+    if e.qa and (todo := missing(at["qa"], lambda d: f"qa_accuracy_{e.shots[-1]}shot"))[0]:
+        out["qa"] = question_answering(todo[1], days[0], days[-1], ecfg)
         for name, by_shots in out["qa"].items():
             points[name] += [(f"{m}_{k}shot" if m != "qa_n" else m, step(days[-1]), v)
                              for k, r in by_shots.items() for m, v in r.items()]

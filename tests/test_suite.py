@@ -95,6 +95,13 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
     configs = [stream_config(str(DEMO_STREAM), p, str(workdir), model, 2, {}, 0, True, None) for p in ("bare", "fullmem")]
     assert evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2}) == {}  # all logged already
     assert len(client.get_metric_history(runs["fullmem"], "ppl_period/1987-W10")) == 2
+    # a run without the measure: only it is measured
+    new = stream_config(str(DEMO_STREAM), "randmem", str(workdir), model, 2, {"rate": 0.5}, 0, True, None)
+    from flows.stream import learn_stream
+
+    learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "randmem", str(workdir), model, 2, {"rate": 0.5})
+    out = evaluate_runs([*configs, new], DAYS[0], DAYS[1], {"period": "week", "period_docs": 2})
+    assert set(out["periods"]["1987-W10"]) == {"randmem"}
 
 
 def test_checkpoint_days():
