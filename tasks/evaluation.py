@@ -70,12 +70,12 @@ def period_perplexity(configs: list[dict], source: str, start: str, end: str, da
     memories = _memories(configs, days)
     out: dict[str, dict] = {}
     for period, docs in sets.items():
-        learned = [d for d in days if period_of(dt.date.fromisoformat(d), e.period) >= period]
-        cells = {key: m for key, m in memories.items() if key[1] in learned}
-        results = evaluate_many(lm_for(model), docs, cells)
-        out[period] = _cells(results)
-        logger().info("%s: %d test articles, PPL as of %s: %s", period, len(docs), learned[0] if learned else "-",
-                      {k[0]: round(v["ppl"], 2) for k, v in results.items() if k[1] == (learned or [None])[0]})
+        cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
+        if not cells:
+            continue
+        out[period] = _cells(evaluate_many(lm_for(model), docs, cells))
+        logger().info("%s: %d test articles, PPL by run and day: %s", period, len(docs),
+                      {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in out[period].items()})
     return out
 
 
