@@ -190,11 +190,11 @@ class TokenScores:
     entropy: np.ndarray  # float32: entropy of P(.) in nats
     argmax: np.ndarray  # int32: the LM's top token
     key: np.ndarray  # float16 [n, hidden]
-    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
     # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
     knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
     knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
     lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
+    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
 
     def __len__(self) -> int:
         return len(self.target)
