@@ -5,17 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+from subprocess import Popen
 from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from flows import servers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
@@ -352,6 +351,14 @@ def forget(workdir: Path = WORKDIR, doc: Optional[list[str]] = typer.Option(None
     _emit({"removed": removed}, as_json)
 
 
+def _started(server, *args) -> Popen:
+    """A server from `flows.servers`, or a clean exit saying why it did not start."""
+    try:
+        return server(*args)
+    except RuntimeError as e:
+        raise _fail(str(e))
+
+
 @app.command()
 def serve(source: str = typer.Option(..., help="The news feed the daily run reads."), workdir: Path = WORKDIR,
           policy: str = typer.Option("monim-amt"), cron: str = typer.Option("30 2 * * *"),
@@ -363,12 +370,11 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
     use_workdir(workdir)
-    _interruptible()
-    server = None
+    servers.interruptible()
+    procs = []
     if "PREFECT_API_URL" not in os.environ:
-        port = _free_port(prefect_port)
-        server = _start([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                         "--port", str(port)], f"http://127.0.0.1:{port}/api/health")
+        port = servers.free_port(prefect_port)
+        procs.append(_started(servers.prefect_server, port))
         os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         console.print(f"Prefect server and UI: http://127.0.0.1:{port}")
     try:
@@ -384,75 +390,23 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
             learn_stream.to_deployment(name="backfill", parameters=params),
         )
     finally:
-        _stop([server] if server else [])
-
-
-def _free_port(preferred: int) -> int:
-    with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", preferred)) != 0:
-            return preferred
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(cmd: list[str], health: str, timeout: float = 120) -> subprocess.Popen:
-    """Start a server in its own session (monim decides when it stops) and wait until it answers."""
-    import urllib.request
-
-    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise _fail(f"{Path(cmd[0]).name} exited with status {proc.returncode}")
-        try:
-            urllib.request.urlopen(health, timeout=2)
-            return proc
-        except OSError:
-            time.sleep(1)
-    _stop([proc])
-    raise _fail(f"{health} did not answer within {timeout:.0f} s")
-
-
-def _interruptible() -> None:
-    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.default_int_handler)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGINT, then a kill after 20 s."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        servers.stop(procs)
 
 
 @app.command()
 def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_port: int = typer.Option(5000)) -> None:
     """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
     use_workdir(workdir)
-    bin_dir = Path(sys.executable).parent
-    prefect_port, mlflow_port = _free_port(prefect_port), _free_port(mlflow_port)
-    db = (workdir / "mlflow.db").resolve()
-    _interruptible()
-    procs: list[subprocess.Popen] = []
+    prefect_port, mlflow_port = servers.free_port(prefect_port), servers.free_port(mlflow_port)
+    servers.interruptible()
+    procs = []
     try:
-        procs.append(_start([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-                            f"http://127.0.0.1:{prefect_port}/api/health"))
-        procs.append(_start([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
-                             "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
-                            f"http://127.0.0.1:{mlflow_port}/health"))
+        procs.append(_started(servers.prefect_server, prefect_port))
+        procs.append(_started(servers.mlflow_server, mlflow_port, workdir))
         console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\nCtrl-C stops both.")
         while all(p.poll() is None for p in procs):
             time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
-        _stop(procs)
+        servers.stop(procs)

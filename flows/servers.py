@@ -1,0 +1,73 @@
+"""The local Prefect and MLflow servers that `monim serve` and `monim ui` start and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port(preferred: int) -> int:
+    """The preferred port if nothing listens there, else any free one."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", preferred)) != 0:
+            return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], health: str, timeout: float = 120) -> subprocess.Popen:
+    """Start a server in its own session (monim decides when it stops) and wait until it answers."""
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{Path(cmd[0]).name} exited with status {proc.returncode}")
+        try:
+            urllib.request.urlopen(health, timeout=2)
+            return proc
+        except OSError:
+            time.sleep(1)
+    stop([proc])
+    raise RuntimeError(f"{health} did not answer within {timeout:.0f} s")
+
+
+def prefect_server(port: int) -> subprocess.Popen:
+    """A Prefect server (API and UI) on 127.0.0.1:port, once it answers."""
+    return start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 f"http://127.0.0.1:{port}/api/health")
+
+
+def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
+    """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
+    return start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                  "--backend-store-uri", f"sqlite:///{(workdir / 'mlflow.db').resolve()}",
+                  "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
+                 f"http://127.0.0.1:{port}/health")
+
+
+def interruptible() -> None:
+    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGINT, then a kill after 20 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
