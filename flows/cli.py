@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 from subprocess import Popen
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -351,7 +351,7 @@ def forget(workdir: Path = WORKDIR, doc: Optional[list[str]] = typer.Option(None
     _emit({"removed": removed}, as_json)
 
 
-def _started(server, *args) -> Popen:
+def _started(server: Callable[..., Popen], *args) -> Popen:
     """A server from `flows.servers`, or a clean exit saying why it did not start."""
     try:
         return server(*args)
@@ -371,7 +371,7 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
     """
     use_workdir(workdir)
     servers.interruptible()
-    procs = []
+    procs: list[Popen] = []
     if "PREFECT_API_URL" not in os.environ:
         port = servers.free_port(prefect_port)
         procs.append(_started(servers.prefect_server, port))
@@ -399,7 +399,7 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_p
     use_workdir(workdir)
     prefect_port, mlflow_port = servers.free_port(prefect_port), servers.free_port(mlflow_port)
     servers.interruptible()
-    procs = []
+    procs: list[Popen] = []
     try:
         procs.append(_started(servers.prefect_server, prefect_port))
         procs.append(_started(servers.mlflow_server, mlflow_port, workdir))
