@@ -8,9 +8,12 @@ import datetime as dt
 import gzip
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
+
+from monim import dedup
 
 DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 SPLITS = ("train", "validation", "test")
@@ -52,6 +55,17 @@ class Day:
     test: list[Document]
     skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
     duplicates: int = 0  # documents dropped because an earlier one that day had the same text
+    groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
+
+    @property
+    def twin_groups(self) -> int:
+        """Near-duplicate groups of two or more articles this day (monim.dedup)."""
+        return sum(n > 1 for n in Counter(self.groups.values()).values())
+
+    def twins_of(self, doc_id: str) -> list[str]:
+        """The ids of a document's near-duplicate group this day (itself included)."""
+        group = self.groups.get(doc_id, doc_id)
+        return [d for d, g in self.groups.items() if g == group] or [doc_id]
 
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
@@ -218,15 +232,28 @@ def _rank(seed: int, doc_id: str) -> bytes:
     return hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()
 
 
-def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01) -> tuple[list, list, list]:
-    """Train / validation / test: the docs whose hash of (seed, id) ranks lowest are held out.
+def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
+              groups: list[int] | None = None) -> tuple[list, list, list]:
+    """Train / validation / test: the groups whose hash of (seed, first doc's id) ranks lowest are
+    held out, a near-duplicate group (`groups`: a label per doc) always whole in one split.
 
     Each held-out split takes `heldout` of the day (1%), and at least one document when the day
-    has three or more; documents keep their source order within a split.
+    has three or more (a group that does not fit goes to train, unless the split is still empty);
+    documents keep their source order within a split.
     """
     k = max(1, round(heldout * len(docs))) if len(docs) >= 3 else 0
-    ranked = sorted(range(len(docs)), key=lambda i: _rank(seed, docs[i].id))
-    role = {i: "validation" for i in ranked[:k]} | {i: "test" for i in ranked[k : 2 * k]}
+    labels = list(range(len(docs))) if groups is None else groups
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(labels):
+        members.setdefault(g, []).append(i)
+    ranked = sorted(members.values(), key=lambda m: _rank(seed, docs[m[0]].id))
+    role, room = {}, {"validation": k, "test": k}
+    for group in ranked:
+        split = next((s for s, r in room.items() if r > 0 and (len(group) <= r or r == k)), None)
+        if split is None:
+            continue
+        room[split] -= len(group)
+        role |= {i: split for i in group}
     out: dict[str, list[Document]] = {s: [] for s in SPLITS}
     for i, doc in enumerate(docs):
         out[role.get(i, "train")].append(doc)
@@ -234,29 +261,23 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01) -> tup
 
 
 def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int) -> Day:
-    """A day from its documents, dropping exact repeats of a text (else one could be in train and test)."""
+    """A day from its documents: exact repeats of a text dropped, near-duplicates grouped (and kept
+    in one split, else a copy of a test article could be memorized)."""
     seen, unique = set(), []
     for doc in docs:
         digest = hashlib.sha256(doc.text.strip().encode()).digest()
         if digest not in seen:
             seen.add(digest)
             unique.append(doc)
-    return Day(date, *split_day(unique, seed), skipped=skipped, duplicates=len(docs) - len(unique))
+    labels = dedup.twin_groups([d.text for d in unique])
+    groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
+    return Day(date, *split_day(unique, seed, groups=labels), skipped=skipped, duplicates=len(docs) - len(unique),
+               groups=groups)
 
 
-def iter_days(
-    source: Source,
-    start: dt.date | None = None,
-    end: dt.date | None = None,
-    seed: int = 0,
-    on_error: Literal["raise", "skip"] = "raise",
-) -> Iterator[Day]:
-    """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
-
-    Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
-    skipped and counted in the `skipped` of the day being read when it was met. A text repeated
-    within a day is kept once (counted in `duplicates`).
-    """
+def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
+                   on_error: Literal["raise", "skip"]) -> Iterator[tuple[dt.date, list[Document], int]]:
+    """(date, documents, bad records skipped) of each day from start to end, in date order."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     date, docs, skipped, last = None, [], 0, None
@@ -280,11 +301,28 @@ def iter_days(
             break
         if doc.date != date:
             if docs:
-                yield _make_day(date, docs, seed, skipped)
+                yield date, docs, skipped
                 skipped = 0
             date, docs = doc.date, []
         docs.append(doc)
     if docs:
+        yield date, docs, skipped
+
+
+def iter_days(
+    source: Source,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    seed: int = 0,
+    on_error: Literal["raise", "skip"] = "raise",
+) -> Iterator[Day]:
+    """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
+
+    Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
+    skipped and counted in the `skipped` of the day being read when it was met. A text repeated
+    within a day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
+    """
+    for date, docs, skipped in _day_documents(source, start, end, on_error):
         yield _make_day(date, docs, seed, skipped)
 
 
@@ -296,4 +334,4 @@ def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal
 def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
                on_error: Literal["raise", "skip"] = "raise") -> list[dt.date]:
     """The dates between start and end (inclusive) on which the source has articles."""
-    return [day.date for day in iter_days(open_source(source), start=start, end=end, on_error=on_error)]
+    return [date for date, _, _ in _day_documents(open_source(source), start, end, on_error)]

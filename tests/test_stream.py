@@ -21,8 +21,12 @@ def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
     assert [d.date for d in days] == sorted(d.date for d in days)
     assert sum(len(d) + d.duplicates for d in days) == 3160
     assert days[0].duplicates == 1  # 2022-06-01 has one article twice, under two URLs
-    for d in days:  # RealTime QA days are small: at least one held-out article each
-        assert len(d.validation) == 1 and len(d.test) == 1 and len(d.train) == len(d) - 2
+    for d in days:  # RealTime QA days are small: one held-out article each, or one near-duplicate group
+        for split in (d.validation, d.test):
+            assert len({d.groups[doc.id] for doc in split}) == 1 and len(split) == sum(
+                g == d.groups[split[0].id] for g in d.groups.values())
+    assert sum(len(d.validation) + len(d.test) > 2 for d in days) == sum(
+        d.twin_groups > 0 and len(d.validation) + len(d.test) > 2 for d in days) > 0
 
 
 def test_reuters_day_counts_and_proportions(data_dir):
