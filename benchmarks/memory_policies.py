@@ -20,7 +20,8 @@ from rich.table import Table
 from monim.index import IndexConfig
 from monim.knnlm import perplexity, tune_interpolation
 from monim.lm import ScoreConfig, load_lm, score
-from monim.memory import Memory, calibrate, memorize_day
+from monim.calibration import calibrate
+from monim.memory import Memory, memorize_day
 from monim.policies import make_policy
 from news_days import first_days, parser
 
@@ -56,18 +57,18 @@ def main() -> None:
         rows = []
         for day, bare in zip(days, bare_seconds):
             stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
-            calibrate(memory, day.date.isoformat(), day.validation, cfg)  # the next day's Θ: (λ, T) tuned on validation
+            calibrate(memory, day, cfg)  # the next day's Θ
             pass_seconds = stats.seconds["lm_and_search"] + stats.seconds["policy"]
             rows.append(stats.as_dict() | {"entries_total": len(memory), "bare_seconds": bare,
                                            "throughput_ratio": bare / pass_seconds})
             console.print(f"{policy.name} {stats.date}: stored {stats.stored}/{stats.tokens_seen} "
                           f"({stats.memrate:.0%}), memory {len(memory)}, pass {pass_seconds:.1f}s vs bare {bare:.1f}s, "
                           f"index {stats.seconds['index']:.2f}s")
-        interp, _ = tune_interpolation(memory.score(validation, cfg))
+        interp, _ = tune_interpolation(memory.score(validation, cfg, retrieve=True))
         seen = sum(r["tokens_seen"] for r in rows)
         results["policies"][policy.name] = {
             "params": vars(policy), "memrate": len(memory) / seen, "entries": len(memory), "tokens_seen": seen,
-            "test_ppl": perplexity(memory.score(test, cfg), interp), "lam": interp.lam, "temperature": interp.temperature,
+            "test_ppl": perplexity(memory.score(test, cfg, retrieve=True), interp), "lam": interp.lam, "temperature": interp.temperature,
             "bytes": memory.bytes_on_disk(),
             "throughput_ratio": sum(r["bare_seconds"] for r in rows)
             / sum(r["seconds"]["lm_and_search"] + r["seconds"]["policy"] for r in rows),

@@ -25,7 +25,11 @@ AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last 
 MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
 CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant λ, T instead of the NN calibrator.")
-SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator's gate predicts λ below this (paper: 0.3).")
+SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator, after a cheap top-16 search, predicts "
+                    "λ below this (paper: 0.3).")
+CALIBRATION = typer.Option("train", "--calibration", help="Calibration examples: train (a sample of the day's training "
+                           "articles, their own near-duplicates left out), yesterday (the sample against the memory "
+                           "before the day) or validation (the paper's: the validation articles).")
 
 
 PERIOD = typer.Option(None, "--period", help="month or week: PPL on each period's test set as of each period's end.")
@@ -55,8 +59,12 @@ def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optiona
     return asdict(e) if e.period or e.text or e.qa else None
 
 
-def _calibrator_params(skip: Optional[float]) -> dict:
-    return {} if skip is None else {"skip_threshold": skip}
+def _calibrator_params(skip: Optional[float], calibration: str = "train") -> dict:
+    from monim.calibrator import SOURCES
+
+    if calibration not in SOURCES:
+        raise _fail(f"--calibration must be one of {', '.join(SOURCES)}, not {calibration!r}")
+    return {"source": calibration} | ({} if skip is None else {"skip_threshold": skip})
 
 
 def _fail(message: str) -> typer.Exit:
@@ -173,7 +181,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt or kl."),
           workdir: Path = WORKDIR, model: Optional[str] = MODEL,
           max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
-          constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
+          constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
           period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
           text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
           shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
@@ -192,7 +200,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     from flows.stream import learn_stream
 
     rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri,
-                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip), evaluation=evaluation)
+                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation)
     from monim.config import RunConfig
 
     name = RunConfig(policy=policy, calibrated=not constant_lam).name
@@ -205,7 +213,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
 def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
             policies: str = typer.Option("bare,fullmem,randmem,monim-amt", help="Comma-separated policies."),
             workdir: Path = WORKDIR, model: Optional[str] = MODEL, max_docs: Optional[int] = typer.Option(None),
-            constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
+            constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
             period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
             shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
@@ -218,7 +226,7 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
 
     summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
                                tracking_uri=tracking_uri, calibrated=not constant_lam,
-                               calibrator_params=_calibrator_params(skip), evaluation=evaluation)
+                               calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation)
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     _emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)

@@ -24,6 +24,8 @@ from torch import nn
 from monim.knnlm import TEMPERATURES
 
 FEATURE_GROUPS = ("distribution", "lexical", "density")
+SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
+LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
 TOP = 10  # neighbours described by the density features
 
 
@@ -41,9 +43,15 @@ class CalibratorConfig:
     max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
     batch_size: int = 256
     warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
-    docs_per_day: int = 15  # validation articles added to the calibration set each day (paper: 10 + 5)
-    holdout: int = 3  # one calibration article in `holdout` is held back for early stopping
-    skip_threshold: float | None = None  # θ: skip retrieval where the gate predicts λ < θ (paper: 0.3)
+    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.calibration)
+    sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
+    window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
+    docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
+    holdout: int = 3  # source "validation", one in `holdout` of them held back for early stopping
+    skip_threshold: float | None = None  # θ: skip retrieval where the calibrator predicts λ < θ (paper: 0.3)
+    gate_k: int = 16  # neighbours of the cheap first-stage search the skip decision sees
+    copy_tolerance: float = 1e-3  # never skip a token whose nearest entry lies within this share of the key's
+    # squared norm: its very context is memorized (a repeated article); 0.0 for exact matches only
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -51,9 +59,11 @@ class CalibratorConfig:
         unknown = set(self.groups) - set(FEATURE_GROUPS)
         if unknown or not self.groups:
             raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
+        if self.source not in SOURCES:
+            raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
 
     def without(self, group: str) -> CalibratorConfig:
-        """The same config with one feature group switched off (the skip gate drops 'density')."""
+        """The same config with one feature group switched off (ablations)."""
         return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
 
 
@@ -171,6 +181,7 @@ class CalibratorNet(nn.Module):
                 getattr(self, f"{name}_mean").copy_(mean)
                 getattr(self, f"{name}_std").copy_(std)
         with torch.no_grad():  # (zero output weights would leave ReLU units dead for one side)
+            lam = max(lam, LAM_FLOOR)
             self.out.bias.copy_(torch.tensor([math.log1p(-lam), math.log(lam)]))
 
     def forward(self, key: torch.Tensor, scalars: torch.Tensor, density: torch.Tensor) -> torch.Tensor:

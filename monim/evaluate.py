@@ -72,7 +72,7 @@ def text_document(path: str | Path, max_chars: int | None = None) -> Document:
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
     """A batch scored with keep_hidden, with the memory's neighbours (unchanged without a memory)."""
-    if memory is None or not len(memory):
+    if memory is None or not memory.retrieves:
         return batch
     return with_neighbors(lm, batch, memory.search)
 
@@ -85,24 +85,36 @@ def theta_of(batch: TokenScores, memory: Memory | None) -> ThetaScores:
 
 
 class _Tally:
-    """Running sums for PPL and accuracy, LM alone and Θ."""
+    """Running sums for PPL and accuracy, LM alone and Θ, over all tokens and over the tokens of
+    novel articles (no near-duplicate among the memory's articles)."""
 
     def __init__(self) -> None:
         self.n, self.nll_lm, self.nll, self.hits_lm, self.hits = 0, 0.0, 0.0, 0, 0
+        self.n_novel, self.nll_lm_novel, self.nll_novel = 0, 0.0, 0.0
 
-    def add(self, b: TokenScores, theta: ThetaScores) -> None:
+    def add(self, b: TokenScores, theta: ThetaScores, novel: np.ndarray) -> None:
+        lm = b.logp.astype(np.float64)
         self.n += len(b)
-        self.nll_lm -= float(b.logp.astype(np.float64).sum())
+        self.nll_lm -= float(lm.sum())
         self.hits_lm += int((b.argmax == b.target).sum())
         self.nll -= float(theta.logp.sum())
         self.hits += int((theta.argmax == b.target).sum())
+        self.n_novel += int(novel.sum())
+        self.nll_lm_novel -= float(lm[novel].sum())
+        self.nll_novel -= float(theta.logp[novel].sum())
 
     def result(self, skipped: int) -> dict:
         if not self.n:
-            return {"tokens": 0, "ppl_lm": math.nan, "ppl": math.nan, "accuracy_lm": math.nan, "accuracy": math.nan,
-                    "skipped": math.nan}
+            return {k: 0 if k == "tokens" else math.nan for k in (*PER_TOKEN, *PER_NOVEL_TOKEN, "tokens", "twin_share")}
+        novel = {"ppl_novel": math.exp(self.nll_novel / self.n_novel), "ppl_lm_novel": math.exp(self.nll_lm_novel / self.n_novel)
+                 } if self.n_novel else {"ppl_novel": math.nan, "ppl_lm_novel": math.nan}
         return {"tokens": self.n, "ppl_lm": math.exp(self.nll_lm / self.n), "ppl": math.exp(self.nll / self.n),
-                "accuracy_lm": self.hits_lm / self.n, "accuracy": self.hits / self.n, "skipped": skipped / self.n}
+                "accuracy_lm": self.hits_lm / self.n, "accuracy": self.hits / self.n, "skipped": skipped / self.n,
+                "twin_share": 1 - self.n_novel / self.n} | novel
+
+
+PER_TOKEN = ("ppl_lm", "ppl", "accuracy_lm", "accuracy", "skipped")  # means over all tokens
+PER_NOVEL_TOKEN = ("ppl_lm_novel", "ppl_novel")  # over the tokens of articles without a twin in memory
 
 
 def combine(results: list[dict]) -> dict:
@@ -111,26 +123,35 @@ def combine(results: list[dict]) -> dict:
     n = sum(r["tokens"] for r in results)
     if not n:
         return _Tally().result(0)
-    out = {"tokens": n}
+    out = {"tokens": n, "twin_share": sum(r.get("twin_share", 0.0) * r["tokens"] for r in results) / n}
     for key in ("ppl_lm", "ppl"):
         out[key] = math.exp(sum(math.log(r[key]) * r["tokens"] for r in results) / n)
     for key in ("accuracy_lm", "accuracy", "skipped"):
         out[key] = sum(r.get(key, 0.0) * r["tokens"] for r in results) / n
+    novel = [(r["tokens"] * (1 - r.get("twin_share", 0.0)), r) for r in results
+             if not math.isnan(r.get("ppl_novel", math.nan))]
+    n_novel = sum(w for w, _ in novel)
+    for key in PER_NOVEL_TOKEN:
+        out[key] = math.exp(sum(math.log(r[key]) * w for w, r in novel if w) / n_novel) if n_novel else math.nan
     return out
 
 
 def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig | None = None) -> dict:
     """PPL and top-1 next-word accuracy of the LM alone and with each memory (None: the LM alone),
-    and the share of tokens whose retrieval the skip gate skipped; the LM runs once."""
+    the share of tokens whose article has a near-duplicate in the memory (`twin_share`) and PPL on
+    the others (`ppl_novel`), and the share whose retrieval the skip rule skipped; the LM runs once."""
     for memory in memories.values():
         if memory is not None:
             memory.sync()
             memory.searched = memory.skipped = 0
+    twins = {name: dict(zip((d.id for d in docs), memory.has_twin(docs))) if memory is not None else {}
+             for name, memory in memories.items()}
     tallies = {name: _Tally() for name in memories}
     for batch in score(lm, docs, cfg, keep_hidden=True):
         for name, memory in memories.items():
             b = searched(lm, batch, memory)
-            tallies[name].add(b, theta_of(b, memory))
+            novel = ~np.array([twins[name].get(d, False) for d in b.doc_id], bool)
+            tallies[name].add(b, theta_of(b, memory), novel)
     return {name: t.result(memories[name].skipped if memories[name] is not None else 0) for name, t in tallies.items()}
 
 

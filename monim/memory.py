@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import functools
-import hashlib
 import json
-import os
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
-from monim.datastore import Datastore, DayRecord, Entries, _write_json
+from monim.calibration import Sample, sample_documents, sample_path
+from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples
+from monim.datastore import Datastore, DayRecord, Entries
+from monim.dedup import Signatures, TwinIndex
 from monim.index import IndexConfig, MemoryIndex
-from monim.knnlm import Interpolation, ThetaScores, knn_logprobs_by_temperature, theta_scores, tune_grid
+from monim.knnlm import Interpolation, ThetaScores, theta_scores
 from monim.lexical import LexicalCounts, day_counts
-from monim.lm import LM, ScoreConfig, TokenScores, score
+from monim.lm import LM, ScoreConfig, TokenScores, score, score_tokens, with_neighbors
 from monim.policies import Policy, policy_params
 from monim.stream import Day, Document
 
@@ -30,7 +30,8 @@ class Memory:
     """A memory directory: its datastore, FAISS index, lexical counts and calibrator, and Θ's scoring.
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
-    per-token λ (`use_calibrator`) or the constant λ, both trained on validation data by `calibrate`.
+    per-token λ (`use_calibrator`) or the constant λ, both trained daily by `monim.calibration.calibrate`
+    (or the LM alone, on a day whose Θ did worse than the LM on held-out tokens: `fallback`).
     With `as_of` (a date), the memory is read as it stood after that day (time travel, read-only):
     the days up to it, the calibration made that day and an index search limited to their entries.
     """
@@ -45,14 +46,15 @@ class Memory:
         self.use_calibrator = use_calibrator
         self.search_seconds = 0.0
         self.searched = self.skipped = 0
-        self._loaded: dict[tuple[str, str], Calibrator | None] = {}
+        self._loaded: dict[str, Calibrator | None] = {}
         self._lexical: LexicalCounts | None = None
+        self._twins: tuple[list[str], TwinIndex] | None = None
         self.as_of = None if as_of is None else str(as_of)
 
     def at(self, as_of: dt.date | str) -> Memory:
         """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
         view = copy.copy(self)
-        view.as_of, view._lexical, view.searched, view.skipped = str(as_of), None, 0, 0
+        view.as_of, view._lexical, view._twins, view.searched, view.skipped = str(as_of), None, None, 0, 0
         view.__dict__.pop("_below", None)
         return view
 
@@ -83,7 +85,7 @@ class Memory:
         # the latest day; a day calibrated twice (forced, or after a crash) counts its last calibration
         meta = max(folders, key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
         record = json.loads(meta.read_text())
-        return {k: record[k] for k in ("lam", "temperature", "date")} | {"dir": f"theta/{meta.parent.name}"}
+        return {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {"dir": f"theta/{meta.parent.name}"}
 
     @property
     def interpolation(self) -> Interpolation:
@@ -96,15 +98,30 @@ class Memory:
         rel = self.theta().get("dir")
         return self.ds.root / rel if rel else None
 
-    def calibrator(self, name: str = "calibrator") -> Calibrator | None:
-        """The last trained calibrator ('calibrator') or skip gate ('gate'), if any."""
+    def calibrator(self) -> Calibrator | None:
+        """The last trained calibrator, if any."""
         folder = self.theta_dir()
         if folder is None:
             return None
-        if (str(folder), name) not in self._loaded:
-            path = folder / f"{name}.pt"
-            self._loaded[(str(folder), name)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
-        return self._loaded[(str(folder), name)]
+        if str(folder) not in self._loaded:
+            path = folder / "calibrator.pt"
+            self._loaded[str(folder)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
+        return self._loaded[str(folder)]
+
+    @property
+    def fallback(self) -> bool:
+        """Whether Θ is the LM alone: the last calibration found Θ (the calibrator's λ, or the constant
+        λ) worse than the LM on its held-out tokens."""
+        nll = self.theta().get("nll")
+        if not nll:
+            return False
+        used = "calibrator" if self.use_calibrator and nll.get("calibrator") is not None else "constant"
+        return nll[used] > nll["lm"]
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether Θ searches this memory (it holds entries and Θ has not fallen back to the LM)."""
+        return len(self) > 0 and not self.fallback
 
     def calibration_files(self) -> list[str]:
         """The files of the calibration tokens gathered so far (one per day), relative to the root."""
@@ -112,8 +129,8 @@ class Memory:
         return json.loads((folder / "meta.json").read_text())["examples"] if folder else []
 
     def calibration_set(self) -> Examples | None:
-        """The calibration tokens gathered so far."""
-        parts = [Examples.load(self.ds.root / p) for p in self.calibration_files()]
+        """The calibration tokens of the current window (older days' examples are removed)."""
+        parts = [Examples.load(self.ds.root / p) for p in self.calibration_files() if (self.ds.root / p).exists()]
         return Examples.concat(parts) if parts else None
 
     def lexical(self) -> LexicalCounts:
@@ -122,6 +139,15 @@ class Memory:
         if self._lexical is None or self._lexical.shards != shards:
             self._lexical = LexicalCounts.of(self.ds, shards)
         return self._lexical
+
+    def has_twin(self, docs: list[Document]) -> np.ndarray:
+        """bool per document: whether an article this memory learned (up to `as_of`) is its near-duplicate."""
+        shards = [d.shard for d in self.days]
+        if self._twins is None or self._twins[0] != shards:
+            learned = [Signatures(np.asarray(self.ds.shard(s, "twin_hashes")), np.asarray(self.ds.shard(s, "twin_sizes")))
+                       for s in shards if self.ds.has_array(s, "twin_hashes")]
+            self._twins = (shards, TwinIndex(Signatures.concat(learned)))
+        return self._twins[1].has_twin(Signatures.of([d.text for d in docs]))
 
     def lam(self, batch: TokenScores) -> np.ndarray | float:
         """Θ's λ for each token of a scored batch: the calibrator's, or the constant one."""
@@ -138,33 +164,46 @@ class Memory:
         """Bring the index up to the committed entries (detects a stale or missing index)."""
         return self.index.sync(self.ds, retrain)
 
-    def neighbors(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances and values of each key's k nearest entries (value -1: none)."""
+    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                  exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and values of each key's k nearest entries (value -1: none), among the
+        entries up to `as_of` (or with id < `below`) and not in `exclude`."""
         started = time.perf_counter()
-        dist, ids = self.index.search(keys, below=self._below)
+        limits = [b for b in (below, self._below) if b is not None]
+        below = min(limits) if limits else None
+        dist, ids = self.index.search(keys, k, below=below, exclude=exclude)
         values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
         self.search_seconds += time.perf_counter() - started
         return dist, values
 
     def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """The LM's hook (monim.lm.Neighbors): search each token's neighbours, except where the
-        skip gate predicts λ < θ (calibrator_cfg.skip_threshold); skipped rows get none."""
-        theta = self.calibrator_cfg.skip_threshold
+        """The LM's hook (monim.lm.Neighbors): each token's neighbours. With a skip threshold θ
+        (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
+        calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
+        alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
+        article); the others are searched in full."""
+        cfg, k = self.calibrator_cfg, self.index.cfg.k
         wanted = np.ones(len(batch), bool)
-        if skip and self.use_calibrator and theta is not None and (gate := self.calibrator("gate")) is not None:
-            wanted = gate.lam(examples(batch, self.lexical())) >= theta
-        k = self.index.cfg.k
+        keys = batch.key.astype(np.float32)
+        calibrator = self.calibrator() if skip and self.use_calibrator and cfg.skip_threshold is not None else None
+        if calibrator is not None:
+            first = dataclasses.replace(batch, knn_dist=None, knn_values=None)
+            first.knn_dist, first.knn_values = self.neighbors(keys, k=cfg.gate_k)
+            wanted = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
+                      | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
         dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)
         if wanted.any():
-            dist[wanted], values[wanted] = self.neighbors(batch.key[wanted].astype(np.float32))
+            dist[wanted], values[wanted] = self.neighbors(keys[wanted])
         self.searched += int(wanted.sum())
         self.skipped += int((~wanted).sum())
         return dist, values
 
-    def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True) -> list[TokenScores]:
-        """Score documents with the LM and, if the memory holds entries, their neighbours."""
+    def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True,
+              retrieve: bool | None = None) -> list[TokenScores]:
+        """Score documents with the LM and, where Θ searches the memory (or `retrieve`), their neighbours."""
         self.sync()
-        return list(score(self.lm, docs, cfg, functools.partial(self.search, skip=skip) if len(self) else None))
+        retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
+        return list(score(self.lm, docs, cfg, functools.partial(self.search, skip=skip) if retrieve else None))
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""
@@ -200,11 +239,14 @@ class DayStats:
 
 def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | None = None,
                  max_docs: int | None = None, seed: int = 0, force: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> DayStats:
+                 progress: Callable[[int, int], None] | None = None,
+                 scored: Iterable[TokenScores] | None = None) -> DayStats:
     """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
     and update the index. Re-running a committed day is a no-op unless forced.
 
-    `progress(tokens_done, tokens_total)` is called after each scored batch.
+    `progress(tokens_done, tokens_total)` is called after each scored batch. `scored`: the same
+    documents already scored by the LM with keep_hidden (the LM is then not run; their
+    neighbours are searched here), e.g. to memorize one day into several memories.
     """
     memory.writable()
     ds, date = memory.ds, day.date.isoformat()
@@ -214,6 +256,9 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     docs = day.train[:max_docs]
     tokens = [memory.lm.tokenizer(d.text)["input_ids"] for d in docs]
     total = sum(max(0, len(t) - 1) for t in tokens)
+    ccfg = memory.calibrator_cfg
+    budget = 0 if ccfg.source == "validation" else ccfg.sample_tokens  # the paper's scheme samples nothing
+    sample = Sample(sample_documents(docs, [len(t) for t in tokens], budget, ccfg.seed), budget)
     timer = {"lm_and_search": 0.0, "policy": 0.0}
     memory.search_seconds = 0.0
     rng = np.random.default_rng([seed, day.date.toordinal()])
@@ -221,12 +266,15 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     tokens_seen = 0
     started = time.perf_counter()
     memory.sync()
-    search = memory.search if len(memory) and policy.uses_theta else None
-    for batch in score(memory.lm, docs, cfg, search):
+    search = memory.search if memory.retrieves and policy.uses_theta else None
+    batches = (score_tokens(memory.lm, ((d.id, t, 1) for d, t in zip(docs, tokens)), cfg, search) if scored is None
+               else (with_neighbors(memory.lm, b, search) if search else b for b in scored))
+    for batch in batches:
         t = time.perf_counter()
         timer["lm_and_search"] += t - started
         keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
         parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
+        sample.add(batch)
         tokens_seen += len(batch)
         if progress:
             progress(tokens_seen, total)
@@ -234,65 +282,12 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
         timer["policy"] += started - t
     entries = Entries.concat(parts, memory.lm.hidden_size)
     t = time.perf_counter()
-    ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force, text=day_counts(tokens))
+    sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
+    ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
+                   text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays())
     memory.lexical()  # extend the lexical counts with the day
     timer["commit"] = time.perf_counter() - t
     timer["index"] = memory.sync()["seconds"]
     timer["search"] = memory.search_seconds
     memrate = len(entries) / tokens_seen if tokens_seen else 0.0
     return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)
-
-
-def calibrate(memory: Memory, date: str, docs: list[Document], cfg: ScoreConfig | None = None,
-              force: bool = False) -> dict:
-    """Add a day's validation articles to the calibration set, tune the constant (λ, T) on the whole
-    set and train the calibrator and the skip gate on it; the next day's Θ and evaluation use them.
-
-    Each day's calibration tokens keep the features they had when the day was calibrated (never
-    rescored), so the set grows by a few articles a day at a constant cost. Re-running a calibrated
-    day changes nothing unless forced.
-    """
-    memory.writable()
-    theta = memory.ds.manifest["theta"]
-    same_day = theta.get("date") == date
-    if not len(memory) or (same_day and not force):
-        return theta | {"trained": False}
-    ccfg = memory.calibrator_cfg
-    docs = docs[: ccfg.docs_per_day]
-    chain = memory.calibration_files()
-    chain = chain[:-1] if same_day else chain  # a forced re-run replaces the day's own examples
-    lexical, parts = memory.lexical(), []
-    for batch in memory.score(docs, cfg, skip=False):
-        held = np.array([_held_out(d, ccfg.holdout) for d in batch.doc_id], dtype=bool)
-        parts.append(examples(batch, lexical, knn_logprobs_by_temperature(batch), held))
-    new = Examples.concat(parts) if parts else None
-    calibration = Examples.concat([Examples.load(memory.ds.root / p) for p in chain] + ([new] if new else []))
-    interp, _ = tune_grid(calibration.lm_logp.astype(np.float64), calibration.knn_logp.astype(np.float64))
-    trained = {}
-    for name, gcfg in (("calibrator", ccfg), ("gate", ccfg.without("density"))):
-        if not gcfg.groups:
-            continue
-        start = memory.calibrator(name) if ccfg.warm_start and not same_day else None
-        epochs = warm_epochs(gcfg, len(chain)) if start is not None else gcfg.max_epochs
-        trained[name] = train_calibrator(calibration, gcfg, interp.lam, interp.temperature, start, epochs)
-    name = f"{date}-{uuid.uuid4().hex[:8]}"
-    folder = memory.ds.root / "theta" / name
-    tmp = folder.with_name(f".tmp-{name}")
-    tmp.mkdir(parents=True)
-    if new is not None:
-        new.save(tmp / "examples.npz")
-        chain = [*chain, f"theta/{name}/examples.npz"]
-    for key, calibrator in trained.items():
-        calibrator.record["date"] = date
-        calibrator.save(tmp / f"{key}.pt")
-    record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
-              "new_tokens": len(new) if new else 0} | {k: c.record for k, c in trained.items()}
-    _write_json(tmp / "meta.json", record | {"examples": chain})
-    os.replace(tmp, folder)
-    memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}"})
-    return record | {"trained": True}
-
-
-def _held_out(doc_id: str, every: int) -> bool:
-    """Whether a calibration article is held back for early stopping (fixed by its id)."""
-    return int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16) % every == 0

@@ -17,7 +17,8 @@ from monim.config import BARE, RunConfig
 from monim.datastore import _write_json
 from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
-from monim.memory import Memory, calibrate as calibrate_memory, memorize_day
+from monim.calibration import calibrate as calibrate_memory
+from monim.memory import Memory, memorize_day
 from monim.stream import Day, read_day
 
 
@@ -51,7 +52,7 @@ def ingest(config: dict, date: str) -> dict:
     """Read the day's news slice and report its split sizes."""
     day = day_of(RunConfig(**config), date)
     counts = {"train": len(day.train), "validation": len(day.validation), "test": len(day.test),
-              "skipped": day.skipped, "duplicates": day.duplicates}
+              "skipped": day.skipped, "duplicates": day.duplicates, "twin_groups": day.twin_groups}
     logger().info("%s: %s", date, counts)
     return counts
 
@@ -83,20 +84,25 @@ def update_index(config: dict) -> dict:
 
 @task(retries=1, cache_policy=NO_CACHE)
 def calibrate(config: dict, date: str) -> dict:
-    """Grow the calibration set with the day's validation articles; tune the constant λ, T and
-    train the NN calibrator and skip gate on it (idempotent per day)."""
+    """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
+    (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     cfg = RunConfig(**config)
     memory = memory_for(cfg)
-    record = calibrate_memory(memory, date, day_of(cfg, date).validation, cfg.score_config())
+    record = calibrate_memory(memory, day_of(cfg, date), cfg.score_config())
     interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
-    out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", "")}
+    out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", ""),
+           "theta_fallback": int(memory.fallback)}
     if record.get("trained"):
-        cal = record.get("calibrator", {})
-        out |= {"calibration_tokens": record["calibration_tokens"], "calibrator_nll": cal.get("held_out_nll"),
-                "calibrator_nll_constant": cal.get("held_out_nll_start"), "calibrator_seconds": cal.get("seconds")}
-        logger().info("calibrated on %d tokens: constant λ=%.2f T=%g; calibrator held-out NLL %.3f (constant λ %.3f)",
-                      record["calibration_tokens"], record["lam"], record["temperature"], cal.get("held_out_nll", 0),
-                      cal.get("held_out_nll_start", 0))
+        nll = record["nll"]
+        out |= {"calibration_tokens": record["calibration_tokens"], "calibration_new_tokens": record["new_tokens"],
+                "heldout_nll_lm": nll["lm"], "heldout_nll_constant": nll["constant"],
+                "heldout_nll_calibrator": nll["calibrator"], "calibrator_seconds": record["calibrator"]["seconds"]}
+        logger().info("calibrated on %d tokens (%s): constant λ=%.2f T=%g; held-out NLL: LM %.3f, constant λ %.3f, "
+                      "calibrator %.3f", record["calibration_tokens"], record["source"], record["lam"],
+                      record["temperature"], nll["lm"], nll["constant"], nll["calibrator"])
+    if memory.fallback:
+        logger().warning("%s %s: Θ is worse than the LM on %d held-out tokens: tomorrow's Θ falls back to the LM alone",
+                         cfg.name, date, memory.theta()["nll"]["tokens"])
     return out
 
 

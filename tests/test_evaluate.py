@@ -11,7 +11,8 @@ from monim.datastore import Datastore, Entries
 from monim.evaluate import EvalConfig, combine, evaluate, evaluate_many, period_of, period_sets
 from monim.index import IndexConfig, MemoryIndex
 from monim.lm import load_lm, score, with_neighbors
-from monim.memory import Memory, calibrate, memorize_day
+from monim.calibration import calibrate
+from monim.memory import Memory, memorize_day
 from monim.policies import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
@@ -34,7 +35,7 @@ def learn(root, lm, days, index_cfg=None):
     memory = Memory(root, lm, index_cfg or IndexConfig(k=16), FAST)
     for day in days:
         memorize_day(memory, day, make_policy("fullmem"), max_docs=2)
-        calibrate(memory, day.date.isoformat(), day.validation[:2])
+        calibrate(memory, day)
     return memory
 
 

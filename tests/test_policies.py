@@ -7,7 +7,8 @@ import pytest
 
 from monim.knnlm import ThetaScores
 from monim.lm import load_lm
-from monim.memory import Memory, calibrate, memorize_day
+from monim.calibration import calibrate
+from monim.memory import Memory, memorize_day
 from monim.policies import KL, MoNIM, RandMem, amt_threshold, key_surprisal, make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
@@ -72,11 +73,13 @@ def test_memorize_day_with_a_tiny_model(tiny_model_dir, tmp_path):
     again = memorize_day(Memory(tmp_path, lm), day, make_policy("fullmem"))
     assert not again.committed and again.stored == n_tokens and Memory(tmp_path, lm).bytes_on_disk() == size
     assert memory.ds.days[0].policy == "fullmem" and not memory.ds.manifest["theta"]
-    record = calibrate(memory, "2022-06-01", day.validation)
+    assert (tmp_path / "calibration" / "2022-06-01.npz").exists()  # the day's calibration sample, kept by memorize
+    record = calibrate(memory, day)
     theta = memory.ds.manifest["theta"]
     assert record["trained"] and (theta["lam"], theta["temperature"]) == (record["lam"], record["temperature"])
-    assert memory.calibrator() is not None and memory.calibrator("gate") is not None
-    assert not calibrate(Memory(tmp_path, lm), "2022-06-01", day.validation)["trained"]  # a re-run changes nothing
+    assert memory.calibrator() is not None and not (tmp_path / "calibration" / "2022-06-01.npz").exists()
+    assert record["new_tokens"] == n_tokens + len(lm.tokenizer(docs[3].text)["input_ids"]) - 1  # the sample and validation
+    assert not calibrate(Memory(tmp_path, lm), day)["trained"]  # a re-run changes nothing
     assert Memory(tmp_path, lm).ds.manifest["theta"] == theta
 
 

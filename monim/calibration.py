@@ -1,0 +1,206 @@
+"""Calibration: what Θ's calibrator and constant (λ, T) learn from each day, and the LM fallback.
+
+Tomorrow's test articles meet the memory as it stands after today, and none of their text is in it
+(a near-duplicate group never spans two splits). Calibration examples are drawn to look like that,
+by `CalibratorConfig.source`:
+- "train" (default): a sample of the day's training articles, searched in today's memory with the
+  entries of their own near-duplicate group left out (the datastore's provenance makes that an id
+  filter);
+- "yesterday": the same sample searched in the memory as it stood before today (blind to
+  same-day twins);
+- "validation": the day's validation articles (the paper's scheme; a third held back by id).
+The sample's LM features are kept while the day is memorized (`Sample`), so no LM pass is repeated.
+The day's validation articles are searched in today's memory and held out: early stopping, and
+the fallback, where a day whose Θ scores worse than the LM on them uses the LM alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from monim.calibrator import Examples, examples, train_calibrator, warm_epochs
+from monim.datastore import _write_json
+from monim.knnlm import TEMPERATURES, interpolate, knn_logprobs_by_temperature, tune_grid
+from monim.lm import ScoreConfig, TokenScores, score
+from monim.stream import Day, Document
+
+if TYPE_CHECKING:
+    from monim.memory import Memory
+
+LM_FIELDS = ("doc_id", "position", "prev", "target", "logp", "max_logp", "entropy", "argmax", "key")
+
+
+def _rank(seed: int, doc_id: str) -> bytes:
+    return hashlib.sha256(f"calibration:{seed}:{doc_id}".encode()).digest()
+
+
+def sample_documents(docs: list[Document], lengths: list[int], budget: int, seed: int = 0) -> set[str]:
+    """Ids of training articles (in a seeded order) whose tokens fill the day's sample budget."""
+    chosen, total = set(), 0
+    for i in sorted(range(len(docs)), key=lambda i: _rank(seed, docs[i].id)):
+        if total >= budget:
+            break
+        chosen.add(docs[i].id)
+        total += lengths[i]
+    return chosen
+
+
+class Sample:
+    """The LM features of a day's sampled training tokens, gathered while the day is memorized."""
+
+    def __init__(self, doc_ids: set[str], budget: int):
+        self.doc_ids, self.budget, self.parts, self.n = doc_ids, budget, [], 0
+
+    def add(self, batch: TokenScores) -> None:
+        rows = np.flatnonzero(np.isin(batch.doc_id, list(self.doc_ids)))[: max(0, self.budget - self.n)]
+        if len(rows):
+            self.parts.append(TokenScores(**{f: getattr(batch, f)[rows] for f in LM_FIELDS}))
+            self.n += len(rows)
+
+    def save(self, path: Path) -> None:
+        """Write the sample aside and rename it into place (before the day is committed)."""
+        if not self.parts:
+            return
+        batch = TokenScores.concat(self.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.npz")
+        np.savez(tmp, **{f: getattr(batch, f).astype(str) if f == "doc_id" else getattr(batch, f) for f in LM_FIELDS})
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Path) -> TokenScores:
+        with np.load(path) as f:
+            return TokenScores(**{k: f[k].astype(object) if k == "doc_id" else f[k] for k in LM_FIELDS})
+
+
+def sample_path(memory: Memory, date: str) -> Path:
+    return memory.ds.root / "calibration" / f"{date}.npz"
+
+
+def day_sample(memory: Memory, day: Day, cfg: ScoreConfig | None) -> TokenScores | None:
+    """The day's sample kept by memorization, or (a day memorized without one) scored again."""
+    path = sample_path(memory, day.date.isoformat())
+    if path.exists():
+        return Sample.load(path)
+    lengths = [len(memory.lm.tokenizer(d.text)["input_ids"]) for d in day.train]
+    ccfg = memory.calibrator_cfg
+    sample = Sample(sample_documents(day.train, lengths, ccfg.sample_tokens, ccfg.seed), ccfg.sample_tokens)
+    for batch in score(memory.lm, [d for d in day.train if d.id in sample.doc_ids], cfg):
+        sample.add(batch)
+    return TokenScores.concat(sample.parts) if sample.parts else None
+
+
+def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: str) -> Examples:
+    """Calibration examples from the sample, searched in the memory after the day without the
+    entries of each article's near-duplicate group ("group"), or without the whole day ("day")."""
+    ds = memory.ds
+    record = next(d for d in ds.days if d.date == day.date.isoformat())
+    ids, docs = np.asarray(ds.shard(record.shard, "ids")), np.asarray(ds.shard(record.shard, "docs"))
+    names = ds.shard_docs(record.shard)
+    k = memory.index.cfg.k
+    dist, values = np.full((len(sample), k), np.inf, np.float32), np.full((len(sample), k), -1, np.int32)
+    keys = sample.key.astype(np.float32)
+    if leave_out == "day":
+        dist[:], values[:] = memory.neighbors(keys, below=int(ids[0]) if len(ids) else None)
+    else:
+        groups = np.array([day.groups.get(d, d) for d in sample.doc_id], dtype=object)
+        for group in np.unique(groups):
+            rows = np.flatnonzero(groups == group)
+            own = {i for i, name in enumerate(names) if day.groups.get(name, name) == group}
+            dist[rows], values[rows] = memory.neighbors(keys[rows], exclude=ids[np.isin(docs, list(own))])
+    batch = dataclasses.replace(sample, knn_dist=dist, knn_values=values)
+    return examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch))
+
+
+def held_out_examples(memory: Memory, docs: list[Document], cfg: ScoreConfig | None, every: int | None) -> Examples | None:
+    """Examples of validation articles searched in today's memory: all held out, or (every = n)
+    one article in n by id (the paper's scheme, where the rest is trained on)."""
+    parts = []
+    for batch in memory.score(docs, cfg, skip=False, retrieve=True):
+        held = np.array([every is None or _held_out(d, every) for d in batch.doc_id], dtype=bool)
+        parts.append(examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch), held))
+    return Examples.concat(parts) if parts else None
+
+
+def _held_out(doc_id: str, every: int) -> bool:
+    """Whether a validation article is held back for early stopping (fixed by its id)."""
+    return int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16) % every == 0
+
+
+def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Examples]]:
+    """The newest days' examples whose training (not held-out) tokens add up to about `tokens`."""
+    kept, total = [], 0
+    for name, ex in reversed(parts):
+        if kept and total >= tokens:
+            break
+        kept.insert(0, (name, ex))
+        total += int((~ex.holdout).sum())
+    return kept
+
+
+def held_out_nll(ex: Examples, lam: float, temperature: float) -> dict:
+    """Mean NLL on the held-out examples of the LM alone and of the constant (λ, T)."""
+    held = ex.take(ex.holdout) if ex.holdout.any() else ex
+    lm = held.lm_logp.astype(np.float64)
+    knn = held.knn_logp[:, TEMPERATURES.index(temperature)].astype(np.float64)
+    constant = -interpolate(torch.from_numpy(lm), torch.from_numpy(knn), lam).mean().item()
+    return {"tokens": len(held), "lm": float(-lm.mean()) if len(lm) else float("nan"), "constant": constant}
+
+
+def calibrate(memory: Memory, day: Day, cfg: ScoreConfig | None = None, force: bool = False) -> dict:
+    """Add the day's examples to the calibration set, tune the constant (λ, T) on its training part
+    and train the calibrator (early stopping on its held-out part); tomorrow's Θ uses them, or the
+    LM alone if Θ is worse than the LM on the held-out tokens. Re-running a calibrated day changes
+    nothing unless forced. The set keeps the newest days' examples (a constant cost per day).
+    """
+    memory.writable()
+    date = day.date.isoformat()
+    theta = memory.ds.manifest["theta"]
+    same_day = theta.get("date") == date
+    if not len(memory) or (same_day and not force):
+        return theta | {"trained": False}
+    ccfg = memory.calibrator_cfg
+    root = memory.ds.root
+    validation = day.validation[: ccfg.docs_per_day]
+    paper = ccfg.source == "validation"
+    parts = [held_out_examples(memory, validation, cfg, ccfg.holdout if paper else None)]
+    if not paper and (sample := day_sample(memory, day, cfg)) is not None:
+        parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
+    parts = [p for p in parts if p is not None and len(p)]
+    new = Examples.concat(parts) if parts else None
+    previous = memory.calibration_files()
+    previous = previous[:-1] if same_day else previous  # a forced re-run replaces the day's own examples
+    name = f"{date}-{uuid.uuid4().hex[:8]}"
+    folder, tmp = root / "theta" / name, root / "theta" / f".tmp-{name}"
+    sets = [(p, Examples.load(root / p)) for p in previous] + ([(f"theta/{name}/examples.npz", new)] if new else [])
+    kept = newest(sets, ccfg.window_tokens)
+    calibration = Examples.concat([ex for _, ex in kept])
+    train = calibration.take(~calibration.holdout) if (~calibration.holdout).any() else calibration
+    interp, _ = tune_grid(train.lm_logp.astype(np.float64), train.knn_logp.astype(np.float64))
+    start = memory.calibrator() if ccfg.warm_start and not same_day else None
+    epochs = warm_epochs(ccfg, len(previous)) if start is not None else ccfg.max_epochs
+    calibrator = train_calibrator(calibration, ccfg, interp.lam, interp.temperature, start, epochs)
+    calibrator.record["date"] = date
+    tmp.mkdir(parents=True)
+    if new is not None:
+        new.save(tmp / "examples.npz")
+    calibrator.save(tmp / "calibrator.pt")
+    nll = held_out_nll(calibration, interp.lam, interp.temperature) | {"calibrator": calibrator.record["held_out_nll"]}
+    record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
+              "new_tokens": len(new) if new else 0, "source": ccfg.source, "nll": nll, "calibrator": calibrator.record}
+    _write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
+    os.replace(tmp, folder)
+    memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}",
+                         "nll": nll})
+    for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
+        (root / p).unlink(missing_ok=True)
+    sample_path(memory, date).unlink(missing_ok=True)
+    return record | {"trained": True}
