@@ -216,7 +216,8 @@ class Calibrator:
     @classmethod
     def load(cls, path: Path, key_dim: int) -> Calibrator:
         saved = torch.load(path, weights_only=True)
-        cfg = CalibratorConfig(**saved["config"])
+        known = {f.name for f in fields(CalibratorConfig)}  # settings a newer monim renamed or dropped are ignored
+        cfg = CalibratorConfig(**{k: v for k, v in saved["config"].items() if k in known})
         net = CalibratorNet(key_dim, cfg.groups, cfg)
         net.load_state_dict(saved["state"])
         return cls(net, saved["temperature"], cfg, saved["record"])

@@ -162,6 +162,17 @@ class Datastore:
             self._values = table
         return self._values
 
+    def keys_of(self, ids: np.ndarray) -> np.ndarray:
+        """float32 keys of committed entry ids (any shape), read from the shards (exact, unlike PQ codes)."""
+        flat = np.asarray(ids, np.int64).ravel()
+        out = np.empty((len(flat), self.identity["hidden_size"]), np.float32)
+        for d in self.days:
+            shard_ids = np.asarray(self.shard(d.shard, "ids"))
+            rows = np.searchsorted(shard_ids, flat)  # ids grow within a shard
+            here = (rows < len(shard_ids)) & (shard_ids[rows.clip(max=len(shard_ids) - 1)] == flat)
+            out[here] = self.shard(d.shard, "keys")[rows[here]]
+        return out.reshape(*np.shape(ids), -1)
+
     @property
     def tokens_seen(self) -> int:
         return sum(d.tokens_seen for d in self.days)

@@ -176,6 +176,20 @@ class Memory:
         self.search_seconds += time.perf_counter() - started
         return dist, values
 
+    def nearest(self, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact squared distances and values of the k nearest entries the index finds: IVF-PQ's
+        distances are approximate (a memorized context is not at 0), so its candidates are re-ranked
+        with the stored keys."""
+        started = time.perf_counter()
+        dist, ids = self.index.search(keys, k, below=self._below)
+        if self.index.meta.get("kind") == "ivfpq":
+            exact = ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1)
+            order = np.argsort(np.where(ids >= 0, exact, np.inf), axis=1)
+            dist, ids = np.take_along_axis(np.where(ids >= 0, exact, np.inf), order, 1), np.take_along_axis(ids, order, 1)
+        values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
+        self.search_seconds += time.perf_counter() - started
+        return dist.astype(np.float32), values
+
     def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The LM's hook (monim.lm.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
@@ -188,7 +202,7 @@ class Memory:
         calibrator = self.calibrator() if skip and self.use_calibrator and cfg.skip_threshold is not None else None
         if calibrator is not None:
             first = dataclasses.replace(batch, knn_dist=None, knn_values=None)
-            first.knn_dist, first.knn_values = self.neighbors(keys, k=cfg.gate_k)
+            first.knn_dist, first.knn_values = self.nearest(keys, cfg.gate_k)
             wanted = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
                       | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
         dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)

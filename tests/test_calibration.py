@@ -181,3 +181,28 @@ def test_skip_rule_sees_neighbours_and_keeps_repeated_articles(smollm, news, tmp
     full, _ = results["copies"]
     assert full["ppl"] < 0.5 * full["ppl_lm"]  # the memory carries the copies
     assert results["new"][1]["skipped"] > 0.1
+
+
+def test_first_stage_search_is_exact_on_an_ivfpq_memory(tiny, tmp_path):
+    """The skip rule's first search re-ranks IVF-PQ candidates with the stored keys: a memorized
+    key is found at distance 0 (PQ codes alone put it farther), and distances equal numpy's."""
+    rng = np.random.default_rng(0)
+    memory = Memory(tmp_path, tiny, IndexConfig(k=16, exact_below=500, code_bytes=4, nprobe=64))
+    d = tiny.hidden_size
+    for i, n in enumerate((400, 300)):
+        keys = rng.standard_normal((n, d)).astype(np.float16)
+        memory.ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, rng.integers(0, 50, n).astype(np.int32), ["d"] * n,
+                                                           np.arange(n)), n, "fullmem")
+    memory.sync()
+    assert memory.index.meta["kind"] == "ivfpq"
+    stored = memory.ds.array("keys").astype(np.float32)
+    np.testing.assert_array_equal(memory.ds.keys_of(np.array([[3, 650], [0, 699]])), stored[[[3, 650], [0, 699]]])
+    queries = stored[[5, 450, 699]]
+    dist, values = memory.nearest(queries, 4)
+    approx, _ = memory.index.search(queries, 4)
+    assert (dist[:, 0] == 0).all() and (approx[:, 0] > 0).all()
+    np.testing.assert_array_equal(values[:, 0], memory.ds.values_by_id()[[5, 450, 699]])
+    ref = ((queries[:, None] - stored[None]) ** 2).sum(-1)
+    found = np.sort(ref, 1)[:, :4]
+    assert (dist >= found - 1e-3).all()  # exact distances of the candidates IVF-PQ found, in order
+    assert (np.diff(dist, axis=1) >= 0).all()
