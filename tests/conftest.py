@@ -73,6 +73,25 @@ def tiny_model_dir(gpt2_tokenizer_dir, tmp_path_factory):
     return make
 
 
+@pytest.fixture
+def random_datastore(tmp_path):
+    """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""
+    import numpy as np
+
+    from monim.datastore import Datastore, Entries
+
+    def make(sizes: tuple[int, ...]) -> Datastore:
+        rng = np.random.default_rng(0)
+        ds = Datastore(tmp_path, "random", 8, "vocab")
+        for i, n in enumerate(sizes):
+            keys = rng.standard_normal((n, 8)).astype(np.float16)
+            ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)),
+                          n, "fullmem")
+        return ds
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def smollm():
     """The real default LM (SmolLM2-135M from the packaged GGUF), loaded once per session."""

@@ -9,7 +9,7 @@ import pytest
 
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
-from monim.datastore import Datastore, Entries
+from monim.datastore import Entries
 from monim.dedup import Signatures, containment, shingles, twin_groups
 from monim.evaluate import evaluate, evaluate_many
 from monim.index import IndexConfig, MemoryIndex
@@ -28,14 +28,10 @@ def story(seed: int, n: int = 120) -> str:
     return " ".join(np.random.default_rng(seed).choice(WORDS, n))
 
 
-def test_index_leaves_out_excluded_ids_exactly(tmp_path):
-    rng = np.random.default_rng(0)
-    ds = Datastore(tmp_path, "random", 8, "vocab")
-    for i, n in enumerate((300, 300, 200)):
-        keys = rng.standard_normal((n, 8)).astype(np.float16)
-        ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)), n, "fullmem")
+def test_index_leaves_out_excluded_ids_exactly(tmp_path, random_datastore):
+    ds = random_datastore((300, 300, 200))
     keys = ds.array("keys").astype(np.float64)
-    queries = rng.standard_normal((7, 8)).astype(np.float32)
+    queries = np.random.default_rng(1).standard_normal((7, 8)).astype(np.float32)
     exclude = np.r_[650:700, 720:730]  # an article's entries among the last day's
     d = ((queries[:, None].astype(np.float64) - keys[None]) ** 2).sum(-1)
     for kind, cfg in (("flat", IndexConfig(k=12)), ("ivfpq", IndexConfig(k=12, exact_below=500, code_bytes=8, nprobe=64))):

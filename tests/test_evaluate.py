@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from monim.calibrator import CalibratorConfig
-from monim.datastore import Datastore, Entries
 from monim.evaluate import EvalConfig, combine, evaluate, evaluate_many, period_of, period_sets
 from monim.index import IndexConfig, MemoryIndex
 from monim.lm import load_lm, score, with_neighbors
@@ -86,14 +85,10 @@ def test_one_lm_pass_for_many_memories_equals_scoring_each(tiny, stream, memorie
     np.testing.assert_allclose(later.lm_logp_values, hooked.lm_logp_values, atol=1e-4)
 
 
-def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path):
-    rng = np.random.default_rng(0)
-    ds = Datastore(tmp_path, "random", 8, "vocab")
-    for i, n in enumerate((200, 300, 200)):
-        keys = rng.standard_normal((n, 8)).astype(np.float16)
-        ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)), n, "fullmem")
-        all_keys = ds.array("keys").astype(np.float64)
-    queries = rng.standard_normal((9, 8)).astype(np.float32)
+def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path, random_datastore):
+    ds = random_datastore((200, 300, 200))
+    all_keys = ds.array("keys").astype(np.float64)
+    queries = np.random.default_rng(1).standard_normal((9, 8)).astype(np.float32)
     for kind, cfg in (("flat", IndexConfig(k=10)), ("ivfpq", IndexConfig(k=10, exact_below=500, code_bytes=8, nprobe=64))):
         index = MemoryIndex(tmp_path / kind, 8, cfg)
         index.sync(ds)
