@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from monim.calibrator import Examples, examples, train_calibrator, warm_epochs
+from monim.calibrator import CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.datastore import _write_json
 from monim.knnlm import TEMPERATURES, interpolate, knn_logprobs_by_temperature, tune_grid
 from monim.lm import ScoreConfig, TokenScores, score
@@ -58,6 +58,12 @@ class Sample:
 
     def __init__(self, doc_ids: set[str], budget: int):
         self.doc_ids, self.budget, self.parts, self.n = doc_ids, budget, [], 0
+
+    @classmethod
+    def of(cls, docs: list[Document], lengths: list[int], ccfg: CalibratorConfig) -> Sample:
+        """The day's sample as the calibration settings ask (none for the paper's scheme)."""
+        budget = 0 if ccfg.source == "validation" else ccfg.sample_tokens
+        return cls(sample_documents(docs, lengths, budget, ccfg.seed), budget)
 
     def add(self, batch: TokenScores) -> None:
         rows = np.flatnonzero(np.isin(batch.doc_id, list(self.doc_ids)))[: max(0, self.budget - self.n)]
@@ -91,8 +97,7 @@ def day_sample(memory: Memory, day: Day, cfg: ScoreConfig | None) -> TokenScores
     if path.exists():
         return Sample.load(path)
     lengths = [len(memory.lm.tokenizer(d.text)["input_ids"]) for d in day.train]
-    ccfg = memory.calibrator_cfg
-    sample = Sample(sample_documents(day.train, lengths, ccfg.sample_tokens, ccfg.seed), ccfg.sample_tokens)
+    sample = Sample.of(day.train, lengths, memory.calibrator_cfg)
     for batch in score(memory.lm, [d for d in day.train if d.id in sample.doc_ids], cfg):
         sample.add(batch)
     return TokenScores.concat(sample.parts) if sample.parts else None

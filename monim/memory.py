@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from monim.calibration import Sample, sample_documents, sample_path
+from monim.calibration import Sample, sample_path
 from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples
 from monim.datastore import Datastore, DayRecord, Entries
 from monim.dedup import Signatures, TwinIndex
@@ -165,30 +165,22 @@ class Memory:
         return self.index.sync(self.ds, retrain)
 
     def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
-                  exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Squared distances and values of each key's k nearest entries (value -1: none), among the
-        entries up to `as_of` (or with id < `below`) and not in `exclude`."""
+        entries up to `as_of` (or with id < `below`) and not in `exclude`. With `exact`, IVF-PQ's
+        candidates are re-ranked with the stored keys (its distances are approximate: a memorized
+        context does not sit at 0)."""
         started = time.perf_counter()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
         dist, ids = self.index.search(keys, k, below=below, exclude=exclude)
+        if exact and self.index.meta.get("kind") == "ivfpq":
+            dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
+            order = np.argsort(dist, axis=1)
+            dist, ids = np.take_along_axis(dist, order, 1).astype(np.float32), np.take_along_axis(ids, order, 1)
         values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
         self.search_seconds += time.perf_counter() - started
         return dist, values
-
-    def nearest(self, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact squared distances and values of the k nearest entries the index finds: IVF-PQ's
-        distances are approximate (a memorized context is not at 0), so its candidates are re-ranked
-        with the stored keys."""
-        started = time.perf_counter()
-        dist, ids = self.index.search(keys, k, below=self._below)
-        if self.index.meta.get("kind") == "ivfpq":
-            exact = ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1)
-            order = np.argsort(np.where(ids >= 0, exact, np.inf), axis=1)
-            dist, ids = np.take_along_axis(np.where(ids >= 0, exact, np.inf), order, 1), np.take_along_axis(ids, order, 1)
-        values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
-        self.search_seconds += time.perf_counter() - started
-        return dist.astype(np.float32), values
 
     def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The LM's hook (monim.lm.Neighbors): each token's neighbours. With a skip threshold θ
@@ -202,7 +194,7 @@ class Memory:
         calibrator = self.calibrator() if skip and self.use_calibrator and cfg.skip_threshold is not None else None
         if calibrator is not None:
             first = dataclasses.replace(batch, knn_dist=None, knn_values=None)
-            first.knn_dist, first.knn_values = self.nearest(keys, cfg.gate_k)
+            first.knn_dist, first.knn_values = self.neighbors(keys, cfg.gate_k, exact=True)
             wanted = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
                       | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
         dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)
@@ -270,9 +262,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     docs = day.train[:max_docs]
     tokens = [memory.lm.tokenizer(d.text)["input_ids"] for d in docs]
     total = sum(max(0, len(t) - 1) for t in tokens)
-    ccfg = memory.calibrator_cfg
-    budget = 0 if ccfg.source == "validation" else ccfg.sample_tokens  # the paper's scheme samples nothing
-    sample = Sample(sample_documents(docs, [len(t) for t in tokens], budget, ccfg.seed), budget)
+    sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
     timer = {"lm_and_search": 0.0, "policy": 0.0}
     memory.search_seconds = 0.0
     rng = np.random.default_rng([seed, day.date.toordinal()])

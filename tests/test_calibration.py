@@ -194,7 +194,7 @@ def test_first_stage_search_is_exact_on_an_ivfpq_memory(tiny, tmp_path):
     stored = memory.ds.array("keys").astype(np.float32)
     np.testing.assert_array_equal(memory.ds.keys_of(np.array([[3, 650], [0, 699]])), stored[[[3, 650], [0, 699]]])
     queries = stored[[5, 450, 699]]
-    dist, values = memory.nearest(queries, 4)
+    dist, values = memory.neighbors(queries, 4, exact=True)
     approx, _ = memory.index.search(queries, 4)
     assert (dist[:, 0] == 0).all() and (approx[:, 0] > 0).all()
     np.testing.assert_array_equal(values[:, 0], memory.ds.values_by_id()[[5, 450, 699]])
