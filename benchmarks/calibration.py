@@ -26,7 +26,9 @@ from rich.table import Table
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
 from monim.evaluate import searched, theta_of
-from monim.lm import ScoreConfig, load_lm, score
+from monim.lm import load_lm
+from monim.features import Features
+from monim.scoring import ScoreConfig
 from monim.memory import Memory, memorize_day
 from monim.policies import make_policy
 from monim.stream import Document
@@ -41,17 +43,17 @@ RUNS = {  # name: (policy, calibration source)
 }
 
 
-def token_nll(lm, docs: list[Document], memories: dict, cfg: ScoreConfig) -> dict[str, np.ndarray]:
+def token_nll(lm, docs: list[Document], memories: dict, cfg: Features) -> dict[str, np.ndarray]:
     """Per-token NLL of the LM ('lm') and of each memory's Θ on the documents (one LM pass)."""
     out: dict[str, list] = {"lm": [], **{name: [] for name in memories}}
-    for batch in score(lm, docs, cfg, keep_hidden=True):
+    for batch in cfg.scores(docs, "test"):
         out["lm"].append(-batch.logp.astype(np.float64))
         for name, memory in memories.items():
             out[name].append(-theta_of(searched(lm, batch, memory), memory).logp)
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
 
 
-def skip_rule(lm, memory: Memory, docs: list[Document], theta: float, cfg: ScoreConfig) -> dict:
+def skip_rule(lm, memory: Memory, docs: list[Document], theta: float, cfg: Features) -> dict:
     """Share of tokens skipped and PPL with the skip rule at θ, against full retrieval (same run)."""
     row = {}
     for label, threshold in (("full", None), ("skip", theta)):
@@ -73,7 +75,8 @@ def main() -> None:
     ap.add_argument("--skip", type=float, default=0.3)
     args = ap.parse_args()
     console = Console(width=180)
-    lm, cfg = load_lm(args.model), ScoreConfig()
+    lm = load_lm(args.model)
+    cfg = Features(lm, ScoreConfig(), args.workdir / "features")  # the LM, once per article for every memory
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
@@ -87,14 +90,14 @@ def main() -> None:
             continue
         started = time.perf_counter()
         train = day.train[: args.max_docs]
-        scored = list(score(lm, train, cfg, keep_hidden=True))  # the LM, once for every memory
+        tokens = cfg.prepare(train, f"{date}-train")
         lm_seconds = time.perf_counter() - started
-        row = {"date": date, "articles": len(train), "tokens": sum(len(b) for b in scored), "lm_seconds": lm_seconds,
+        row = {"date": date, "articles": len(train), "tokens": tokens, "lm_seconds": lm_seconds,
                "twin_groups": day.twin_groups, "runs": {}}
         for name, (policy, _) in runs.items():
             memory = memories[name]
             t = time.perf_counter()
-            stats = memorize_day(memory, day, make_policy(policy), cfg, args.max_docs, scored=scored)
+            stats = memorize_day(memory, day, make_policy(policy), cfg, args.max_docs)
             record = calibrate(memory, day, cfg)
             row["runs"][name] = {"memrate_day": stats.memrate, "memrate": memory.ds.memrate, "entries": len(memory),
                                  "lam": record["lam"], "temperature": record["temperature"], "nll": record.get("nll"),

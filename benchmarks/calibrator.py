@@ -28,7 +28,8 @@ from monim.calibration import calibrate
 from monim.calibrator import FEATURE_GROUPS, CalibratorConfig, examples, train_calibrator
 from monim.index import IndexConfig
 from monim.knnlm import Interpolation, perplexity, theta_scores
-from monim.lm import ScoreConfig, load_lm
+from monim.lm import load_lm
+from monim.scoring import ScoreConfig
 from monim.memory import Memory, memorize_day
 from monim.policies import make_policy
 from news_days import first_days, parser

@@ -16,7 +16,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from monim.lm import ScoreConfig, load_lm, score
+from monim.lm import load_lm
+from monim.scoring import ScoreConfig, score
 from monim.stream import Document
 
 REPO = Path(__file__).resolve().parents[1]

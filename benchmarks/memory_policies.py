@@ -19,7 +19,8 @@ from rich.table import Table
 
 from monim.index import IndexConfig
 from monim.knnlm import perplexity, tune_interpolation
-from monim.lm import ScoreConfig, load_lm, score
+from monim.lm import load_lm
+from monim.scoring import ScoreConfig, score
 from monim.calibration import calibrate
 from monim.memory import Memory, memorize_day
 from monim.policies import make_policy

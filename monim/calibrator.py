@@ -118,7 +118,7 @@ def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None) -> Examples:
-    """The features of a scored batch (monim.lm.TokenScores with neighbours) as Examples.
+    """The features of a scored batch (monim.scoring.TokenScores with neighbours) as Examples.
 
     `lexical` is a monim.lexical.LexicalCounts; `knn_logp` the targets' log p_kNN per temperature.
     """

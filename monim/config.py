@@ -9,7 +9,7 @@ from pathlib import Path
 
 from monim.calibrator import CalibratorConfig
 from monim.index import IndexConfig
-from monim.lm import ScoreConfig
+from monim.scoring import ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
 from monim.stream import DEMO_STREAM
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from monim.knnlm import ThetaScores
-from monim.lm import LM, ScoreConfig, TokenScores, score, with_neighbors
+from monim.lm import LM
+from monim.features import Features, features_of
+from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
 from monim.stream import Document, iter_days, open_source
 
@@ -136,7 +138,8 @@ def combine(results: list[dict]) -> dict:
     return out
 
 
-def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig | None = None) -> dict:
+def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig | Features | None = None,
+                  name: str = "eval") -> dict:
     """PPL and top-1 next-word accuracy of the LM alone and with each memory (None: the LM alone),
     the share of tokens whose article has a near-duplicate in the memory (`twin_share`) and PPL on
     the others (`ppl_novel`), and the share whose retrieval the skip rule skipped; the LM runs once."""
@@ -147,14 +150,15 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig
     twins = {name: dict(zip((d.id for d in docs), memory.has_twin(docs))) if memory is not None else {}
              for name, memory in memories.items()}
     tallies = {name: _Tally() for name in memories}
-    for batch in score(lm, docs, cfg, keep_hidden=True):
-        for name, memory in memories.items():
+    for batch in features_of(lm, cfg).scores(docs, name):
+        for key, memory in memories.items():
             b = searched(lm, batch, memory)
-            novel = ~np.array([twins[name].get(d, False) for d in b.doc_id], bool)
-            tallies[name].add(b, theta_of(b, memory), novel)
+            novel = ~np.array([twins[key].get(d, False) for d in b.doc_id], bool)
+            tallies[key].add(b, theta_of(b, memory), novel)
     return {name: t.result(memories[name].skipped if memories[name] is not None else 0) for name, t in tallies.items()}
 
 
-def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: ScoreConfig | None = None) -> dict:
+def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: ScoreConfig | Features | None = None,
+             name: str = "eval") -> dict:
     """PPL and next-word accuracy of the LM alone and with one memory (Θ: its calibrator or constant λ)."""
-    return evaluate_many(lm, docs, {"memory": memory}, cfg)["memory"]
+    return evaluate_many(lm, docs, {"memory": memory}, cfg, name)["memory"]

@@ -68,7 +68,7 @@ def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
 
 def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray | None = None,
                  chunk: int = 256) -> ThetaScores:
-    """Score a batch (monim.lm.TokenScores with neighbours) under the interpolated model.
+    """Score a batch (monim.scoring.TokenScores with neighbours) under the interpolated model.
 
     λ is the constant `interp.lam` or, given, one per token (a calibrator's); rows without
     neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated distribution

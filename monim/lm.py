@@ -1,4 +1,4 @@
-"""Backbone LM: loading (hub, local dir, GGUF, packaged default), key capture, windowed scoring."""
+"""Backbone LM: loading (hub, local dir, GGUF, packaged default) and key capture."""
 
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
-import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
-from monim.stream import Document
+from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -84,9 +80,12 @@ class LM:
         vocab = sorted(self.tokenizer.get_vocab().items())
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final hidden states (after the last norm) and keys, both [batch, seq, d]."""
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past: Cache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states (after the last norm) and keys, both [batch, seq, d]; `past` (a KV cache)
+        is extended in place."""
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    past_key_values=past, use_cache=past is not None)
         return out.last_hidden_state, self._captured.pop("key")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -165,163 +164,3 @@ def load_lm(name_or_path: str | None = None, dtype: str = "float32", device: str
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
     return LM(model=model, tokenizer=tokenizer, name=spec)
-
-
-@dataclass
-class ScoreConfig:
-    """Sliding-window scoring: `stride` new tokens per window with up to `context` tokens before."""
-
-    stride: int = 512
-    context: int = 512
-    batch_size: int = 8
-    head_chunk: int = 256  # tokens projected to the vocabulary at once (bounds logits memory)
-
-
-@dataclass
-class TokenScores:
-    """Per predicted token: provenance, target, LM statistics and the key (a batch of them)."""
-
-    doc_id: np.ndarray  # object array of str
-    position: np.ndarray  # int32: index of the target token in its document
-    prev: np.ndarray  # int32: the last context token (the one before the target)
-    target: np.ndarray  # int32
-    logp: np.ndarray  # float32: log P(target)
-    max_logp: np.ndarray  # float32: max_y log P(y)
-    entropy: np.ndarray  # float32: entropy of P(.) in nats
-    argmax: np.ndarray  # int32: the LM's top token
-    key: np.ndarray  # float16 [n, hidden]
-    # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
-    knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
-    knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
-    lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
-    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
-
-    def __len__(self) -> int:
-        return len(self.target)
-
-    @classmethod
-    def concat(cls, parts: list[TokenScores]) -> TokenScores:
-        """Many batches as one (all with neighbours, or all without)."""
-        return cls(**{f.name: None if getattr(parts[0], f.name) is None
-                      else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
-
-
-def windows(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> Iterator[tuple[int, int, int]]:
-    """(a, s, e): feed tokens[a:e-1] to predict the targets tokens[s:e], with s - 1 - a <= context.
-
-    Targets start at position `first` (1: every token after the first)."""
-    for s in range(max(first, 1), n_tokens, cfg.stride):
-        yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
-
-
-Window = tuple[str, list[int], int, int]  # doc id, tokens[a:e], a, s
-# tokens scored by the LM (no neighbours yet) -> (squared distances [n, k], values [n, k], -1 where none)
-Neighbors = Callable[[TokenScores], tuple[np.ndarray, np.ndarray]]
-
-
-@torch.inference_mode()
-def score_windows(lm: LM, batch: list[Window], cfg: ScoreConfig, neighbors: Neighbors | None = None,
-                  keep_hidden: bool = False) -> TokenScores:
-    """Score one batch of windows: each feeds tokens[a:e-1] and keeps the targets at s..e-1.
-
-    The vocabulary projection runs `cfg.head_chunk` rows at a time; each chunk's LM statistics
-    are known before its neighbours are searched (so a retriever can decide to skip rows).
-    """
-    width = max(len(toks) - 1 for _, toks, _, _ in batch)
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    rows, cols, doc_ids, positions, targets = [], [], [], [], []
-    for b, (doc_id, toks, a, s) in enumerate(batch):
-        input_ids[b, : len(toks) - 1] = torch.tensor(toks[:-1])
-        mask[b, : len(toks) - 1] = 1
-        # input index j predicts the token at document position a + j + 1
-        n = len(toks) - (s - a)
-        rows += [b] * n
-        cols += range(s - 1 - a, len(toks) - 1)
-        doc_ids += [doc_id] * n
-        positions += range(s, s + n)
-        targets += toks[s - a :]
-    hidden, keys = lm.forward(input_ids.to(lm.device), mask.to(lm.device))
-    rows_t, cols_t = torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device)
-    hidden, keys = hidden[rows_t, cols_t], keys[rows_t, cols_t]
-    target = torch.tensor(targets, device=lm.device)
-    doc_ids, positions = np.array(doc_ids, dtype=object), np.array(positions, dtype=np.int32)
-    prev = input_ids[rows_t.cpu(), cols_t.cpu()].numpy().astype(np.int32)
-    parts = []
-    for i in range(0, len(targets), cfg.head_chunk):
-        sl = slice(i, i + cfg.head_chunk)
-        logits = lm.logits(hidden[sl])
-        lse = torch.logsumexp(logits, dim=-1)
-        top = logits.max(dim=-1)
-        part = TokenScores(
-            doc_id=doc_ids[sl], position=positions[sl], prev=prev[sl],
-            target=target[sl].to(torch.int32).cpu().numpy(),
-            logp=(logits.gather(1, target[sl, None])[:, 0] - lse).cpu().numpy(),
-            max_logp=(top.values - lse).cpu().numpy(),
-            entropy=(lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)).cpu().numpy(),
-            argmax=top.indices.to(torch.int32).cpu().numpy(),
-            key=keys[sl].to(torch.float16).cpu().numpy(),
-            hidden=hidden[sl].float().cpu().numpy() if keep_hidden else None,
-        )
-        if neighbors is not None:
-            _search(lm, part, logits, lse, neighbors)
-        parts.append(part)
-    return TokenScores.concat(parts)
-
-
-def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
-    """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
-    part.knn_dist, part.knn_values = neighbors(part)
-    at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
-    part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
-
-
-@torch.inference_mode()
-def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 256) -> TokenScores:
-    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run)."""
-    if batch.hidden is None:
-        raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
-    parts = []
-    for i in range(0, len(batch), chunk):
-        part = TokenScores(**{f.name: None if getattr(batch, f.name) is None or f.name.startswith(("knn", "lm_logp"))
-                              else getattr(batch, f.name)[i : i + chunk] for f in fields(TokenScores)})
-        logits = lm.logits(torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype))
-        _search(lm, part, logits, torch.logsumexp(logits, dim=-1), neighbors)
-        parts.append(part)
-    return TokenScores.concat(parts)
-
-
-def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
-    """The config with context + stride shrunk (context first) to the model's maximum positions."""
-    limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
-    if not limit or cfg.context + cfg.stride <= limit:
-        return cfg
-    stride = min(cfg.stride, limit)
-    return replace(cfg, stride=stride, context=limit - stride)
-
-
-def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
-          neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
-    """Score documents window by window, batched; memory stays bounded by one batch.
-
-    With `neighbors` (a memory's search), each token also carries its nearest entries; with
-    `keep_hidden`, its final hidden state (to search other memories later: `with_neighbors`).
-    """
-    sequences = ((doc.id, lm.tokenizer(doc.text)["input_ids"], 1) for doc in docs)
-    return score_tokens(lm, sequences, cfg, neighbors, keep_hidden)
-
-
-def score_tokens(lm: LM, sequences: Iterable[tuple[str, list[int], int]], cfg: ScoreConfig | None = None,
-                 neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
-    """Score token sequences (id, token ids, first target position) like `score`."""
-    cfg = fit_window(lm, cfg or ScoreConfig())
-    batch: list[Window] = []
-    for seq_id, toks, first in sequences:
-        for a, s, e in windows(len(toks), cfg, first):
-            batch.append((seq_id, toks[a:e], a, s))
-            if len(batch) == cfg.batch_size:
-                yield score_windows(lm, batch, cfg, neighbors, keep_hidden)
-                batch = []
-    if batch:
-        yield score_windows(lm, batch, cfg, neighbors, keep_hidden)

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from monim.dedup import Signatures, TwinIndex
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import Interpolation, ThetaScores, theta_scores
 from monim.lexical import LexicalCounts, day_counts
-from monim.lm import LM, ScoreConfig, TokenScores, score, score_tokens, with_neighbors
+from monim.lm import LM
+from monim.features import Features, features_of
+from monim.scoring import ScoreConfig, TokenScores, score
 from monim.policies import Policy, policy_params
 from monim.stream import Day, Document
 
@@ -183,7 +185,7 @@ class Memory:
         return dist, values
 
     def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """The LM's hook (monim.lm.Neighbors): each token's neighbours. With a skip threshold θ
+        """The LM's hook (monim.scoring.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
         calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
         alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
@@ -243,25 +245,24 @@ class DayStats:
         return asdict(self)
 
 
-def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | None = None,
+def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Features | None = None,
                  max_docs: int | None = None, seed: int = 0, force: bool = False,
-                 progress: Callable[[int, int], None] | None = None,
-                 scored: Iterable[TokenScores] | None = None) -> DayStats:
+                 progress: Callable[[int, int], None] | None = None) -> DayStats:
     """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
     and update the index. Re-running a committed day is a no-op unless forced.
 
-    `progress(tokens_done, tokens_total)` is called after each scored batch. `scored`: the same
-    documents already scored by the LM with keep_hidden (the LM is then not run; their
-    neighbours are searched here), e.g. to memorize one day into several memories.
+    `cfg`: how the LM scores them (a ScoreConfig), or Features (read from a feature store, where
+    other policies' runs may have put them already). `progress(tokens_done, tokens_total)` is
+    called after each scored batch.
     """
     memory.writable()
     ds, date = memory.ds, day.date.isoformat()
     if ds.committed(date) and not force:
         rec = next(d for d in ds.days if d.date == date)
         return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
+    features = features_of(memory.lm, cfg)
     docs = day.train[:max_docs]
-    tokens = [memory.lm.tokenizer(d.text)["input_ids"] for d in docs]
-    total = sum(max(0, len(t) - 1) for t in tokens)
+    tokens = features.tokenize(docs)
     sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
     timer = {"lm_and_search": 0.0, "policy": 0.0}
     memory.search_seconds = 0.0
@@ -271,9 +272,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | No
     started = time.perf_counter()
     memory.sync()
     search = memory.search if memory.retrieves and policy.uses_theta else None
-    batches = (score_tokens(memory.lm, ((d.id, t, 1) for d, t in zip(docs, tokens)), cfg, search) if scored is None
-               else (with_neighbors(memory.lm, b, search) if search else b for b in scored))
-    for batch in batches:
+    total = sum(max(0, len(t) - 1) for t in tokens)
+    for batch in features.scores(docs, f"{date}-train", search, tokens):
         t = time.perf_counter()
         timer["lm_and_search"] += t - started
         keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from monim.knnlm import ThetaScores
-from monim.lm import LM, TokenScores
+from monim.lm import LM
+from monim.scoring import TokenScores
 
 
 def amt_threshold(delta: float, margin: np.ndarray) -> np.ndarray:

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from monim.evaluate import searched, theta_of
-from monim.lm import LM, ScoreConfig, score_tokens
+from monim.lm import LM
+from monim.scoring import ScoreConfig, score_tokens
 from monim.stream import StreamError, parse_date
 
 

@@ -14,7 +14,7 @@ from monim.calibrator import (TOP, CalibratorConfig, Examples, density_features,
 from monim.datastore import Datastore, Entries
 from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, perplexity, theta_scores
 from monim.lexical import LexicalCounts, day_counts
-from monim.lm import TokenScores
+from monim.scoring import TokenScores
 from monim.memory import Memory, memorize_day
 from monim.policies import make_policy
 from monim.stream import Day, Document, iter_days, open_source

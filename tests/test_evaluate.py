@@ -9,7 +9,8 @@ import pytest
 from monim.calibrator import CalibratorConfig
 from monim.evaluate import EvalConfig, combine, evaluate, evaluate_many, period_of, period_sets
 from monim.index import IndexConfig, MemoryIndex
-from monim.lm import load_lm, score, with_neighbors
+from monim.lm import load_lm
+from monim.scoring import score, with_neighbors
 from monim.calibration import calibrate
 from monim.memory import Memory, memorize_day
 from monim.policies import make_policy

@@ -10,7 +10,7 @@ from monim.knnlm import (
     Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_target_logprob, theta_scores,
     tune_interpolation,
 )
-from monim.lm import TokenScores
+from monim.scoring import TokenScores
 
 V, D, N, K, T = 40, 16, 600, 32, 8.0
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.lm import ScoreConfig, last_mlp, load_lm, score, windows
+from monim.lm import last_mlp, load_lm
+from monim.scoring import ScoreConfig, score, windows
 from monim.stream import Document
 
 TEXT = (
@@ -19,8 +20,12 @@ NORM_BEFORE_MLP = {"gpt2": "ln_2", "llama": "post_attention_layernorm", "gpt_neo
 
 
 def collect(lm, docs, cfg):
+    """Every scored token, in document order then position (batches need not follow either)."""
     batches = list(score(lm, docs, cfg))
-    return {f: np.concatenate([getattr(b, f) for b in batches]) for f in ("doc_id", "position", "target", "logp", "max_logp", "entropy", "key")}
+    out = {f: np.concatenate([getattr(b, f) for b in batches]) for f in ("doc_id", "position", "target", "logp", "max_logp", "entropy", "key")}
+    rank = {d.id: i for i, d in enumerate(docs)}
+    order = np.lexsort((out["position"], [rank[d] for d in out["doc_id"]]))
+    return {f: v[order] for f, v in out.items()}
 
 
 def full_pass(lm, text):
@@ -62,7 +67,7 @@ def test_window_stitching_equals_full_pass(arch, tiny_model_dir):
 def test_truncated_context_matches_per_window_reference(tiny_model_dir):
     """With a short context each target is scored from exactly `context` + its chunk's tokens."""
     lm = load_lm(str(tiny_model_dir("llama")))
-    cfg = ScoreConfig(stride=5, context=6, batch_size=4)
+    cfg = ScoreConfig(stride=5, context=6, batch_size=4, context_mode="recompute")
     ids = lm.tokenizer(TEXT)["input_ids"]
     got = collect(lm, [DOC], cfg)
     expected = []
@@ -114,11 +119,52 @@ def test_missing_gguf_file_is_named(tmp_path):
 
 def test_window_fits_the_models_positions(tiny_model_dir):
     """Tiny GPT-2 has 256 absolute positions: a 512+512 window is cut to 256 (context first)."""
-    from monim.lm import fit_window
+    from monim.scoring import fit_window
 
     lm = load_lm(str(tiny_model_dir("gpt2")))
-    assert fit_window(lm, ScoreConfig(stride=512, context=512)) == ScoreConfig(stride=256, context=0)
-    assert fit_window(lm, ScoreConfig(stride=200, context=512)) == ScoreConfig(stride=200, context=56)
+    assert fit_window(lm, ScoreConfig(stride=512, context=512)) == ScoreConfig(stride=256, context=0, context_mode="recompute")
+    assert fit_window(lm, ScoreConfig(stride=200, context=512)) == ScoreConfig(stride=200, context=56, context_mode="recompute")
     long_doc = Document("long", dt.date(2022, 6, 1), TEXT * 12)
     n = len(lm.tokenizer(long_doc.text)["input_ids"])
     assert n > 600 and len(collect(lm, [long_doc], ScoreConfig())["target"]) == n - 1
+
+
+def banded_pass(lm, ids, stride, context):
+    """Reference for carried context: one forward over the whole document in which input i sees the
+    inputs from `context` before its step's start up to itself (a hand-built 4D mask)."""
+    n = len(ids) - 1
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    allowed = (j <= i) & (j >= i // stride * stride - context)
+    with torch.no_grad():
+        hidden = lm.model.base_model(input_ids=torch.tensor([ids[:-1]]), attention_mask=torch.from_numpy(allowed)[None, None]).last_hidden_state
+        logits = lm.model.lm_head(hidden)[0].double()
+    return torch.log_softmax(logits, -1).numpy()
+
+
+@pytest.mark.parametrize("stride,context", [(5, 6), (8, 3)])
+def test_carried_context_equals_banded_single_pass(stride, context, tiny_model_dir):
+    """Carry: each step sees the previous step's last `context` inputs through the KV cache."""
+    lm = load_lm(str(tiny_model_dir("llama")))
+    docs = [DOC, Document("d2", dt.date(2022, 6, 1), TEXT[:150]), Document("d3", dt.date(2022, 6, 1), TEXT[40:190]),
+            Document("d4", dt.date(2022, 6, 1), "Rates rose.")]
+    got = collect(lm, docs, ScoreConfig(stride=stride, context=context, batch_size=2, head_chunk=7))
+    for doc in docs:
+        ids = lm.tokenizer(doc.text)["input_ids"]
+        ref = banded_pass(lm, ids, stride, context)
+        mine = got["doc_id"] == doc.id
+        assert np.array_equal(got["position"][mine], np.arange(1, len(ids)))
+        np.testing.assert_allclose(got["logp"][mine], ref[np.arange(len(ids) - 1), ids[1:]], atol=2e-5)
+        np.testing.assert_allclose(got["max_logp"][mine], ref.max(-1), atol=2e-5)
+
+
+def test_document_context_equals_full_pass_and_packs_short_documents(tiny_model_dir):
+    """Document context: every token sees its whole document, in long steps and in packed rows alike."""
+    lm = load_lm(str(tiny_model_dir("llama")))
+    docs = [DOC, Document("d2", dt.date(2022, 6, 1), "Short second story."), Document("d3", dt.date(2022, 6, 1), TEXT[:90])]
+    got = collect(lm, docs, ScoreConfig(stride=16, context=4, batch_size=3, context_mode="document"))
+    for doc in docs:
+        targets, ref = full_pass(lm, doc.text)
+        mine = got["doc_id"] == doc.id
+        assert np.array_equal(got["target"][mine], targets)
+        np.testing.assert_allclose(got["logp"][mine], ref[np.arange(len(targets)), targets], atol=2e-5)
+        np.testing.assert_allclose(got["entropy"][mine], -(np.exp(ref) * ref).sum(-1), atol=2e-4)

@@ -10,7 +10,8 @@ import torch
 
 from monim.datastore import Entries
 from monim.index import IndexConfig
-from monim.lm import load_lm, score
+from monim.lm import load_lm
+from monim.scoring import score
 from monim.memory import Memory
 from monim.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
 from monim.stream import Document, StreamError

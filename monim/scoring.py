@@ -1,0 +1,308 @@
+"""Scoring token sequences with the LM: per-token statistics and keys, each token computed once.
+
+Sequences that fit one step are packed several to a row (each sees only itself); longer ones run
+step by step, `stride` new tokens at a time, with the previous step's keys and values carried as
+a KV cache (`context_mode="carry"`, the paper's 512 + 512 windows without computing the context
+twice), the whole document before them ("document"), or the paper's windows recomputed ("recompute").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from monim.lm import LM
+from monim.stream import Document
+
+CONTEXT_MODES = ("carry", "document", "recompute")
+
+
+@dataclass
+class ScoreConfig:
+    """Sliding-window scoring: `stride` new tokens per step with up to `context` tokens before
+    (`context_mode`: how that context is computed; "document": all tokens before, up to the model's
+    positions)."""
+
+    stride: int = 512
+    context: int = 512
+    batch_size: int = 8
+    head_chunk: int = 256  # tokens projected to the vocabulary at once (bounds logits memory)
+    context_mode: str = "carry"
+
+    def __post_init__(self) -> None:
+        if self.context_mode not in CONTEXT_MODES:
+            raise ValueError(f"context_mode must be one of {CONTEXT_MODES}, got {self.context_mode!r}")
+
+
+@dataclass
+class TokenScores:
+    """Per predicted token: provenance, target, LM statistics and the key (a batch of them)."""
+
+    doc_id: np.ndarray  # object array of str
+    position: np.ndarray  # int32: index of the target token in its document
+    prev: np.ndarray  # int32: the last context token (the one before the target)
+    target: np.ndarray  # int32
+    logp: np.ndarray  # float32: log P(target)
+    max_logp: np.ndarray  # float32: max_y log P(y)
+    entropy: np.ndarray  # float32: entropy of P(.) in nats
+    argmax: np.ndarray  # int32: the LM's top token
+    key: np.ndarray  # float16 [n, hidden]
+    # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
+    knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
+    knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
+    lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
+    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    @classmethod
+    def concat(cls, parts: list[TokenScores]) -> TokenScores:
+        """Many batches as one (all with neighbours, or all without)."""
+        return cls(**{f.name: None if getattr(parts[0], f.name) is None
+                      else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    def select(self, rows: np.ndarray | slice) -> TokenScores:
+        """Some of the tokens, with their LM statistics and key (neighbours dropped)."""
+        return TokenScores(**{f.name: None if getattr(self, f.name) is None or f.name.startswith(("knn", "lm_logp"))
+                              else getattr(self, f.name)[rows] for f in fields(TokenScores)})
+
+
+# tokens scored by the LM (no neighbours yet) -> (squared distances [n, k], values [n, k], -1 where none)
+Neighbors = Callable[[TokenScores], tuple[np.ndarray, np.ndarray]]
+Sequence = tuple[str, list[int], int]  # id, token ids, first target position
+
+
+@dataclass
+class Span:
+    """Inputs tokens[a:e] of a sequence in one row, predicting tokens[a+1:e+1]; outputs kept from input `keep`."""
+
+    seq_id: str
+    toks: list[int]
+    a: int
+    e: int
+    keep: int
+
+
+def windows(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> Iterator[tuple[int, int, int]]:
+    """(a, s, e): feed tokens[a:e-1] to predict the targets tokens[s:e], with s - 1 - a <= context.
+
+    Targets start at position `first` (1: every token after the first)."""
+    for s in range(max(first, 1), n_tokens, cfg.stride):
+        yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
+
+
+def blocks(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> list[Span]:
+    """The steps of one sequence under carry/document context: the first step feeds the first
+    window whole (its context included), each later one `stride` new inputs."""
+    first = max(first, 1)
+    a0 = 0 if cfg.context_mode == "document" else max(0, first - 1 - cfg.context)
+    cuts = [a0, *range(first - 1 + cfg.stride, n_tokens - 1, cfg.stride), n_tokens - 1]
+    return [Span("", [], a, e, max(a, first - 1)) for a, e in zip(cuts, cuts[1:])]
+
+
+def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
+    """The config fitted to the model: context + stride shrunk (context first) to its maximum
+    positions; a model without rotary positions cannot carry context past them (recompute)."""
+    limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
+    if cfg.context_mode != "recompute" and not hasattr(lm.model.base_model, "rotary_emb"):
+        cfg = replace(cfg, context_mode="recompute")
+    if not limit or cfg.context + cfg.stride <= limit:
+        return cfg
+    stride = min(cfg.stride, limit)
+    return replace(cfg, stride=stride, context=limit - stride)
+
+
+@torch.inference_mode()
+def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tuple[int, int, Span]],
+                cfg: ScoreConfig, neighbors: Neighbors | None, keep_hidden: bool) -> Iterator[TokenScores]:
+    """The kept outputs of a forward pass (`picks`: row, column of input `a`, span) as TokenScores.
+
+    The vocabulary projection runs `cfg.head_chunk` rows at a time; each chunk's LM statistics are
+    known before its neighbours are searched (so a retriever can decide to skip rows)."""
+    rows, cols, doc_ids, positions, prev, targets = [], [], [], [], [], []
+    for b, c, sp in picks:
+        n = sp.e - sp.keep
+        rows += [b] * n
+        cols += range(c + sp.keep - sp.a, c + sp.e - sp.a)
+        doc_ids += [sp.seq_id] * n
+        positions += range(sp.keep + 1, sp.e + 1)
+        prev += sp.toks[sp.keep : sp.e]
+        targets += sp.toks[sp.keep + 1 : sp.e + 1]
+    at = (torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device))
+    hidden, keys = hidden[at], keys[at]
+    target = torch.tensor(targets, device=lm.device)
+    doc_ids, positions, prev = np.array(doc_ids, dtype=object), np.array(positions, np.int32), np.array(prev, np.int32)
+    parts = []
+    for i in range(0, len(targets), cfg.head_chunk):
+        sl = slice(i, i + cfg.head_chunk)
+        logits = lm.logits(hidden[sl])
+        top = logits.max(dim=-1)
+        shifted = logits - top.values[:, None]
+        exp = shifted.exp()
+        total = exp.sum(dim=-1)
+        lse = top.values + total.log()
+        part = TokenScores(
+            doc_id=doc_ids[sl], position=positions[sl], prev=prev[sl],
+            target=target[sl].to(torch.int32).cpu().numpy(),
+            logp=(logits.gather(1, target[sl, None])[:, 0] - lse).cpu().numpy(),
+            max_logp=(-total.log()).cpu().numpy(),
+            entropy=(total.log() - (exp * shifted).sum(dim=-1) / total).cpu().numpy(),
+            argmax=top.indices.to(torch.int32).cpu().numpy(),
+            key=keys[sl].to(torch.float16).cpu().numpy(),
+            hidden=hidden[sl].float().cpu().numpy() if keep_hidden else None,
+        )
+        if neighbors is not None:
+            _search(lm, part, logits, lse, neighbors)
+        parts.append(part)
+    if parts:
+        yield TokenScores.concat(parts)
+
+
+def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
+    """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
+    part.knn_dist, part.knn_values = neighbors(part)
+    at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
+    part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+
+
+def _pad_id(lm: LM) -> int:
+    return lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+
+
+@torch.inference_mode()
+def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | None,
+            keep_hidden: bool) -> Iterator[TokenScores]:
+    """Independent spans packed into rows of about `stride + context` inputs (longest first, first
+    fit), `batch_size` rows per forward pass; positions restart at each span, so each sees only itself."""
+    cap = max(cfg.stride + (cfg.context if cfg.context_mode == "recompute" else 0), max(s.e - s.a for s in spans))
+    rows: list[list[Span]] = []
+    room: list[int] = []
+    for sp in sorted(spans, key=lambda s: s.a - s.e):
+        i = next((i for i, r in enumerate(room) if r >= sp.e - sp.a), None)
+        if i is None:
+            rows.append([])
+            room.append(cap)
+            i = len(rows) - 1
+        rows[i].append(sp)
+        room[i] -= sp.e - sp.a
+    for i in range(0, len(rows), cfg.batch_size):
+        batch = rows[i : i + cfg.batch_size]
+        width = max(sum(s.e - s.a for s in row) for row in batch)
+        ids = torch.full((len(batch), width), _pad_id(lm), dtype=torch.long)
+        pos = torch.zeros((len(batch), width), dtype=torch.long)
+        picks = []
+        for b, row in enumerate(batch):
+            c = 0
+            for sp in row:
+                ids[b, c : c + sp.e - sp.a] = torch.tensor(sp.toks[sp.a : sp.e])
+                pos[b, c : c + sp.e - sp.a] = torch.arange(sp.e - sp.a)
+                picks.append((b, c, sp))
+                c += sp.e - sp.a
+            pos[b, c:] = torch.arange(width - c)  # padding: a sequence of its own
+        hidden, keys = lm.forward(ids.to(lm.device), position_ids=pos.to(lm.device))
+        yield from _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden)
+
+
+@torch.inference_mode()
+def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighbors | None,
+             keep_hidden: bool) -> Iterator[TokenScores]:
+    """Sequences of equal step sizes (the last one excepted) in lockstep, the previous steps'
+    keys and values kept as a KV cache (the last `context` of them, under carry)."""
+    limit = getattr(lm.model.config, "max_position_embeddings", None) or 1 << 30
+    keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride
+    cache, past = DynamicCache(config=lm.model.config), torch.zeros((len(docs), 0), dtype=torch.long)
+    origin = [steps[0].a for steps in docs]
+    for j in range(len(docs[0])):
+        step = [steps[j] for steps in docs]
+        width = max(sp.e - sp.a for sp in step)
+        ids = torch.full((len(docs), width), _pad_id(lm), dtype=torch.long)
+        mask = torch.zeros((len(docs), width), dtype=torch.long)
+        for b, sp in enumerate(step):
+            ids[b, : sp.e - sp.a] = torch.tensor(sp.toks[sp.a : sp.e])
+            mask[b, : sp.e - sp.a] = 1
+        pos = torch.tensor([sp.a - o for sp, o in zip(step, origin)])[:, None] + torch.arange(width)
+        past = torch.cat([past, mask], dim=1)
+        hidden, keys = lm.forward(ids.to(lm.device), past.to(lm.device), pos.to(lm.device), cache)
+        yield from _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)], cfg, neighbors, keep_hidden)
+        if past.shape[1] > keep:
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, -keep:], layer.values[:, :, -keep:]
+            past = past[:, -keep:]
+
+
+def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,
+          keep_hidden: bool) -> Iterator[TokenScores]:
+    """Score a buffer of sequences: one-step spans packed, longer sequences stepped in groups of
+    equal step sizes."""
+    single: list[Span] = []
+    stepped: dict[tuple, list[list[Span]]] = {}
+    for seq_id, toks, first in seqs:
+        if cfg.context_mode == "recompute":
+            single += [Span(seq_id, toks, a, e - 1, s - 1) for a, s, e in windows(len(toks), cfg, first)]
+            continue
+        steps = [replace(sp, seq_id=seq_id, toks=toks) for sp in blocks(len(toks), cfg, first) if sp.e > sp.a]
+        if len(steps) == 1:
+            single += steps
+        elif steps:
+            stepped.setdefault(tuple(sp.e - sp.a for sp in steps[:-1]), []).append(steps)
+    if single:
+        yield from _packed(lm, single, cfg, neighbors, keep_hidden)
+    for group in stepped.values():
+        for i in range(0, len(group), cfg.batch_size):
+            yield from _stepped(lm, group[i : i + cfg.batch_size], cfg, neighbors, keep_hidden)
+
+
+def stepwise(lm: LM) -> bool:
+    """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
+
+
+def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,
+                 neighbors: Neighbors | None = None, keep_hidden: bool = False,
+                 buffer_tokens: int = 1 << 16) -> Iterator[TokenScores]:
+    """Score token sequences (id, token ids, first target position) like `score`; sequences are
+    planned `buffer_tokens` at a time (memory stays bounded), so batches need not follow their order."""
+    cfg = fit_window(lm, cfg or ScoreConfig())
+    if cfg.context_mode != "recompute" and not stepwise(lm):
+        cfg = replace(cfg, context_mode="recompute")
+    buffer: list[Sequence] = []
+    size = 0
+    for seq in sequences:
+        buffer.append(seq)
+        size += len(seq[1])
+        if size >= buffer_tokens:
+            yield from _plan(lm, buffer, cfg, neighbors, keep_hidden)
+            buffer, size = [], 0
+    if buffer:
+        yield from _plan(lm, buffer, cfg, neighbors, keep_hidden)
+
+
+def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
+          neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
+    """Score documents, batched; memory stays bounded by one buffer.
+
+    With `neighbors` (a memory's search), each token also carries its nearest entries; with
+    `keep_hidden`, its final hidden state (to search other memories later: `with_neighbors`).
+    """
+    sequences = ((doc.id, lm.tokenizer(doc.text)["input_ids"], 1) for doc in docs)
+    return score_tokens(lm, sequences, cfg, neighbors, keep_hidden)
+
+
+@torch.inference_mode()
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 256) -> TokenScores:
+    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run)."""
+    if batch.hidden is None:
+        raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
+    parts = []
+    for i in range(0, len(batch), chunk):
+        part = batch.select(slice(i, i + chunk))
+        logits = lm.logits(torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype))
+        _search(lm, part, logits, torch.logsumexp(logits, dim=-1), neighbors)
+        parts.append(part)
+    return TokenScores.concat(parts)

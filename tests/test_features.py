@@ -1,0 +1,108 @@
+"""The feature store: the same numbers as running the LM, the LM run once per document text, cleanup."""
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+from monim.calibration import calibrate
+from monim.calibrator import CalibratorConfig
+from monim.evaluate import evaluate
+from monim.features import Features, gc
+from monim.index import IndexConfig
+from monim.lm import load_lm
+from monim.memory import Memory, memorize_day
+from monim.policies import make_policy
+from monim.scoring import ScoreConfig
+from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+
+DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3))
+FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed=8)
+CFG = ScoreConfig(stride=48, context=32, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_lm(str(tiny_model_dir("llama")))
+
+
+@pytest.fixture(scope="module")
+def days():
+    return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_source(DEMO_STREAM), *DAYS)]
+
+
+def learn(root, lm, days, cfg, policy="monim-amt"):
+    memory = Memory(root, lm, IndexConfig(k=8), FAST)
+    for day in days:
+        memorize_day(memory, day, make_policy(policy), cfg)
+        calibrate(memory, day, cfg)
+    return memory
+
+
+def entries(memory):
+    """The memory's (doc, position) -> (value, key) pairs, independent of storage order."""
+    ds = memory.ds
+    out = {}
+    for day in ds.days:
+        docs, pos = ds.shard(day.shard, "docs"), ds.shard(day.shard, "positions")
+        vals, keys = ds.shard(day.shard, "values"), ds.shard(day.shard, "keys")
+        names = ds.shard_docs(day.shard)
+        for i in range(len(vals)):
+            out[(names[docs[i]], int(pos[i]))] = (int(vals[i]), np.asarray(keys[i], np.float32))
+    return out
+
+
+def test_every_consumer_gives_the_same_numbers_from_the_store(tiny, days, tmp_path):
+    """Memorizing (MoNIM, whose Θ searches), calibrating and evaluating read the store and give
+    what running the LM gives; a second policy over the same days runs the LM on nothing."""
+    live = learn(tmp_path / "live", tiny, days, CFG)
+    store = Features(tiny, CFG, tmp_path / "features")
+    stored = learn(tmp_path / "stored", tiny, days, store)
+    a, b = entries(live), entries(stored)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert a[k][0] == b[k][0]
+        np.testing.assert_allclose(a[k][1], b[k][1], atol=2e-3)
+    assert stored.theta()["lam"] == live.theta()["lam"]
+    assert stored.theta()["nll"]["calibrator"] == pytest.approx(live.theta()["nll"]["calibrator"], abs=1e-4)
+    test = days[-1].test
+    want, got = evaluate(tiny, test, live, CFG), evaluate(tiny, test, stored, store)
+    for key in ("ppl_lm", "ppl", "accuracy_lm", "accuracy"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5)
+    scored = store.computed
+    learn(tmp_path / "fullmem", tiny, days, store, "fullmem")
+    evaluate(tiny, test, stored, store)
+    assert store.computed == scored  # every document was in the store
+
+
+def test_a_document_is_scored_once_whatever_its_id_or_list(tiny, tmp_path):
+    store = Features(tiny, CFG, tmp_path)
+    a = Document("a", DAYS[0], "Oil prices rose on Monday as traders weighed supply cuts.")
+    b = Document("b", DAYS[0], "The central bank left its rates unchanged.")
+    first = list(store.scores([a, b], "1987-03-02-test"))
+    n = store.computed
+    assert n == sum(len(x) for x in first)
+    again = Document("a-copy", DAYS[1], a.text)
+    got = list(Features(tiny, CFG, tmp_path).scores([again], "1987-03-03-test"))  # a new process, same store
+    ref = [x for x in first if x.doc_id[0] == "a"] or first
+    assert store.computed == n and set(got[0].doc_id) == {"a-copy"}
+    rows = ref[0].doc_id == "a"
+    np.testing.assert_array_equal(got[0].logp, ref[0].logp[rows])
+    assert list(got[0].position) == list(range(1, rows.sum() + 1))
+    other = Features(tiny, ScoreConfig(stride=16, context=8), tmp_path)  # other window settings: other features
+    list(other.scores([a], "x"))
+    assert other.computed > 0
+
+
+def test_gc_keeps_the_newest_days_and_fits_the_cap(tiny, tmp_path):
+    store = Features(tiny, CFG, tmp_path)
+    for i, day in enumerate(("1987-03-02", "1987-03-03", "1987-03-04")):
+        store.prepare([Document(f"d{i}", DAYS[0], f"Story number {i} about grain exports and shipping.")], f"{day}-train")
+    (store.folder / ".tmp-crashed").mkdir()
+    out = gc(tmp_path, keep_days=2)
+    names = sorted(p.name[:10] for p in store.folder.iterdir())
+    assert out["removed"] == 1 and names == ["1987-03-03", "1987-03-04"]
+    assert gc(tmp_path, max_bytes=0)["bytes_after"] == 0
+    fresh = Features(tiny, CFG, tmp_path)
+    list(fresh.scores([Document("d2", DAYS[0], "Story number 2 about grain exports and shipping.")], "again"))
+    assert fresh.computed > 0  # its features were deleted: scored again
