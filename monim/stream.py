@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import gzip
 import hashlib
 import json
 from collections import Counter
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
 
 from monim import dedup
+from monim.dayindex import DayIndex, day_index, open_at
 
 DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 SPLITS = ("train", "validation", "test")
@@ -90,9 +90,12 @@ Record = tuple[str, Document] | BadRecord
 
 
 class Source(Protocol):
-    """Anything that yields records ("where", Document) or BadRecord, sorted by date."""
+    """Anything that yields records ("where", Document) or BadRecord, sorted by date; with `start`,
+    it may begin at that date's first record (and `dates()`: the dates it has, None if unknown)."""
 
-    def records(self) -> Iterator[Record]: ...
+    def records(self, start: dt.date | None = None) -> Iterator[Record]: ...
+
+    def dates(self) -> list[dt.date] | None: ...
 
 
 def parse_date(value: Any) -> dt.date:
@@ -125,11 +128,36 @@ def to_document(row: dict, fields: Fields, where: str) -> Record:
     return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Numbered raw lines of a plain or gzip-compressed file."""
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        for n, raw in enumerate(f, start=1):
-            yield n, raw.rstrip(b"\r\n")
+READS: Counter = Counter()  # path -> times a source file was opened for reading (what a day flow costs)
+
+
+class _Indexed:
+    """A source file read from a date on through its day index (monim.dayindex)."""
+
+    path: Path
+
+    def date_of(self, raw: bytes) -> dt.date | None:
+        """A line's date, or None where the line is not a readable record."""
+        raise NotImplementedError
+
+    def index(self) -> DayIndex:
+        return day_index(self.path, self.date_of)
+
+    def dates(self) -> list[dt.date] | None:
+        index = self.index()
+        return index.dates() if index.starts is not None else None
+
+    def lines(self, start: dt.date | None) -> Iterator[tuple[int, bytes]]:
+        """Numbered raw lines, from `start`'s first record when the index knows it."""
+        offset, line = 0, 1
+        if start is not None and (index := self.index()).starts is not None:
+            if (at := index.start(start)) is None:
+                return
+            offset, line = at
+        READS[str(self.path)] += 1
+        with open_at(self.path, offset) as f:
+            for n, raw in enumerate(iter(f.readline, b""), start=line):
+                yield n, raw.rstrip(b"\r\n")
 
 
 def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
@@ -140,14 +168,21 @@ def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
 
 
 @dataclass
-class JsonlSource:
+class JsonlSource(_Indexed):
     """JSON Lines, plain or .gz, one article per line with a date and a text field."""
 
     path: Path
     fields: Fields = field(default_factory=Fields)
 
-    def records(self) -> Iterator[Record]:
-        for n, raw in _lines(self.path):
+    def date_of(self, raw: bytes) -> dt.date | None:
+        try:
+            row = json.loads(raw)
+            return parse_date(row[self.fields.date]) if isinstance(row, dict) else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def records(self, start: dt.date | None = None) -> Iterator[Record]:
+        for n, raw in self.lines(start):
             where = f"{self.path}:{n}"
             if not raw.strip():
                 continue
@@ -167,13 +202,19 @@ class JsonlSource:
 
 
 @dataclass
-class NewsCrawlSource:
+class NewsCrawlSource(_Indexed):
     """WMT document-level News Crawl: `date <TAB> base64 sentence-split doc <TAB> base64 doc`."""
 
     path: Path
 
-    def records(self) -> Iterator[Record]:
-        for n, raw in _lines(self.path):
+    def date_of(self, raw: bytes) -> dt.date | None:
+        try:
+            return parse_date(raw.split(b"\t", 1)[0].decode())
+        except ValueError:
+            return None
+
+    def records(self, start: dt.date | None = None) -> Iterator[Record]:
+        for n, raw in self.lines(start):
             where = f"{self.path}:{n}"
             if not raw.strip():
                 continue
@@ -197,6 +238,32 @@ class NewsCrawlSource:
 
 
 @dataclass
+class DirectorySource:
+    """A folder of per-day files named by their date (`2022-06-01.jsonl.gz`, `2022-06-01-b.jsonl`),
+    each JSON Lines or News Crawl; reading day D opens only D's files."""
+
+    path: Path
+    fields: Fields = field(default_factory=Fields)
+
+    def files(self) -> list[tuple[dt.date, Path]]:
+        out = []
+        for f in sorted(self.path.iterdir()):
+            try:
+                out.append((dt.date.fromisoformat(f.name[:10]), f))
+            except ValueError:
+                continue  # not a day file (a README, say)
+        return out
+
+    def dates(self) -> list[dt.date]:
+        return sorted({d for d, _ in self.files()})
+
+    def records(self, start: dt.date | None = None) -> Iterator[Record]:
+        for date, f in self.files():
+            if start is None or date >= start:
+                yield from open_source(f, self.fields).records()
+
+
+@dataclass
 class DatasetsSource:
     """Any Hugging Face `datasets` dataset with a date column: a hub name or a local builder."""
 
@@ -205,7 +272,10 @@ class DatasetsSource:
     fields: Fields = field(default_factory=Fields)
     data_files: str | list[str] | None = None
 
-    def records(self) -> Iterator[Record]:
+    def dates(self) -> None:
+        return None
+
+    def records(self, start: dt.date | None = None) -> Iterator[Record]:
         import datasets
 
         ds = datasets.load_dataset(self.name, data_files=self.data_files, split=self.split)
@@ -216,11 +286,14 @@ class DatasetsSource:
 
 
 def open_source(spec: str | Path, fields: Fields | None = None) -> Source:
-    """A source from a path (JSON Lines or News Crawl by its name) or `hf:NAME` for `datasets`."""
+    """A source from a path (JSON Lines or News Crawl by its name, or a folder of per-day files) or
+    `hf:NAME` for `datasets`."""
     fields = fields or Fields()
     if isinstance(spec, str) and spec.startswith("hf:"):
         return DatasetsSource(spec[3:], fields=fields)
     path = Path(spec)
+    if path.is_dir():
+        return DirectorySource(path, fields)
     if not path.is_file():
         raise FileNotFoundError(f"news source not found: {path}")
     if path.name.startswith("news-docs."):
@@ -281,7 +354,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     date, docs, skipped, last = None, [], 0, None
-    for rec in source.records():
+    for rec in source.records(start):
         if isinstance(rec, BadRecord):
             if on_error == "raise":
                 raise StreamError(str(rec))
@@ -334,4 +407,8 @@ def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal
 def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
                on_error: Literal["raise", "skip"] = "raise") -> list[dt.date]:
     """The dates between start and end (inclusive) on which the source has articles."""
-    return [date for date, _, _ in _day_documents(open_source(source), start, end, on_error)]
+    src = open_source(source)
+    known = src.dates()
+    if known is not None:
+        return [d for d in known if (start is None or d >= start) and (end is None or d <= end)]
+    return [date for date, _, _ in _day_documents(src, start, end, on_error)]

@@ -138,3 +138,65 @@ def test_datasets_source_on_local_files(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows))
     days = list(iter_days(DatasetsSource("json", data_files=str(path))))  # sorted by its date column
     assert [(d.date, d.train[0].text) for d in days] == [(D(2022, 6, 1), "earlier"), (D(2022, 6, 2), "later")]
+
+
+def _write_days(path, days, opener=open):
+    with opener(path, "wt") as f:
+        for date, n in days:
+            for i in range(n):
+                f.write(json.dumps({"id": f"{date}-{i}", "date": date, "text": f"Story {i} of {date}."}) + "\n")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, tmp_path, monkeypatch):
+    from monim.stream import list_dates, read_day
+
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / f"news{suffix}"
+    opener = gzip.open if suffix.endswith(".gz") else open
+    _write_days(path, [("2022-06-01", 3), ("2022-06-02", 2), ("2022-06-04", 4)], opener)
+    assert list_dates(path) == [D(2022, 6, 1), D(2022, 6, 2), D(2022, 6, 4)]
+    day = read_day(path, D(2022, 6, 4))
+    assert sorted(d.id for d in (*day.train, *day.validation, *day.test)) == [f"2022-06-04-{i}" for i in range(4)]
+    assert read_day(path, D(2022, 6, 3)) is None and read_day(path, D(2022, 6, 9)) is None
+    # appended: the index is rebuilt, the new day found
+    with opener(path, "at") as f:
+        f.write(json.dumps({"id": "late", "date": "2022-06-05", "text": "A late story."}) + "\n")
+        f.write("{not json\n")
+    assert list_dates(path)[-1] == D(2022, 6, 5)
+    with pytest.raises(StreamError, match=rf"{path.name}:11: malformed JSON"):
+        read_day(path, D(2022, 6, 5))
+    # rewritten (other days): the old offsets are not trusted
+    _write_days(path, [("2022-07-01", 1), ("2022-07-02", 2)], opener)
+    assert list_dates(path) == [D(2022, 7, 1), D(2022, 7, 2)]
+    assert [d.id for d in read_day(path, D(2022, 7, 2)).train + read_day(path, D(2022, 7, 2)).test] != []
+
+
+def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
+    from monim import stream
+    from monim.stream import read_day
+
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "news.jsonl"
+    _write_days(path, [(f"2022-06-{d:02d}", 50) for d in range(1, 21)])
+    read_day(path, D(2022, 6, 1))  # builds the index
+    parsed = []
+    real = stream.to_document
+    monkeypatch.setattr(stream, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
+    stream.READS.clear()
+    day = read_day(path, D(2022, 6, 20))
+    assert len(day) == 50 and stream.READS[str(path)] == 1
+    assert len(parsed) == 50 and parsed[0] == f"{path}:951"  # the day's lines only, numbered as in the file
+
+
+def test_directory_of_day_files_is_a_source(tmp_path, monkeypatch):
+    from monim.stream import list_dates, read_day
+
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "days"
+    folder.mkdir()
+    _write_days(folder / "2022-06-01.jsonl", [("2022-06-01", 3)])
+    _write_days(folder / "2022-06-02.jsonl.gz", [("2022-06-02", 2)], gzip.open)
+    (folder / "README.md").write_text("not a day")
+    assert list_dates(folder) == [D(2022, 6, 1), D(2022, 6, 2)]
+    assert len(read_day(folder, D(2022, 6, 2))) == 2

@@ -1,0 +1,103 @@
+"""Day-indexed sources: reading day D costs O(that day), not O(everything before it).
+
+A source file gets a date -> (offset, line) index, built by one pass over the file and kept in
+monim's cache beside the file's size and mtime (rebuilt when either changes). Offsets are in the
+uncompressed text; gzip files are read through `indexed_gzip`, whose seek points are kept too,
+so a seek decompresses from the nearest point instead of the file's start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable
+
+import indexed_gzip
+
+from monim.lm import cache_dir
+
+
+@dataclass
+class DayIndex:
+    """Where each date's records start in a source file (None: the file is not sorted by date)."""
+
+    path: Path
+    starts: dict[str, tuple[int, int]] | None  # date -> (byte offset after the previous day's last record, line no.)
+
+    def dates(self) -> list[dt.date]:
+        return [dt.date.fromisoformat(d) for d in sorted(self.starts or {})]
+
+    def start(self, date: dt.date) -> tuple[int, int] | None:
+        """(offset, first line number) to read from for the records from `date` on (None: past the end)."""
+        later = [d for d in sorted(self.starts or {}) if d >= date.isoformat()]
+        return self.starts[later[0]] if later else None
+
+
+def open_text(path: Path, seek_points: Path | None = None) -> IO[bytes]:
+    """A seekable binary reader of a plain or gzip file (uncompressed offsets)."""
+    if path.suffix != ".gz":
+        return open(path, "rb")
+    if seek_points is not None and seek_points.exists():
+        return indexed_gzip.IndexedGzipFile(str(path), index_file=str(seek_points))
+    return indexed_gzip.IndexedGzipFile(str(path))
+
+
+def _index_files(path: Path) -> tuple[Path, Path]:
+    tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    folder = cache_dir() / "day-index"
+    return folder / f"{tag}.json", folder / f"{tag}.gzidx"
+
+
+def _stamp(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayIndex:
+    """The file's day index, from the cache when the file is unchanged, else built (one pass).
+
+    `date_of(line)`: a record's date, or None for a line that is not a readable record."""
+    meta, points = _index_files(path)
+    stamp = _stamp(path)
+    if meta.exists():
+        cached = json.loads(meta.read_text())
+        if cached["stamp"] == stamp and (path.suffix != ".gz" or points.exists()):
+            return DayIndex(path, {d: tuple(v) for d, v in cached["starts"].items()} if cached["starts"] is not None else None)
+    starts: dict[str, tuple[int, int]] | None = {}
+    last, resume, resume_line = None, 0, 1
+    with open_text(path) as f:
+        for n, raw in enumerate(iter(f.readline, b""), start=1):
+            date = date_of(raw)
+            if date is not None:
+                if last is not None and date < last:
+                    starts = None  # unsorted: readers scan the whole file (and say where it is unsorted)
+                    break
+                if date != last:
+                    starts[date.isoformat()] = (resume, resume_line)
+                    last = date
+                resume, resume_line = f.tell(), n + 1
+        if path.suffix == ".gz":
+            f.build_full_index()
+            meta.parent.mkdir(parents=True, exist_ok=True)
+            tmp = points.with_name(f".{uuid.uuid4().hex}")
+            f.export_index(str(tmp))
+            os.replace(tmp, points)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    tmp = meta.with_name(f".{uuid.uuid4().hex}")
+    tmp.write_text(json.dumps({"stamp": stamp, "starts": starts}))
+    os.replace(tmp, meta)
+    return DayIndex(path, starts)
+
+
+def open_at(path: Path, offset: int = 0) -> IO[bytes]:
+    """A binary reader positioned at `offset` of the uncompressed text (a gzip file's seek points used)."""
+    f = open_text(path, _index_files(path)[1])
+    if offset:
+        f.seek(offset)
+    return f
+
