@@ -184,7 +184,11 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
           period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
           text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
-          shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+          shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING,
+          feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
+                                             help="Keep the LM's features in WORKDIR/features for other policies and "
+                                                  "re-runs (off: nothing kept; for a single-policy production run)."),
+          as_json: bool = AS_JSON) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
     from monim.policies import make_policy
@@ -200,7 +204,8 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     from flows.stream import learn_stream
 
     rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri,
-                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation)
+                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation,
+                        feature_store=feature_store)
     from monim.config import RunConfig
 
     name = RunConfig(policy=policy, calibrated=not constant_lam).name
@@ -253,7 +258,9 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
     from monim.calibrator import CalibratorConfig
     from monim.datastore import Datastore
     from monim.evaluate import combine, evaluate_many, period_sets, text_document
+    from monim.features import Features
     from monim.lm import load_lm
+    from monim.scoring import ScoreConfig
     from monim.memory import Memory
     from monim.qa import answer_questions, read_questions
     from monim.stream import StreamError
@@ -263,6 +270,7 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
     if text is not None and not text.is_file():
         raise _fail(f"text file not found: {text}")
     lm = load_lm(Datastore.read(root).manifest["model"])
+    features = Features(lm, ScoreConfig(), workdir / "features")  # the learning runs' features, where they fit
     memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam,
                     as_of=_day(as_of))
     result: dict = {"policy": root.name, "as_of": memory.days[-1].date if memory.days else None, "entries": len(memory)}
@@ -278,12 +286,12 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
             raise _fail(f"{qa} has no questions dated {first}..{last} (the memory's days and a week after)")
     if source is not None:
         sets = period_sets(source, _day(start), _day(end), period, split=split)
-        by_period = {p: evaluate_many(lm, docs, {"m": memory})["m"] for p, docs in sets.items()}
+        by_period = {p: evaluate_many(lm, docs, {"m": memory}, features, f"period-{p}")["m"] for p, docs in sets.items()}
         result |= combine(list(by_period.values())) | {"documents": sum(len(d) for d in sets.values()),
                                                        f"ppl_by_{period}": {p: r["ppl"] for p, r in by_period.items()},
                                                        f"ppl_lm_by_{period}": {p: r["ppl_lm"] for p, r in by_period.items()}}
     if text is not None:
-        r = evaluate_many(lm, [text_document(text, text_chars)], {"m": memory})["m"]
+        r = evaluate_many(lm, [text_document(text, text_chars)], {"m": memory}, features, f"text-{text.name}")["m"]
         result |= {"ppl_text": r["ppl"], "ppl_text_lm": r["ppl_lm"], "text_tokens": r["tokens"]}
     if qa is not None:
         answers = answer_questions(lm, questions, {"m": memory, "lm": None}, shots, pool)
@@ -314,6 +322,21 @@ def report(workdir: Path = WORKDIR, experiment: Optional[str] = typer.Option(Non
     except ValueError as e:
         raise _fail(str(e))
     console.print(f"report: {path}")
+
+
+@app.command()
+def gc(workdir: Path = WORKDIR, keep_days: Optional[int] = typer.Option(None, "--keep-days", help="Keep the LM features of the newest N days."),
+       max_gb: Optional[float] = typer.Option(None, "--max-gb", help="Then keep the newest features that fit in this size."),
+       as_json: bool = AS_JSON) -> None:
+    """Clean the work directory's feature store (memories are never touched)."""
+    from monim.features import gc as clean
+
+    if keep_days is None and max_gb is None:
+        raise _fail("give --keep-days N and/or --max-gb X")
+    out = clean(workdir / "features", keep_days, None if max_gb is None else int(max_gb * 2**30))
+    console.print(f"feature store: removed {out['removed']} folders, {out['bytes_before'] / 2**20:.1f} MB -> "
+                  f"{out['bytes_after'] / 2**20:.1f} MB")
+    _emit(out, as_json)
 
 
 def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:

@@ -1,4 +1,4 @@
-"""One streaming day: ingest → memorize → index update → calibrate → evaluate → log."""
+"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → log."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from monim.config import BARE, RunConfig
-from tasks.learning import calibrate, evaluate, ingest, memorize, record_day, update_index
+from tasks.learning import calibrate, evaluate, featurize, ingest, memorize, memory_for, record_day, update_index
 from tasks.tracking import log_day
 
 
@@ -18,15 +18,20 @@ def _run_name() -> str:
 
 @flow(name="monim-day", flow_run_name=_run_name)
 def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
-    """Learn one day of news into the run's memory, evaluate it, and log the day's metrics."""
+    """Learn one day of news into the run's memory, evaluate it, and log the day's metrics.
+
+    The day is read once and the memory opened once; every task is handed both."""
     cfg = RunConfig(**config)
-    counts = ingest(config, date)
-    row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in counts.items()}
-    state = "v0"
+    day = ingest(config, date)
+    row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
+    lm_pass = featurize(config, day)
+    row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"]}
+    memory, state = None, "v0"
     if cfg.policy != BARE:
-        stats = memorize(config, date)
-        index = update_index(config)
-        theta = calibrate(config, date)
+        memory = memory_for(cfg)
+        stats = memorize(config, day, memory)
+        index = update_index(memory)
+        theta = calibrate(config, day, memory)
         seconds = stats.pop("seconds") | {"index_update": index["seconds"]}
         pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
         state = f"v{stats['version']}-{theta.pop('theta')}"
@@ -35,7 +40,7 @@ def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: 
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
-    row |= evaluate(config, date, state)
+    row |= evaluate(config, date, state, day, memory)
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
     record_day(config, row)

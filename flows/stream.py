@@ -21,11 +21,12 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 
 
 def stream_config(source: str, policy: str, workdir: str, model: str | None, max_docs: int | None,
-                  policy_params: dict | None, seed: int, calibrated: bool, calibrator_params: dict | None) -> dict:
+                  policy_params: dict | None, seed: int, calibrated: bool, calibrator_params: dict | None,
+                  feature_store: bool = True) -> dict:
     """The RunConfig (as a dict) of one policy learning a stream."""
     return asdict(RunConfig(source=source, workdir=workdir, policy=policy, policy_params=policy_params or {},
                             model=model, max_docs=max_docs, seed=seed, calibrated=calibrated,
-                            calibrator_params=calibrator_params or {}))
+                            calibrator_params=calibrator_params or {}, feature_store=feature_store))
 
 
 @flow(name="monim-stream")
@@ -33,13 +34,17 @@ def learn_stream(source: str, start: str | None = None, end: str | None = None, 
                  workdir: str = "monim-work", model: str | None = None, max_docs: int | None = None,
                  policy_params: dict | None = None, seed: int = 0, experiment: str | None = None,
                  tracking_uri: str | None = None, calibrated: bool = True,
-                 calibrator_params: dict | None = None, evaluation: dict | None = None) -> list[dict]:
+                 calibrator_params: dict | None = None, evaluation: dict | None = None,
+                 feature_store: bool = True) -> list[dict]:
     """Learn every day from start to end with one policy; days already finished are skipped.
 
     Θ uses the NN calibrator's λ unless `calibrated` is False (constant λ; run named '<policy>-const').
     `evaluation` (monim.evaluate.EvalConfig fields) runs the evaluation suite on the run afterwards.
+    `feature_store`: keep the LM's features in the work directory for other policies and re-runs
+    (off: the LM runs in each task and nothing is kept).
     """
-    config = stream_config(source, policy, workdir, model, max_docs, policy_params, seed, calibrated, calibrator_params)
+    config = stream_config(source, policy, workdir, model, max_docs, policy_params, seed, calibrated, calibrator_params,
+                           feature_store)
     cfg = RunConfig(**config)
     done = recorded_days(config)
     dates = [d.isoformat() for d in list_dates(source, _date(start), _date(end))]

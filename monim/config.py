@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from monim.calibrator import CalibratorConfig
+from monim.features import Features
 from monim.index import IndexConfig
+from monim.lm import LM
 from monim.scoring import ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
 from monim.stream import DEMO_STREAM
@@ -31,7 +33,10 @@ class RunConfig:
     calibrator_params: dict = field(default_factory=dict)  # monim.calibrator.CalibratorConfig fields
     stride: int = 512
     context: int = 512
+    context_mode: str = "carry"  # monim.scoring.CONTEXT_MODES
     batch_size: int = 8
+    feature_store: bool = True  # keep the LM's features in <workdir>/features (every policy reads them)
+    feature_cap_gb: float = 50.0  # the feature store's size cap (oldest folders go first)
     k: int = 1024
     nprobe: int = 32
     exact_below: int = 200_000
@@ -49,7 +54,13 @@ class RunConfig:
         return make_policy(self.policy, **self.policy_params)
 
     def score_config(self) -> ScoreConfig:
-        return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size)
+        return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,
+                           context_mode=self.context_mode)
+
+    def features(self, lm: LM) -> Features:
+        """How this run gets the LM's view of documents: from the work directory's feature store, or the LM."""
+        store = Path(self.workdir) / "features" if self.feature_store else None
+        return Features(lm, self.score_config(), store, int(self.feature_cap_gb * 2**30))
 
     def calibrator_config(self) -> CalibratorConfig:
         return CalibratorConfig(**self.calibrator_params)

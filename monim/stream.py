@@ -76,6 +76,11 @@ class Day:
     def __len__(self) -> int:
         return len(self.train) + len(self.validation) + len(self.test)
 
+    def counts(self) -> dict[str, int]:
+        """Articles per split, and what reading the day dropped, skipped or grouped."""
+        return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
+                "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups}
+
 
 @dataclass(frozen=True)
 class Fields:

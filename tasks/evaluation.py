@@ -15,7 +15,7 @@ from monim.config import BARE, RunConfig
 from monim.evaluate import EvalConfig, evaluate_many, period_of, period_sets, text_document
 from monim.memory import Memory
 from monim.qa import answer_questions, read_questions
-from tasks.learning import lm_for, logger, memory_for
+from tasks.learning import features_for, lm_for, logger, memory_for
 
 
 def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
@@ -65,15 +65,15 @@ def period_perplexity(configs: list[dict], source: str, start: str, end: str, da
     """PPL and next-word accuracy on each period's test articles, with each run's memory as of the
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
     e = EvalConfig(**ecfg)
-    model, seed = RunConfig(**configs[0]).model, RunConfig(**configs[0]).seed
-    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, seed, e.period_docs)
+    cfg = RunConfig(**configs[0])
+    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed, e.period_docs)
     memories = _memories(configs, days)
     out: dict[str, dict] = {}
     for period, docs in sets.items():
         cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
         if not cells:
             continue
-        out[period] = _cells(evaluate_many(lm_for(model), docs, cells))
+        out[period] = _cells(evaluate_many(lm_for(cfg.model), docs, cells, features_for(cfg), f"period-{period}"))
         logger().info("%s: %d test articles, PPL by run and day: %s", period, len(docs),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in out[period].items()})
     return out
@@ -84,7 +84,8 @@ def text_perplexity(configs: list[dict], days: list[str], ecfg: dict) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     e = EvalConfig(**ecfg)
     doc = text_document(e.text, e.text_chars)
-    results = _cells(evaluate_many(lm_for(RunConfig(**configs[0]).model), [doc], _memories(configs, days)))
+    cfg = RunConfig(**configs[0])
+    results = _cells(evaluate_many(lm_for(cfg.model), [doc], _memories(configs, days), features_for(cfg), f"text-{doc.id}"))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 

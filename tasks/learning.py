@@ -6,20 +6,27 @@ import datetime as dt
 import functools
 import json
 import logging
+import time
+from contextlib import contextmanager
+from dataclasses import astuple
 from pathlib import Path
+from typing import Callable, Iterator
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
+from tqdm.auto import tqdm
 
-from monim.config import BARE, RunConfig
+from monim.config import RunConfig
 from monim.datastore import _write_json
 from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
 from monim.calibration import calibrate as calibrate_memory
 from monim.memory import Memory, memorize_day
 from monim.stream import Day, read_day
+from monim.features import Features
+from monim.scoring import ScoreConfig
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
@@ -40,55 +47,91 @@ def memory_for(cfg: RunConfig) -> Memory:
     return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config(), cfg.calibrator_config(), cfg.calibrated)
 
 
-def day_of(cfg: RunConfig, date: str) -> Day:
-    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed)
-    if day is None:
-        raise ValueError(f"{cfg.source} has no articles on {date}")
-    return day
+@functools.lru_cache(maxsize=4)
+def _features(model: str | None, score: tuple, store: str | None, max_bytes: int) -> Features:
+    return Features(lm_for(model), ScoreConfig(*score), Path(store) if store else None, max_bytes)
+
+
+def features_for(cfg: RunConfig) -> Features:
+    """The run's feature store (one object per process: it remembers what the store holds)."""
+    f = cfg.features(lm_for(cfg.model))
+    return _features(cfg.model, astuple(f.cfg), str(f.store) if f.store else None, f.max_bytes)
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A stage's progress as (tokens done, tokens in all): a terminal bar with tokens/s, and a
+    Prefect progress artifact."""
+    artifact = create_progress_artifact(0.0, description=description)
+    bar = tqdm(desc=description, unit="tok", unit_scale=True, mininterval=1.0, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        update_progress_artifact(artifact, 100.0 * done / max(total, 1))
+
+    try:
+        yield update
+    finally:
+        bar.close()
+        update_progress_artifact(artifact, 100.0)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def ingest(config: dict, date: str) -> dict:
-    """Read the day's news slice and report its split sizes."""
-    day = day_of(RunConfig(**config), date)
-    counts = {"train": len(day.train), "validation": len(day.validation), "test": len(day.test),
-              "skipped": day.skipped, "duplicates": day.duplicates, "twin_groups": day.twin_groups}
-    logger().info("%s: %s", date, counts)
-    return counts
+def ingest(config: dict, date: str) -> Day:
+    """Read the day's news slice (once: the other tasks are handed it) and report its split sizes."""
+    cfg = RunConfig(**config)
+    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed)
+    if day is None:
+        raise ValueError(f"{cfg.source} has no articles on {date}")
+    logger().info("%s: %s", date, day.counts())
+    return day
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def memorize(config: dict, date: str) -> dict:
+def featurize(config: dict, day: Day) -> dict:
+    """Run the LM over the day's articles the feature store lacks (every split; no-op without a store)."""
+    cfg = RunConfig(**config)
+    features = features_for(cfg)
+    started, tokens = time.perf_counter(), 0
+    for split in ("train", "validation", "test"):
+        docs = day.train[: cfg.max_docs] if split == "train" else day.split(split)
+        with progress(f"LM features {day.date} {split}") as update:
+            tokens += features.prepare(docs, f"{day.date}-{split}", update)
+    seconds = time.perf_counter() - started
+    if tokens:
+        logger().info("%s: the LM scored %d tokens in %.0f s (%.0f tokens/s)", day.date, tokens, seconds, tokens / seconds)
+    return {"tokens": tokens, "seconds": seconds}
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def memorize(config: dict, day: Day, memory: Memory) -> dict:
     """Score the day with Θ, memorize through the policy, commit atomically (idempotent)."""
     cfg = RunConfig(**config)
-    memory, day = memory_for(cfg), day_of(cfg, date)
-    artifact = create_progress_artifact(0.0, description=f"{cfg.name}: memorizing {date}")
-    stats = memorize_day(memory, day, cfg.make_policy(), cfg.score_config(), cfg.max_docs, cfg.seed,
-                         progress=lambda done, total: update_progress_artifact(artifact, 100.0 * done / max(total, 1)))
-    update_progress_artifact(artifact, 100.0)
+    with progress(f"{cfg.name}: memorizing {day.date}") as update:
+        stats = memorize_day(memory, day, cfg.make_policy(), features_for(cfg), cfg.max_docs, cfg.seed, progress=update)
     if stats.committed:
-        logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%)", cfg.name, date, stats.stored,
+        logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%)", cfg.name, day.date, stats.stored,
                       stats.tokens_seen, 100 * stats.memrate)
     else:
-        logger().info("%s %s: already in memory, nothing changed", cfg.name, date)
+        logger().info("%s %s: already in memory, nothing changed", cfg.name, day.date)
     return stats.as_dict() | {"entries": len(memory), "bytes": memory.bytes_on_disk(), "memrate_total": memory.ds.memrate}
 
 
 @task(retries=1, cache_policy=NO_CACHE)
-def update_index(config: dict) -> dict:
+def update_index(memory: Memory) -> dict:
     """Bring the FAISS index up to the committed memory (a stale or missing index is rebuilt)."""
-    stats = memory_for(RunConfig(**config)).sync()
+    stats = memory.sync()
     logger().info("index: %s", stats)
     return stats
 
 
 @task(retries=1, cache_policy=NO_CACHE)
-def calibrate(config: dict, date: str) -> dict:
+def calibrate(config: dict, day: Day, memory: Memory) -> dict:
     """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     cfg = RunConfig(**config)
-    memory = memory_for(cfg)
-    record = calibrate_memory(memory, day_of(cfg, date), cfg.score_config())
+    record = calibrate_memory(memory, day, features_for(cfg))
     interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
     out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", ""),
            "theta_fallback": int(memory.fallback)}
@@ -102,7 +145,7 @@ def calibrate(config: dict, date: str) -> dict:
                       record["temperature"], nll["lm"], nll["constant"], nll["calibrator"])
     if memory.fallback:
         logger().warning("%s %s: Θ is worse than the LM on %d held-out tokens: tomorrow's Θ falls back to the LM alone",
-                         cfg.name, date, memory.theta()["nll"]["tokens"])
+                         cfg.name, day.date, memory.theta()["nll"]["tokens"])
     return out
 
 
@@ -113,14 +156,14 @@ def _evaluation_key(context, parameters: dict) -> str:
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True)
-def evaluate(config: dict, date: str, memory_state: str) -> dict:
-    """Test PPL and next-word accuracy, bare LM and LM + memory, on the day's test articles."""
+def evaluate(config: dict, date: str, memory_state: str, day: Day, memory: Memory | None) -> dict:
+    """Test PPL and next-word accuracy, bare LM and LM + memory (None: the bare LM), on the day's test articles."""
     cfg = RunConfig(**config)
-    memory = None if cfg.policy == BARE else memory_for(cfg)
-    metrics = evaluate_docs(lm_for(cfg.model), day_of(cfg, date).test, memory, cfg.score_config())
+    started = time.perf_counter()
+    metrics = evaluate_docs(lm_for(cfg.model), day.test, memory, features_for(cfg), f"{date}-test")
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", cfg.name, date, metrics["ppl"],
                   metrics["ppl_lm"], metrics["accuracy"])
-    return metrics
+    return metrics | {"evaluate_seconds": time.perf_counter() - started}
 
 
 def record_path(cfg: RunConfig) -> Path:

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,12 @@ def test_memories_hold_what_each_policy_stores(compared, tiny_model_dir):
     assert abs(summary["randmem"]["memrate"] - rate) < 0.1  # RandMem follows MoNIM's rate
     assert summary["bare"]["entries"] == 0 and summary["bare"]["ppl"] == pytest.approx(summary["bare"]["ppl_lm"])
     assert summary["bare"]["test_tokens"] == summary["fullmem"]["test_tokens"] > 0
+    # the LM ran once per article for the four policies: each text is in the feature store once
+    from monim.features import digest
+
+    stored = [h for meta in (workdir / "features").glob("*/*/docs.json") for h, _, _ in json.loads(meta.read_text())]
+    texts = {digest(d.text) for day in days for d in (*day.train[:3], *day.validation, *day.test)}
+    assert sorted(stored) == sorted(texts)
 
 
 def test_mlflow_holds_every_day_of_every_policy(compared):
@@ -85,9 +92,12 @@ def test_rerunning_the_stream_changes_nothing(compared):
 
 def test_stream_resumes_after_the_last_learned_day(compared):
     from flows.stream import learn_stream
+    from monim import stream
 
     workdir, model, summary = compared
+    stream.READS.clear()
     rows = learn_stream(str(DEMO_STREAM), DAYS[0], "1987-03-04", "fullmem", str(workdir), model, 3)
+    assert stream.READS[str(DEMO_STREAM)] == 1  # the one new day, read once for all its tasks
     assert [r["date"] for r in rows] == [*DAYS, "1987-03-04"]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert len(list((workdir / "memories" / "fullmem" / "shards").iterdir())) == 3
