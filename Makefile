@@ -1,9 +1,10 @@
-# `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests.
+# `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests;
+# `make test-fast`: the tests without the real LM, flows, servers or shared data (a few minutes).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test clean
+.PHONY: run test test-fast clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +19,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV)

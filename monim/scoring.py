@@ -33,6 +33,7 @@ class ScoreConfig:
     batch_size: int = 8
     head_chunk: int = 256  # tokens projected to the vocabulary at once (bounds logits memory)
     context_mode: str = "carry"
+    sink: int = 4  # carried context keeps the document's first tokens too (the model's attention sink)
 
     def __post_init__(self) -> None:
         if self.context_mode not in CONTEXT_MODES:
@@ -213,9 +214,12 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
 def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighbors | None,
              keep_hidden: bool) -> Iterator[TokenScores]:
     """Sequences of equal step sizes (the last one excepted) in lockstep, the previous steps'
-    keys and values kept as a KV cache (the last `context` of them, under carry)."""
+    keys and values kept as a KV cache: under carry, the last `context` of them and the first
+    `sink` (without the first tokens, which soak up attention, the model's predictions collapse:
+    PPL 33 instead of 21 on real news; "attention sinks", Xiao et al. 2023)."""
     limit = getattr(lm.model.config, "max_position_embeddings", None) or 1 << 30
-    keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride
+    sink = min(cfg.sink, cfg.stride)
+    keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride - sink
     cache, past = DynamicCache(config=lm.model.config), torch.zeros((len(docs), 0), dtype=torch.long)
     origin = [steps[0].a for steps in docs]
     for j in range(len(docs[0])):
@@ -230,10 +234,11 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
         past = torch.cat([past, mask], dim=1)
         hidden, keys = lm.forward(ids.to(lm.device), past.to(lm.device), pos.to(lm.device), cache)
         yield from _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)], cfg, neighbors, keep_hidden)
-        if past.shape[1] > keep:
+        if past.shape[1] > sink + keep:
             for layer in cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, -keep:], layer.values[:, :, -keep:]
-            past = past[:, -keep:]
+                layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
+                layer.values = torch.cat([layer.values[:, :, :sink], layer.values[:, :, -keep:]], dim=2)
+            past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
 
 
 def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,

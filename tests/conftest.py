@@ -107,3 +107,14 @@ def prefect():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+SLOW_FIXTURES = {"smollm", "prefect", "data_dir"}  # the real LM, a Prefect server, the real data
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark as slow every test that loads the real LM, runs flows or reads the shared data:
+    `make test-fast` (pytest -m "not slow") leaves them out for inner-loop work."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__ in ("test_cli", "test_servers"):
+            item.add_marker(pytest.mark.slow)

@@ -129,28 +129,30 @@ def test_window_fits_the_models_positions(tiny_model_dir):
     assert n > 600 and len(collect(lm, [long_doc], ScoreConfig())["target"]) == n - 1
 
 
-def banded_pass(lm, ids, stride, context):
+def banded_pass(lm, ids, stride, context, sink):
     """Reference for carried context: one forward over the whole document in which input i sees the
-    inputs from `context` before its step's start up to itself (a hand-built 4D mask)."""
+    document's first `sink` inputs and the inputs from `context` before its step's start up to
+    itself (a hand-built 4D mask)."""
     n = len(ids) - 1
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    allowed = (j <= i) & (j >= i // stride * stride - context)
+    allowed = (j <= i) & ((j >= i // stride * stride - context) | (j < sink))
     with torch.no_grad():
         hidden = lm.model.base_model(input_ids=torch.tensor([ids[:-1]]), attention_mask=torch.from_numpy(allowed)[None, None]).last_hidden_state
         logits = lm.model.lm_head(hidden)[0].double()
     return torch.log_softmax(logits, -1).numpy()
 
 
-@pytest.mark.parametrize("stride,context", [(5, 6), (8, 3)])
-def test_carried_context_equals_banded_single_pass(stride, context, tiny_model_dir):
-    """Carry: each step sees the previous step's last `context` inputs through the KV cache."""
+@pytest.mark.parametrize("stride,context,sink", [(5, 6, 4), (8, 3, 2), (8, 3, 0)])
+def test_carried_context_equals_banded_single_pass(stride, context, sink, tiny_model_dir):
+    """Carry: each step sees the previous step's last `context` inputs and the document's first
+    `sink` through the KV cache."""
     lm = load_lm(str(tiny_model_dir("llama")))
     docs = [DOC, Document("d2", dt.date(2022, 6, 1), TEXT[:150]), Document("d3", dt.date(2022, 6, 1), TEXT[40:190]),
             Document("d4", dt.date(2022, 6, 1), "Rates rose.")]
-    got = collect(lm, docs, ScoreConfig(stride=stride, context=context, batch_size=2, head_chunk=7))
+    got = collect(lm, docs, ScoreConfig(stride=stride, context=context, batch_size=2, head_chunk=7, sink=sink))
     for doc in docs:
         ids = lm.tokenizer(doc.text)["input_ids"]
-        ref = banded_pass(lm, ids, stride, context)
+        ref = banded_pass(lm, ids, stride, context, sink)
         mine = got["doc_id"] == doc.id
         assert np.array_equal(got["position"][mine], np.arange(1, len(ids)))
         np.testing.assert_allclose(got["logp"][mine], ref[np.arange(len(ids) - 1), ids[1:]], atol=2e-5)

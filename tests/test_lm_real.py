@@ -60,3 +60,19 @@ def test_gguf_is_converted_once_into_a_clean_cached_checkpoint(smollm):
     assert "quantization_config" not in (path / "config.json").read_text()
     assert convert_gguf(packaged_gguf(DEFAULT_MODEL)) == path
     assert smollm.hidden_size == 576 and smollm.model.config.model_type == "llama"
+
+
+def test_carried_and_document_context_keep_the_windows_perplexity(smollm, data_dir):
+    """Over a 1,500-token text, carrying the previous window's keys and values (with the attention
+    sink) stays within 2% of the paper's recomputed windows, and whole-document context does not
+    do worse; without the sink, carried context loses the first tokens the model attends to and
+    PPL collapses (measured: 21.7 -> 33.0 on a RealTime QA article)."""
+    doc = Document("wiki", dt.date(2020, 1, 1), (data_dir / "wikitext" / "wiki.test.raw").read_text(encoding="utf-8")[:6500])
+
+    def ppl(**kw):
+        return float(np.exp(-np.concatenate([b.logp for b in score(smollm, [doc], ScoreConfig(**kw))]).mean()))
+
+    windows = ppl(context_mode="recompute")
+    assert abs(ppl(context_mode="carry") / windows - 1) < 0.02
+    assert ppl(context_mode="document") < windows * 1.01
+    assert ppl(context_mode="carry", sink=0) > windows * 1.05

@@ -1,0 +1,142 @@
+"""Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at that
+day's MoNIM rate) and MoNIM-AMT, beside the bare LM; the LM runs once per article (feature store).
+
+Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: weekly test
+PPL with each memory as of each week's end (the forgetting matrix), the WikiText probe every 7
+days, and the QA quiz with the final memories. Resumable: the work directory keeps the memories,
+the features and rows.json; a finished day is not redone.
+Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR]
+"""
+
+import argparse
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from rich.console import Console
+
+from monim.calibration import calibrate
+from monim.calibrator import CalibratorConfig
+from monim.evaluate import evaluate_many, period_of, text_document
+from monim.features import Features
+from monim.lm import load_lm
+from monim.memory import Memory, memorize_day
+from monim.policies import make_policy
+from monim.qa import answer_questions, read_questions
+from monim.scoring import ScoreConfig
+from monim.stream import list_dates, read_day
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+POLICIES = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its rate of the day
+
+
+def timed(seconds: dict, stage: str):
+    """A context that adds its wall time to seconds[stage]."""
+    class _T:
+        def __enter__(self):
+            self.t = time.perf_counter()
+
+        def __exit__(self, *exc):
+            seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - self.t
+    return _T()
+
+
+def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memory]) -> dict:
+    seconds: dict[str, float] = {}
+    with timed(seconds, "read"):
+        day = read_day(args.source, date)
+    with timed(seconds, "featurize"):
+        lm_tokens = sum(features.prepare(docs, f"{date}-{split}") for split, docs in
+                        (("train", day.train), ("validation", day.validation), ("test", day.test)))
+    row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": lm_tokens, "runs": {}}
+    for name, memory in memories.items():
+        params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} if name == "randmem" else {}
+        with timed(seconds, f"memorize_{name}"):
+            stats = memorize_day(memory, day, make_policy(name, **params), features)
+        with timed(seconds, f"calibrate_{name}"):
+            record = calibrate(memory, day, features)
+        row["runs"][name] = {"tokens": stats.tokens_seen, "stored": stats.stored, "memrate_day": stats.memrate,
+                             "entries": len(memory), "memrate": memory.ds.memrate, "lam": memory.interpolation.lam,
+                             "fallback": memory.fallback, "nll": record.get("nll"), "search_s": stats.seconds.get("search")}
+    with timed(seconds, "evaluate"):
+        result = evaluate_many(features.lm, day.test, {"bare": None, **memories}, features, f"{date}-test")
+    row["test_tokens"] = result["bare"]["tokens"]
+    row["ppl_lm"] = result["bare"]["ppl_lm"]
+    for name in memories:
+        row["runs"][name] |= {k: result[name][k] for k in ("ppl", "ppl_novel", "ppl_lm_novel", "twin_share", "accuracy")}
+    row["seconds"] = seconds
+    return row
+
+
+def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.date]) -> dict:
+    """Weekly PPL as of each later week's end, the WikiText probe every 7 days, the QA quiz."""
+    out: dict = {"weeks": {}, "text": {}, "qa": {}}
+    ends: dict[str, dt.date] = {}
+    for d in dates:
+        ends[period_of(d, "week")] = d
+    tests: dict[str, list] = {}
+    for d in dates:
+        tests.setdefault(period_of(d, "week"), []).extend(read_day(args.source, d).test)
+    for week, docs in tests.items():
+        cells = {(n, str(end)): m.at(end) for n, m in memories.items() for w, end in ends.items() if w >= week}
+        r = evaluate_many(features.lm, docs, {("bare", ""): None} | cells, features, f"week-{week}")
+        out["weeks"][week] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
+                              "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+    if args.text:
+        probes = sorted({*dates[6::7], dates[-1]})
+        doc = text_document(args.text, args.text_chars)
+        cells = {(n, str(d)): m.at(d) for n, m in memories.items() for d in probes}
+        r = evaluate_many(features.lm, [doc], {("bare", ""): None} | cells, features, "text")
+        out["text"] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
+                       "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+    if args.qa:
+        questions = read_questions(args.qa, dates[0], dates[-1] + dt.timedelta(days=7))
+        answers = answer_questions(features.lm, questions, {"bare": None, **memories}, 0, read_questions(args.qa))
+        out["qa"] = {n: {k: v for k, v in a.items()} for n, a in answers.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
+    ap.add_argument("--end", type=dt.date.fromisoformat, default=dt.date(2022, 6, 30))
+    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "full-volume-work")
+    ap.add_argument("--text", type=Path, default=DATA / "wikitext" / "wiki.test.raw")
+    ap.add_argument("--text-chars", type=int, default=20000)
+    ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
+    args = ap.parse_args()
+    started, console = time.perf_counter(), Console(width=160)
+    lm = load_lm(args.model)
+    features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.workdir / "features")
+    memories = {name: Memory(args.workdir / name, lm, calibrator_cfg=CalibratorConfig()) for name in POLICIES}
+    rows_path = args.workdir / "rows.json"
+    rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
+    dates = list_dates(args.source, args.start, args.end)
+    for date in dates:
+        if date.isoformat() in rows:
+            continue
+        if args.stop_after and time.perf_counter() - started > args.stop_after:
+            console.print("stopping (resumable)")
+            return
+        row = learn_day(date, args, features, memories)
+        rows[row["date"]] = row
+        rows_path.write_text(json.dumps(rows, indent=1))
+        console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['fullmem']['tokens']} tokens; PPL LM "
+                      f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
+                                                         for n, r in row["runs"].items())
+                      + f"; {sum(row['seconds'].values()):.0f} s")
+    suite_path = args.workdir / "suite.json"
+    if not suite_path.exists():
+        suite_path.write_text(json.dumps(suite(args, features, memories, dates), indent=1))
+    console.print(f"done: {rows_path}, {suite_path} ({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

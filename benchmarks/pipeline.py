@@ -1,0 +1,124 @@
+"""A full news day through the day flow, against the physical bound: the LM body's forward pass.
+
+For one day of a stream (every training article unless --max-docs): the body's throughput on the
+day's tokens in full 512-token rows (the bound), scoring's throughput on the same articles, then
+the real flows (Prefect + MLflow, fresh work directories): one policy alone, and `compare` of
+several policies over the same day, with each stage's tokens/s as a ratio to the bound.
+All in one process, so machine load cancels out of the ratios.
+Usage: python benchmarks/pipeline.py --source FILE --date 2022-06-02 [--max-docs N]
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from monim.lm import load_lm
+from monim.scoring import ScoreConfig, score_tokens
+from monim.stream import read_day
+
+REPO = Path(__file__).resolve().parents[1]
+STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
+
+
+def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
+    """Body tokens/s on the first `tokens` of the articles in full 512-token rows, and scoring
+    tokens/s on the same articles (each timed after a warm-up)."""
+    picked, n = [], 0
+    for s in seqs:
+        if n >= tokens:
+            break
+        picked.append(s)
+        n += len(s[1])
+    flat = torch.tensor([t for _, toks, _ in picked for t in toks][: n // 512 * 512]).view(-1, 512)
+    with torch.inference_mode():
+        lm.forward(flat[:1, :64])
+        t = time.perf_counter()
+        for i in range(0, len(flat), cfg.batch_size):
+            lm.forward(flat[i : i + cfg.batch_size].to(lm.device))
+        body = flat.numel() / (time.perf_counter() - t)
+    t = time.perf_counter()
+    scored = sum(len(b) for b in score_tokens(lm, picked, cfg))
+    rate = scored / (time.perf_counter() - t)
+    return {"bound_tokens": int(flat.numel()), "body_tokens_per_s": body, "score_tokens_per_s": rate,
+            "score_ratio": rate / body}
+
+
+def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, model: str | None) -> dict:
+    """Run `compare` (or one policy's stream) over the day in a fresh work directory; its rows."""
+    from flows.compare import compare_policies
+    from monim.config import RunConfig
+    from tasks.learning import recorded_days
+
+    workdir = tempfile.mkdtemp(prefix="monim-pipeline-")
+    t = time.perf_counter()
+    compare_policies(source, date, date, policies, workdir, model, max_docs)
+    seconds = time.perf_counter() - t
+    rows = {p: recorded_days({"source": source, "workdir": workdir, "policy": p})[date] for p in policies}
+    assert all(RunConfig(policy=p).name == p for p in policies)
+    return {"seconds": seconds, "rows": rows, "workdir": workdir}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--source", default=str(STREAM))
+    ap.add_argument("--date", type=dt.date.fromisoformat, default=dt.date(2022, 6, 2))
+    ap.add_argument("--max-docs", type=int, default=None)
+    ap.add_argument("--policies", default="fullmem,randmem,monim-amt")
+    ap.add_argument("--bound-tokens", type=int, default=8192, help="Tokens for the body/scoring throughput.")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pipeline.json")
+    args = ap.parse_args()
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="monim-pipeline-prefect-"))
+    import tasks  # noqa: F401  (Prefect's and MLflow's environment)
+
+    lm = load_lm(args.model)
+    day = read_day(args.source, args.date)
+    train = day.train[: args.max_docs]
+    seqs = [(d.id, ids, 1) for d, ids in zip(train, lm.tokenizer([d.text for d in train])["input_ids"])]
+    bound = lm_bound(lm, seqs, ScoreConfig(), args.bound_tokens)
+    policies = args.policies.split(",")
+    one = flow_run(args.source, args.date.isoformat(), policies[:1], args.max_docs, args.model)
+    many = flow_run(args.source, args.date.isoformat(), policies, args.max_docs, args.model)
+    body = bound["body_tokens_per_s"]
+    runs = []
+    for name, run in (("one policy", one), (f"compare of {len(policies)}", many)):
+        rows = run["rows"].values()
+        lm_tokens = sum(r.get("tokens_featurized", 0) for r in rows)  # train + validation + test, once
+        sec = {k: sum(r.get(f"seconds_{k}", 0.0) for r in rows) for k in ("featurize", "lm_and_search", "policy", "commit", "index")}
+        runs.append({"run": name, "seconds": run["seconds"], "lm_tokens": lm_tokens, "featurize_s": sec["featurize"],
+                     "lm_ratio": lm_tokens / sec["featurize"] / body if sec["featurize"] else None,
+                     "memorize_s": sum(v for k, v in sec.items() if k != "featurize"),
+                     "calibrate_s": sum(r.get("calibrator_seconds", 0.0) for r in rows),
+                     "evaluate_s": sum(r.get("evaluate_seconds", 0.0) for r in rows),
+                     "day_ratio": lm_tokens / run["seconds"] / body})
+    out = {"source": args.source, "date": args.date.isoformat(), "articles": len(train),
+           "tokens": sum(len(s[1]) - 1 for s in seqs), "threads": torch.get_num_threads(), "device": str(lm.device),
+           **bound, "one_seconds": one["seconds"], "compare_seconds": many["seconds"],
+           "compare_ratio": many["seconds"] / one["seconds"], "runs": runs}
+    table = Table(title=f"{Path(args.source).name} {args.date}: {out['articles']} training articles, {out['tokens']} "
+                        f"tokens, {out['threads']} threads; body {body:.0f} tok/s, scoring {bound['score_ratio']:.2f}× of it")
+    for col in ("run", "LM tokens", "LM s", "LM × body", "memorize s", "calibrator s", "evaluate s", "wall s", "day × body"):
+        table.add_column(col, justify="right")
+    for r in runs:
+        table.add_row(r["run"], str(r["lm_tokens"]), f"{r['featurize_s']:.0f}", f"{r['lm_ratio']:.2f}" if r["lm_ratio"] else "-",
+                      f"{r['memorize_s']:.0f}", f"{r['calibrate_s']:.0f}", f"{r['evaluate_s']:.0f}", f"{r['seconds']:.0f}",
+                      f"{r['day_ratio']:.2f}")
+    Console(width=160).print(table)
+    print(f"one policy {one['seconds']:.0f} s; compare of {len(policies)} {many['seconds']:.0f} s "
+          f"({out['compare_ratio']:.2f}×)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
