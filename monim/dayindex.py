@@ -13,9 +13,10 @@ import hashlib
 import json
 import os
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 import indexed_gzip
 
@@ -101,3 +102,34 @@ def open_at(path: Path, offset: int = 0) -> IO[bytes]:
         f.seek(offset)
     return f
 
+
+READS: Counter = Counter()  # path -> times a source file was opened for reading (what a day flow costs)
+
+
+class IndexedFile:
+    """A source file read from a date on through its day index (monim.dayindex)."""
+
+    path: Path
+
+    def date_of(self, raw: bytes) -> dt.date | None:
+        """A line's date, or None where the line is not a readable record."""
+        raise NotImplementedError
+
+    def index(self) -> DayIndex:
+        return day_index(self.path, self.date_of)
+
+    def dates(self) -> list[dt.date] | None:
+        index = self.index()
+        return index.dates() if index.starts is not None else None
+
+    def lines(self, start: dt.date | None) -> Iterator[tuple[int, bytes]]:
+        """Numbered raw lines, from `start`'s first record when the index knows it."""
+        offset, line = 0, 1
+        if start is not None and (index := self.index()).starts is not None:
+            if (at := index.start(start)) is None:
+                return
+            offset, line = at
+        READS[str(self.path)] += 1
+        with open_at(self.path, offset) as f:
+            for n, raw in enumerate(iter(f.readline, b""), start=line):
+                yield n, raw.rstrip(b"\r\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
 
 from monim import dedup
-from monim.dayindex import DayIndex, day_index, open_at
+from monim.dayindex import IndexedFile
 
 DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 SPLITS = ("train", "validation", "test")
@@ -133,38 +133,6 @@ def to_document(row: dict, fields: Fields, where: str) -> Record:
     return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text)
 
 
-READS: Counter = Counter()  # path -> times a source file was opened for reading (what a day flow costs)
-
-
-class _Indexed:
-    """A source file read from a date on through its day index (monim.dayindex)."""
-
-    path: Path
-
-    def date_of(self, raw: bytes) -> dt.date | None:
-        """A line's date, or None where the line is not a readable record."""
-        raise NotImplementedError
-
-    def index(self) -> DayIndex:
-        return day_index(self.path, self.date_of)
-
-    def dates(self) -> list[dt.date] | None:
-        index = self.index()
-        return index.dates() if index.starts is not None else None
-
-    def lines(self, start: dt.date | None) -> Iterator[tuple[int, bytes]]:
-        """Numbered raw lines, from `start`'s first record when the index knows it."""
-        offset, line = 0, 1
-        if start is not None and (index := self.index()).starts is not None:
-            if (at := index.start(start)) is None:
-                return
-            offset, line = at
-        READS[str(self.path)] += 1
-        with open_at(self.path, offset) as f:
-            for n, raw in enumerate(iter(f.readline, b""), start=line):
-                yield n, raw.rstrip(b"\r\n")
-
-
 def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
     try:
         return raw.decode("utf-8")
@@ -173,7 +141,7 @@ def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
 
 
 @dataclass
-class JsonlSource(_Indexed):
+class JsonlSource(IndexedFile):
     """JSON Lines, plain or .gz, one article per line with a date and a text field."""
 
     path: Path
@@ -207,7 +175,7 @@ class JsonlSource(_Indexed):
 
 
 @dataclass
-class NewsCrawlSource(_Indexed):
+class NewsCrawlSource(IndexedFile):
     """WMT document-level News Crawl: `date <TAB> base64 sentence-split doc <TAB> base64 doc`."""
 
     path: Path

@@ -92,12 +92,12 @@ def test_rerunning_the_stream_changes_nothing(compared):
 
 def test_stream_resumes_after_the_last_learned_day(compared):
     from flows.stream import learn_stream
-    from monim import stream
+    from monim import dayindex
 
     workdir, model, summary = compared
-    stream.READS.clear()
+    dayindex.READS.clear()
     rows = learn_stream(str(DEMO_STREAM), DAYS[0], "1987-03-04", "fullmem", str(workdir), model, 3)
-    assert stream.READS[str(DEMO_STREAM)] == 1  # the one new day, read once for all its tasks
+    assert dayindex.READS[str(DEMO_STREAM)] == 1  # the one new day, read once for all its tasks
     assert [r["date"] for r in rows] == [*DAYS, "1987-03-04"]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert len(list((workdir / "memories" / "fullmem" / "shards").iterdir())) == 3

@@ -173,7 +173,7 @@ def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, t
 
 
 def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
-    from monim import stream
+    from monim import dayindex, stream
     from monim.stream import read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
@@ -183,9 +183,9 @@ def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
     parsed = []
     real = stream.to_document
     monkeypatch.setattr(stream, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
-    stream.READS.clear()
+    dayindex.READS.clear()
     day = read_day(path, D(2022, 6, 20))
-    assert len(day) == 50 and stream.READS[str(path)] == 1
+    assert len(day) == 50 and dayindex.READS[str(path)] == 1
     assert len(parsed) == 50 and parsed[0] == f"{path}:951"  # the day's lines only, numbered as in the file
 
 
