@@ -12,7 +12,9 @@ import argparse
 import datetime as dt
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
@@ -33,15 +35,12 @@ DATA = REPO.parent / "shared" / "data"
 POLICIES = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its rate of the day
 
 
-def timed(seconds: dict, stage: str):
-    """A context that adds its wall time to seconds[stage]."""
-    class _T:
-        def __enter__(self):
-            self.t = time.perf_counter()
-
-        def __exit__(self, *exc):
-            seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - self.t
-    return _T()
+@contextmanager
+def timed(seconds: dict, stage: str) -> Iterator[None]:
+    """Add the block's wall time to seconds[stage]."""
+    started = time.perf_counter()
+    yield
+    seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
 def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memory]) -> dict:

@@ -17,6 +17,7 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -46,7 +47,7 @@ class Features:
     computed: int = 0  # tokens the LM scored through this object
     _index: dict[str, tuple[str, int, int]] = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def folder(self) -> Path:
         """The store's folder for this model and these window settings."""
         cfg = fit_window(self.lm, self.cfg)
@@ -62,7 +63,10 @@ class Features:
         """Put the documents the store lacks into it (no-op without a store); the tokens scored."""
         if self.store is None:
             return 0
-        digests = [digest(d.text) for d in docs]
+        return self._ensure(docs, [digest(d.text) for d in docs], name, progress, ids)
+
+    def _ensure(self, docs: list[Document], digests: list[str], name: str, progress: Progress | None,
+                ids: list[list[int]] | None) -> int:
         self._refresh()
         missing = {h: i for i, h in enumerate(digests) if h not in self._index}
         if not missing:
@@ -81,8 +85,9 @@ class Features:
         if self.store is None:
             yield from self._live(docs, self.tokenize(docs) if ids is None else ids, None, neighbors)
             return
-        self.prepare(docs, name, None, ids)
-        for batch in self._read(docs, [digest(d.text) for d in docs], chunk):
+        digests = [digest(d.text) for d in docs]
+        self._ensure(docs, digests, name, None, ids)
+        for batch in self._read(docs, digests, chunk):
             yield with_neighbors(self.lm, batch, neighbors) if neighbors is not None else batch
 
     def _live(self, docs: list[Document], ids: list[list[int]], progress: Progress | None,

@@ -109,14 +109,20 @@ def blocks(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> list[Span]:
 
 def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
     """The config fitted to the model: context + stride shrunk (context first) to its maximum
-    positions; a model without rotary positions cannot carry context past them (recompute)."""
+    positions; a model that cannot carry context (no rotary positions, or a KV cache that cannot
+    be cut to its last entries) recomputes the windows."""
     limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
-    if cfg.context_mode != "recompute" and not hasattr(lm.model.base_model, "rotary_emb"):
+    if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and stepwise(lm)):
         cfg = replace(cfg, context_mode="recompute")
     if not limit or cfg.context + cfg.stride <= limit:
         return cfg
     stride = min(cfg.stride, limit)
     return replace(cfg, stride=stride, context=limit - stride)
+
+
+def stepwise(lm: LM) -> bool:
+    """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
 
 
 @torch.inference_mode()
@@ -147,13 +153,14 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         shifted = logits - top.values[:, None]
         exp = shifted.exp()
         total = exp.sum(dim=-1)
-        lse = top.values + total.log()
+        log_total = total.log()
+        lse = top.values + log_total
         part = TokenScores(
             doc_id=doc_ids[sl], position=positions[sl], prev=prev[sl],
             target=target[sl].to(torch.int32).cpu().numpy(),
             logp=(logits.gather(1, target[sl, None])[:, 0] - lse).cpu().numpy(),
-            max_logp=(-total.log()).cpu().numpy(),
-            entropy=(total.log() - (exp * shifted).sum(dim=-1) / total).cpu().numpy(),
+            max_logp=(-log_total).cpu().numpy(),
+            entropy=(log_total - (exp * shifted).sum(dim=-1) / total).cpu().numpy(),
             argmax=top.indices.to(torch.int32).cpu().numpy(),
             key=keys[sl].to(torch.float16).cpu().numpy(),
             hidden=hidden[sl].float().cpu().numpy() if keep_hidden else None,
@@ -263,19 +270,12 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
             yield from _stepped(lm, group[i : i + cfg.batch_size], cfg, neighbors, keep_hidden)
 
 
-def stepwise(lm: LM) -> bool:
-    """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
-
-
 def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,
                  neighbors: Neighbors | None = None, keep_hidden: bool = False,
                  buffer_tokens: int = 1 << 16) -> Iterator[TokenScores]:
     """Score token sequences (id, token ids, first target position) like `score`; sequences are
     planned `buffer_tokens` at a time (memory stays bounded), so batches need not follow their order."""
     cfg = fit_window(lm, cfg or ScoreConfig())
-    if cfg.context_mode != "recompute" and not stepwise(lm):
-        cfg = replace(cfg, context_mode="recompute")
     buffer: list[Sequence] = []
     size = 0
     for seq in sequences:

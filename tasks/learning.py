@@ -26,7 +26,6 @@ from monim.calibration import calibrate as calibrate_memory
 from monim.memory import Memory, memorize_day
 from monim.stream import Day, read_day
 from monim.features import Features
-from monim.scoring import ScoreConfig
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
@@ -47,15 +46,13 @@ def memory_for(cfg: RunConfig) -> Memory:
     return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config(), cfg.calibrator_config(), cfg.calibrated)
 
 
-@functools.lru_cache(maxsize=4)
-def _features(model: str | None, score: tuple, store: str | None, max_bytes: int) -> Features:
-    return Features(lm_for(model), ScoreConfig(*score), Path(store) if store else None, max_bytes)
+_FEATURES: dict[tuple, Features] = {}
 
 
 def features_for(cfg: RunConfig) -> Features:
     """The run's feature store (one object per process: it remembers what the store holds)."""
     f = cfg.features(lm_for(cfg.model))
-    return _features(cfg.model, astuple(f.cfg), str(f.store) if f.store else None, f.max_bytes)
+    return _FEATURES.setdefault((cfg.model, astuple(f.cfg), f.store, f.max_bytes), f)
 
 
 @contextmanager
