@@ -4,7 +4,7 @@ day's MoNIM rate) and MoNIM-AMT, beside the bare LM; the LM runs once per articl
 Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: weekly test
 PPL with each memory as of each week's end (the forgetting matrix), the WikiText probe every 7
 days, and the QA quiz with the final memories. Resumable: the work directory keeps the memories,
-the features and rows.json; a finished day is not redone.
+the features and rows.json; a finished day is not redone (the suite is kept per date range).
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR]
 """
 
@@ -131,7 +131,7 @@ def main() -> None:
                       f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
                                                          for n, r in row["runs"].items())
                       + f"; {sum(row['seconds'].values()):.0f} s")
-    suite_path = args.workdir / "suite.json"
+    suite_path = args.workdir / f"suite-{dates[0]}-{dates[-1]}.json"
     if not suite_path.exists():
         suite_path.write_text(json.dumps(suite(args, features, memories, dates), indent=1))
     console.print(f"done: {rows_path}, {suite_path} ({time.perf_counter() - started:.0f} s)")

@@ -60,10 +60,10 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
 
     workdir = tempfile.mkdtemp(prefix="monim-pipeline-")
     t = time.perf_counter()
-    compare_policies(source, date, date, policies, workdir, model, max_docs)
+    run = RunConfig(source=source, workdir=workdir, model=model, max_docs=max_docs)
+    compare_policies(run, date, date, policies)
     seconds = time.perf_counter() - t
-    rows = {p: recorded_days({"source": source, "workdir": workdir, "policy": p})[date] for p in policies}
-    assert all(RunConfig(policy=p).name == p for p in policies)
+    rows = {p: recorded_days(run.model_copy(update={"policy": p}))[date] for p in policies}
     return {"seconds": seconds, "rows": rows, "workdir": workdir}
 
 

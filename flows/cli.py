@@ -8,13 +8,17 @@ import os
 import time
 from pathlib import Path
 from subprocess import Popen
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from flows import servers
+
+if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
+    from monim.config import RunConfig
+    from monim.evaluate import EvalConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
@@ -42,10 +46,8 @@ SHOTS = typer.Option("0", "--shots", help="Comma-separated numbers of solved exa
 
 
 def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optional[Path], text_chars: Optional[int],
-                text_every: int, qa: Optional[Path], shots: str) -> Optional[dict]:
+                text_every: int, qa: Optional[Path], shots: str) -> Optional[EvalConfig]:
     """The evaluation suite's settings (None: nothing to measure), or a clear error."""
-    from dataclasses import asdict
-
     from monim.evaluate import EvalConfig
 
     for path in (text, qa):
@@ -56,7 +58,7 @@ def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optiona
                        str(qa) if qa else None, tuple(int(k) for k in shots.split(",")))
     except ValueError as err:
         raise _fail(str(err))
-    return asdict(e) if e.period or e.text or e.qa else None
+    return e if e.period or e.text or e.qa else None
 
 
 def _calibrator_params(skip: Optional[float], calibration: str = "train") -> dict:
@@ -65,6 +67,19 @@ def _calibrator_params(skip: Optional[float], calibration: str = "train") -> dic
     if calibration not in SOURCES:
         raise _fail(f"--calibration must be one of {', '.join(SOURCES)}, not {calibration!r}")
     return {"source": calibration} | ({} if skip is None else {"skip_threshold": skip})
+
+
+def _run_config(**fields) -> RunConfig:
+    """The run's typed spec, or a clear error naming the field."""
+    from pydantic import ValidationError
+
+    from monim.config import RunConfig
+
+    try:
+        return RunConfig(**fields)
+    except ValidationError as e:
+        raise _fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
+                              for err in e.errors()))
 
 
 def _fail(message: str) -> typer.Exit:
@@ -165,8 +180,8 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
     use_workdir(workdir)
     from flows.compare import compare_policies
 
-    summary = compare_policies(str(DEMO_STREAM), dates[0].isoformat(), dates[-1].isoformat(),
-                               ["fullmem", "monim-amt"], str(workdir), model, max_docs)
+    spec = _run_config(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=max_docs)
+    summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
                          _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
@@ -191,24 +206,17 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           as_json: bool = AS_JSON) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
-    from monim.policies import make_policy
-
-    try:
-        make_policy(policy)
-    except ValueError as e:
-        raise _fail(str(e))
+    spec = _run_config(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
+                       calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration),
+                       feature_store=feature_store)
     _check_source(source, start, end)
     _check_model(workdir, model)
     evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
     use_workdir(workdir)
     from flows.stream import learn_stream
 
-    rows = learn_stream(source, start, end, policy, str(workdir), model, max_docs, tracking_uri=tracking_uri,
-                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation,
-                        feature_store=feature_store)
-    from monim.config import RunConfig
-
-    name = RunConfig(policy=policy, calibrated=not constant_lam).name
+    rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation)
+    name = spec.name
     console.print(_table(f"{name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                         "entries", "ppl_lm", "ppl", "accuracy"]))
     _emit(_status_of(workdir / "memories" / name) | {"policy": name, "rows": rows}, as_json)
@@ -223,15 +231,17 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
             shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
+    spec = _run_config(source=source, workdir=str(workdir), model=model, max_docs=max_docs, calibrated=not constant_lam,
+                       calibrator_params=_calibrator_params(skip, calibration))
+    for policy in policies.split(","):
+        _run_config(policy=policy)
     _check_source(source, start, end)
     _check_model(workdir, model)
     evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
     use_workdir(workdir)
     from flows.compare import compare_policies
 
-    summary = compare_policies(source, start, end, policies.split(","), str(workdir), model, max_docs,
-                               tracking_uri=tracking_uri, calibrated=not constant_lam,
-                               calibrator_params=_calibrator_params(skip, calibration), evaluation=evaluation)
+    summary = compare_policies(spec, start, end, policies.split(","), tracking_uri=tracking_uri, evaluation=evaluation)
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     _emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
@@ -414,7 +424,7 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
 
         from flows.stream import learn_stream, learn_yesterday
 
-        params = {"source": source, "workdir": str(workdir.resolve()), "policy": policy, "model": model}
+        params = {"run": _run_config(source=source, workdir=str(workdir.resolve()), policy=policy, model=model).model_dump()}
         prefect_serve(
             learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
                                           parameters=params | {"timezone": timezone}),

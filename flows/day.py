@@ -13,25 +13,24 @@ from tasks.tracking import log_day
 
 def _run_name() -> str:
     params = flow_run.parameters
-    return f"{params['config'].get('policy', 'monim-amt')}-{params['date']}"
+    return f"{RunConfig.model_validate(params['cfg']).name}-{params['date']}"
 
 
 @flow(name="monim-day", flow_run_name=_run_name)
-def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
+def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
     """Learn one day of news into the run's memory, evaluate it, and log the day's metrics.
 
     The day is read once and the memory opened once; every task is handed both."""
-    cfg = RunConfig(**config)
-    day = ingest(config, date)
+    day = ingest(cfg, date)
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
-    lm_pass = featurize(config, day)
+    lm_pass = featurize(cfg, day)
     row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"]}
     memory, state = None, "v0"
     if cfg.policy != BARE:
         memory = memory_for(cfg)
-        stats = memorize(config, day, memory)
+        stats = memorize(cfg, day, memory)
         index = update_index(memory)
-        theta = calibrate(config, day, memory)
+        theta = calibrate(cfg, day, memory)
         seconds = stats.pop("seconds") | {"index_update": index["seconds"]}
         pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
         state = f"v{stats['version']}-{theta.pop('theta')}"
@@ -40,10 +39,10 @@ def learn_day(config: dict, date: str, run_id: str | None = None, tracking_uri: 
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
-    row |= evaluate(config, date, state, day, memory)
+    row |= evaluate(cfg, date, state, day, memory)
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
-    record_day(config, row)
+    record_day(cfg, row)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
                           description=f"{cfg.name}, {date}")
     return row

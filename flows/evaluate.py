@@ -4,7 +4,6 @@ probe on general-domain text, and multiple-choice QA, each logged to the runs in
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict
 from typing import Callable
 
 from prefect import flow
@@ -16,57 +15,56 @@ from tasks.learning import recorded_days
 from tasks.tracking import experiment_name, log_points, metric_steps, open_run, tracking_uri as resolve_tracking_uri
 
 
-def _learned(configs: list[dict], start: str | None, end: str | None) -> list[str]:
+def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:
     """The days every run has learned, from start to end."""
     days = set.intersection(*(set(recorded_days(c)) for c in configs))
     return sorted(d for d in days if (start is None or d >= start) and (end is None or d <= end))
 
 
 @flow(name="monim-evaluate")
-def evaluate_runs(configs: list[dict], start: str | None = None, end: str | None = None,
-                  evaluation: dict | None = None, experiment: str | None = None,
+def evaluate_runs(configs: list[RunConfig], start: str | None = None, end: str | None = None,
+                  evaluation: EvalConfig | None = None, experiment: str | None = None,
                   tracking_uri: str | None = None) -> dict:
     """Measure learned runs as of past days (time travel) and log each measure to its MLflow run
     at step = day index: `ppl_period/<period>` and `accuracy_period/<period>`, `ppl_text` and
     `ppl_text_lm`, `qa_accuracy_<k>shot` with its 95% interval and `qa_n`. Measures already
     logged for a run and day are not taken again: a daily run measures only its new days, a run
     added to an experiment only itself."""
-    e = EvalConfig(**(evaluation or {}))
+    e = evaluation or EvalConfig()
     days = _learned(configs, start, end)
     if not days:
         return {}
-    source, workdir = configs[0]["source"], configs[0]["workdir"]
+    source, workdir = configs[0].source, configs[0].workdir
     origin = dt.date.fromisoformat(min(d for c in configs for d in recorded_days(c)))
 
     def step(day: str) -> int:
         return (dt.date.fromisoformat(day) - origin).days
 
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    run_ids = {RunConfig(**c).name: open_run(c, experiment or experiment_name(source), uri, origin.isoformat())
+    run_ids = {c.name: open_run(c, experiment or experiment_name(source), uri, origin.isoformat())
                for c in configs}
 
-    def missing(candidates: list[str], key: Callable[[str], str]) -> tuple[list[str], list[dict]]:
+    def missing(candidates: list[str], key: Callable[[str], str]) -> tuple[list[str], list[RunConfig]]:
         """The days some run has not measured yet, and those runs (logged measures are not retaken)."""
         keys = sorted({key(d) for d in candidates})
         logged = {name: metric_steps(run_id, uri, keys) for name, run_id in run_ids.items()}
         lacking = {name: [d for d in candidates if step(d) not in logged[name].get(key(d), [])] for name in logged}
-        return sorted({d for ds in lacking.values() for d in ds}), [c for c in configs if lacking[RunConfig(**c).name]]
+        return sorted({d for ds in lacking.values() for d in ds}), [c for c in configs if lacking[c.name]]
 
     at = checkpoint_days(days, e)
-    ecfg = asdict(e)
     points: dict[str, list] = {name: [] for name in run_ids}
     out = {}
     if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}"))[0]:
-        out["periods"] = period_perplexity(todo[1], source, days[0], days[-1], todo[0], ecfg)
+        out["periods"] = period_perplexity(todo[1], source, days[0], days[-1], todo[0], e)
         for period, runs in out["periods"].items():
             for name, cells in runs.items():
                 points[name] += [(f"{m}_period/{period}", step(d), r[m]) for d, r in cells.items() for m in ("ppl", "accuracy")]
     if e.text and (todo := missing(at["text"], lambda d: "ppl_text"))[0]:
-        out["text"] = text_perplexity(todo[1], todo[0], ecfg)
+        out["text"] = text_perplexity(todo[1], todo[0], e)
         for name, cells in out["text"].items():
             points[name] += [(k, step(d), r[src]) for d, r in cells.items() for k, src in (("ppl_text", "ppl"), ("ppl_text_lm", "ppl_lm"))]
     if e.qa and (todo := missing(at["qa"], lambda d: f"qa_accuracy_{e.shots[-1]}shot"))[0]:
-        out["qa"] = question_answering(todo[1], days[0], days[-1], ecfg)
+        out["qa"] = question_answering(todo[1], days[0], days[-1], e)
         for name, by_shots in out["qa"].items():
             points[name] += [(f"{m}_{k}shot" if m != "qa_n" else m, step(days[-1]), v)
                              for k, r in by_shots.items() for m, v in r.items()]

@@ -1,45 +1,70 @@
-"""RunConfig: everything one learning run depends on, as a plain dataclass (JSON in and out)."""
+"""RunConfig: everything one learning run depends on, as one typed spec (a pydantic model: Prefect
+validates it and renders it as a form; JSON in and out)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from monim.calibrator import CalibratorConfig
 from monim.features import Features
 from monim.index import IndexConfig
 from monim.lm import LM
-from monim.scoring import ScoreConfig
+from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
 from monim.stream import DEMO_STREAM
 
 BARE = "bare"  # the LM without memory, evaluated alongside the policies
 
 
-@dataclass
-class RunConfig:
+class RunConfig(BaseModel):
     """One policy learning one stream into a work directory."""
 
-    source: str = str(DEMO_STREAM)
-    workdir: str = "monim-work"
-    policy: str = "monim-amt"
-    policy_params: dict = field(default_factory=dict)
-    model: str | None = None
-    max_docs: int | None = None  # training documents taken per day
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
+    workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
+    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt or kl.")
+    policy_params: dict = Field(default_factory=dict, description="The policy's parameters, e.g. {\"rate\": 0.5} for randmem.")
+    model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
+    max_docs: int | None = Field(None, ge=1, description="Training articles taken per day; empty: all.")
     seed: int = 0
-    calibrated: bool = True  # Θ uses the NN calibrator's per-token λ (False: the constant λ)
-    calibrator_params: dict = field(default_factory=dict)  # monim.calibrator.CalibratorConfig fields
-    stride: int = 512
-    context: int = 512
-    context_mode: str = "carry"  # monim.scoring.CONTEXT_MODES
-    batch_size: int = 8
-    feature_store: bool = True  # keep the LM's features in <workdir>/features (every policy reads them)
-    feature_cap_gb: float = 50.0  # the feature store's size cap (oldest folders go first)
-    k: int = 1024
-    nprobe: int = 32
-    exact_below: int = 200_000
+    calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
+    calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
+    stride: int = Field(512, ge=1, description="Tokens scored per window.")
+    context: int = Field(512, ge=0, description="Tokens of left context per window.")
+    context_mode: str = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
+    batch_size: int = Field(8, ge=1)
+    feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
+    feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
+    k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
+    nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
+    exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly.")
+
+    @field_validator("context_mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in CONTEXT_MODES:
+            raise ValueError(f"must be one of {', '.join(CONTEXT_MODES)}")
+        return mode
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> RunConfig:
+        if self.policy != BARE:
+            try:
+                self.make_policy()
+            except TypeError as e:
+                raise ValueError(f"policy_params {self.policy_params} do not fit {self.policy}: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"{e}, or {BARE} (the LM alone)") from None
+        try:
+            self.calibrator_config()
+        except TypeError as e:
+            raise ValueError(f"calibrator_params: {e}") from None
+        return self
 
     @property
     def name(self) -> str:
@@ -70,7 +95,7 @@ class RunConfig:
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("policy_params", "calibrator_params")}
+        out = self.model_dump(exclude={"policy_params", "calibrator_params"})
         if self.policy != BARE:
             out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
             out |= {f"calibrator.{k}": v for k, v in asdict(self.calibrator_config()).items()}
@@ -78,4 +103,4 @@ class RunConfig:
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]

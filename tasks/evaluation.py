@@ -30,11 +30,10 @@ def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
     return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
 
 
-def _memories(configs: list[dict], days: list[str]) -> dict[tuple[str, str], Memory | None]:
+def _memories(configs: list[RunConfig], days: list[str]) -> dict[tuple[str, str], Memory | None]:
     """Each run's memory as of each day (None for the bare LM)."""
     out = {}
-    for config in configs:
-        cfg = RunConfig(**config)
+    for cfg in configs:
         memory = None if cfg.policy == BARE else memory_for(cfg)
         out |= {(cfg.name, day): memory and memory.at(day) for day in days}
     return out
@@ -43,8 +42,7 @@ def _memories(configs: list[dict], days: list[str]) -> dict[tuple[str, str], Mem
 def _suite_key(context, parameters: dict) -> str:
     """Cache key: the runs' settings and memories' states, the days and the suite's settings."""
     states = []
-    for config in parameters["configs"]:
-        cfg = RunConfig(**config)
+    for cfg in parameters["configs"]:
         manifest = cfg.memory_dir / "manifest.json"
         version = json.loads(manifest.read_text()).get("version") if manifest.exists() else 0
         states.append(f"{cfg.fingerprint()}:{version}")
@@ -61,11 +59,10 @@ def _cells(results: dict) -> dict[str, dict[str, dict]]:
 
 
 @task(cache_key_fn=_suite_key, persist_result=True)
-def period_perplexity(configs: list[dict], source: str, start: str, end: str, days: list[str], ecfg: dict) -> dict:
+def period_perplexity(configs: list[RunConfig], source: str, start: str, end: str, days: list[str], e: EvalConfig) -> dict:
     """PPL and next-word accuracy on each period's test articles, with each run's memory as of the
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
-    e = EvalConfig(**ecfg)
-    cfg = RunConfig(**configs[0])
+    cfg = configs[0]
     sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed, e.period_docs)
     memories = _memories(configs, days)
     out: dict[str, dict] = {}
@@ -80,28 +77,26 @@ def period_perplexity(configs: list[dict], source: str, start: str, end: str, da
 
 
 @task(cache_key_fn=_suite_key, persist_result=True)
-def text_perplexity(configs: list[dict], days: list[str], ecfg: dict) -> dict:
+def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
-    e = EvalConfig(**ecfg)
     doc = text_document(e.text, e.text_chars)
-    cfg = RunConfig(**configs[0])
+    cfg = configs[0]
     results = _cells(evaluate_many(lm_for(cfg.model), [doc], _memories(configs, days), features_for(cfg), f"text-{doc.id}"))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
 
 @task(cache_key_fn=_suite_key, persist_result=True)
-def question_answering(configs: list[dict], first: str, last: str, ecfg: dict) -> dict:
+def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalConfig) -> dict:
     """Multiple-choice accuracy of each run's final memory on the questions dated from its first
     learned day to `qa_days_after` days after its last, for each number of shots."""
-    e = EvalConfig(**ecfg)
     until = dt.date.fromisoformat(last) + dt.timedelta(days=e.qa_days_after)
     questions = read_questions(e.qa, dt.date.fromisoformat(first), until)
     pool = read_questions(e.qa)
     memories = {name: m for (name, _), m in _memories(configs, [last]).items()}
     out: dict[str, dict] = {}
     for k in e.shots:
-        for name, metrics in answer_questions(lm_for(RunConfig(**configs[0]).model), questions, memories, k, pool).items():
+        for name, metrics in answer_questions(lm_for(configs[0].model), questions, memories, k, pool).items():
             out.setdefault(name, {})[k] = metrics
         logger().info("QA %d-shot on %d questions: %s", k, len(questions), {n: round(r[k]["qa_accuracy"], 3) for n, r in out.items()})
     return out

@@ -75,9 +75,8 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def ingest(config: dict, date: str) -> Day:
+def ingest(cfg: RunConfig, date: str) -> Day:
     """Read the day's news slice (once: the other tasks are handed it) and report its split sizes."""
-    cfg = RunConfig(**config)
     day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed)
     if day is None:
         raise ValueError(f"{cfg.source} has no articles on {date}")
@@ -86,9 +85,8 @@ def ingest(config: dict, date: str) -> Day:
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def featurize(config: dict, day: Day) -> dict:
+def featurize(cfg: RunConfig, day: Day) -> dict:
     """Run the LM over the day's articles the feature store lacks (every split; no-op without a store)."""
-    cfg = RunConfig(**config)
     features = features_for(cfg)
     started, tokens = time.perf_counter(), 0
     for split in ("train", "validation", "test"):
@@ -102,9 +100,8 @@ def featurize(config: dict, day: Day) -> dict:
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def memorize(config: dict, day: Day, memory: Memory) -> dict:
+def memorize(cfg: RunConfig, day: Day, memory: Memory) -> dict:
     """Score the day with Θ, memorize through the policy, commit atomically (idempotent)."""
-    cfg = RunConfig(**config)
     with progress(f"{cfg.name}: memorizing {day.date}") as update:
         stats = memorize_day(memory, day, cfg.make_policy(), features_for(cfg), cfg.max_docs, cfg.seed, progress=update)
     if stats.committed:
@@ -124,10 +121,9 @@ def update_index(memory: Memory) -> dict:
 
 
 @task(retries=1, cache_policy=NO_CACHE)
-def calibrate(config: dict, day: Day, memory: Memory) -> dict:
+def calibrate(cfg: RunConfig, day: Day, memory: Memory) -> dict:
     """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
-    cfg = RunConfig(**config)
     record = calibrate_memory(memory, day, features_for(cfg))
     interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
     out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", ""),
@@ -148,14 +144,12 @@ def calibrate(config: dict, day: Day, memory: Memory) -> dict:
 
 def _evaluation_key(context, parameters: dict) -> str:
     """Cache key: the day, the run's settings and the memory's state, never tensors."""
-    cfg = RunConfig(**parameters["config"])
-    return f"monim-eval-{cfg.fingerprint()}-{parameters['date']}-{parameters['memory_state']}"
+    return f"monim-eval-{parameters['cfg'].fingerprint()}-{parameters['date']}-{parameters['memory_state']}"
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True)
-def evaluate(config: dict, date: str, memory_state: str, day: Day, memory: Memory | None) -> dict:
+def evaluate(cfg: RunConfig, date: str, memory_state: str, day: Day, memory: Memory | None) -> dict:
     """Test PPL and next-word accuracy, bare LM and LM + memory (None: the bare LM), on the day's test articles."""
-    cfg = RunConfig(**config)
     started = time.perf_counter()
     metrics = evaluate_docs(lm_for(cfg.model), day.test, memory, features_for(cfg), f"{date}-test")
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", cfg.name, date, metrics["ppl"],
@@ -167,15 +161,15 @@ def record_path(cfg: RunConfig) -> Path:
     return Path(cfg.workdir) / "runs" / f"{cfg.name}.json"
 
 
-def recorded_days(config: dict) -> dict[str, dict]:
+def recorded_days(cfg: RunConfig) -> dict[str, dict]:
     """The finished days of this run (date -> its row), from earlier flow runs too."""
-    path = record_path(RunConfig(**config))
+    path = record_path(cfg)
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 @task(cache_policy=NO_CACHE)
-def record_day(config: dict, row: dict) -> None:
+def record_day(cfg: RunConfig, row: dict) -> None:
     """Add a finished day's row to the run's record (atomically); the stream resumes after it."""
-    path = record_path(RunConfig(**config))
+    path = record_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, recorded_days(config) | {row["date"]: row})
+    _write_json(path, recorded_days(cfg) | {row["date"]: row})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import tempfile
 import time
@@ -45,10 +44,9 @@ def experiment_id(uri: str, name: str, workdir: str) -> str:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
-def open_run(config: dict, experiment: str, uri: str, origin: str | None = None) -> str:
+def open_run(cfg: RunConfig, experiment: str, uri: str, origin: str | None = None) -> str:
     """The MLflow run of this policy on this work directory: resumed if it exists, else created.
     `origin`: the date of step 0 (tagged, so that readers can turn steps back into dates)."""
-    cfg = RunConfig(**config)
     c = client(uri)
     exp = experiment_id(uri, experiment, cfg.workdir)
     memory = str(cfg.memory_dir.resolve())
@@ -65,7 +63,7 @@ def open_run(config: dict, experiment: str, uri: str, origin: str | None = None)
     c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in cfg.params().items()])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(config, indent=1))
+        path.write_text(cfg.model_dump_json(indent=1))
         c.log_artifact(run.info.run_id, str(path))
     return run.info.run_id
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from monim.config import RunConfig
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
 DAYS = ("1987-03-02", "1987-03-03")
@@ -28,8 +29,8 @@ def compared(prefect, tiny_model_dir, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("work")
     model = str(tiny_model_dir("llama"))
-    summary = compare_policies(str(DEMO_STREAM), DAYS[0], DAYS[1], ["bare", "fullmem", "randmem", "monim-amt"],
-                               str(workdir), model, max_docs=3)
+    run = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=3)
+    summary = compare_policies(run, DAYS[0], DAYS[1], ["bare", "fullmem", "randmem", "monim-amt"])
     return workdir, model, summary
 
 
@@ -81,7 +82,9 @@ def test_rerunning_the_stream_changes_nothing(compared):
     workdir, model, summary = compared
     memory = workdir / "memories" / "monim-amt"
     before = tree_digest(memory)
-    rows = learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "monim-amt", str(workdir), model, 3)
+    # a dict, as a deployment or the Prefect UI's form passes it, is validated into the RunConfig
+    run = {"source": str(DEMO_STREAM), "workdir": str(workdir), "model": model, "max_docs": 3}
+    rows = learn_stream(run, DAYS[0], DAYS[1])
     assert [r["date"] for r in rows] == list(DAYS)
     assert tree_digest(memory) == before
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -96,7 +99,8 @@ def test_stream_resumes_after_the_last_learned_day(compared):
 
     workdir, model, summary = compared
     dayindex.READS.clear()
-    rows = learn_stream(str(DEMO_STREAM), DAYS[0], "1987-03-04", "fullmem", str(workdir), model, 3)
+    run = RunConfig(source=str(DEMO_STREAM), policy="fullmem", workdir=str(workdir), model=model, max_docs=3)
+    rows = learn_stream(run, DAYS[0], "1987-03-04")
     assert dayindex.READS[str(DEMO_STREAM)] == 1  # the one new day, read once for all its tasks
     assert [r["date"] for r in rows] == [*DAYS, "1987-03-04"]
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -120,6 +124,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
         assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [0, 1], metric
     assert run.data.params["calibrated"] == "True" and run.data.params["calibrator.groups"] == str(("distribution", "lexical", "density"))
     # constant λ is its own run and memory, named after it
-    rows = learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "monim-amt", str(workdir), model, 3, calibrated=False)
+    run = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=3, calibrated=False)
+    rows = learn_stream(run, DAYS[0], DAYS[1])
     assert [r["date"] for r in rows] == list(DAYS) and (workdir / "memories" / "monim-amt-const" / "manifest.json").exists()
     assert client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'monim-amt-const'")

@@ -1,6 +1,7 @@
 """Real servers on loopback: a Prefect server running a deployment through a process worker, and
 an MLflow tracking server receiving a stream's metrics over HTTP. Both are bounded and stopped."""
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from monim.config import RunConfig
 from monim.stream import DEMO_STREAM
 
 BIN = Path(sys.executable).parent
@@ -66,8 +68,10 @@ def test_deployment_runs_through_a_process_worker(tiny_model_dir, tmp_path):
         run([BIN / "prefect", "work-pool", "create", "monim-process", "--type", "process"], api)
         out = run([BIN / "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], api)
         assert "monim-yesterday/daily" in out and "monim-stream/backfill" in out
+        spec = {"source": str(DEMO_STREAM), "workdir": str(tmp_path / "work"), "model": str(tiny_model_dir("gpt2")),
+                "max_docs": 2}  # a run's spec is one JSON parameter (in the UI, a form)
         out = run([BIN / "prefect", "deployment", "run", "monim-stream/backfill", "--param", "start=1987-03-02",
-                   "--param", "end=1987-03-02", "--param", f"model={tiny_model_dir('gpt2')}", "--param", "max_docs=2"], api)
+                   "--param", "end=1987-03-02", "--param", f"run={json.dumps(spec)}"], api)
         run([BIN / "prefect", "worker", "start", "--pool", "monim-process", "--run-once"], api, timeout=400)
         check = ("import asyncio\nfrom prefect.client.orchestration import get_client\n"
                  "async def main():\n    async with get_client() as c:\n"
@@ -90,8 +94,9 @@ def test_stream_logs_to_an_mlflow_server_over_http(prefect, tiny_model_dir, tmp_
            "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")]
     uri = f"http://127.0.0.1:{port}"
     with server(list(map(str, cmd)), f"{uri}/health", env, tmp_path / "mlflow.log"):
-        learn_stream(str(DEMO_STREAM), "1987-03-02", "1987-03-03", "fullmem", str(tmp_path / "work"),
-                     str(tiny_model_dir("gpt2")), 1, tracking_uri=uri, experiment="over-http")
+        run = RunConfig(source=str(DEMO_STREAM), policy="fullmem", workdir=str(tmp_path / "work"),
+                        model=str(tiny_model_dir("gpt2")), max_docs=1)
+        learn_stream(run, "1987-03-02", "1987-03-03", tracking_uri=uri, experiment="over-http")
         client = MlflowClient(uri)
         (run_info,) = client.search_runs([client.get_experiment_by_name("over-http").experiment_id])
         assert [m.step for m in client.get_metric_history(run_info.info.run_id, "memrate")] == [0, 1]

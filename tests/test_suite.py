@@ -10,6 +10,7 @@ from monim.evaluate import evaluate, period_sets
 from monim.lm import load_lm
 from monim.memory import Memory
 from monim.qa import Question, answer_questions, read_questions
+from monim.config import RunConfig
 from monim.stream import DEMO_STREAM
 
 DAYS = ("1987-03-07", "1987-03-09")  # a Saturday and the next Monday: two ISO weeks
@@ -29,8 +30,8 @@ def suite(prefect, tiny_model_dir, tmp_path_factory):
     qa.write_text("\n".join(json.dumps(r) for r in rows))
     model = str(tiny_model_dir("llama"))
     evaluation = {"period": "week", "period_docs": 2, "text": str(text), "text_every": 1, "qa": str(qa), "shots": (0, 1)}
-    compare_policies(str(DEMO_STREAM), DAYS[0], DAYS[1], ["bare", "fullmem", "monim-amt"], str(workdir), model,
-                     max_docs=2, evaluation=evaluation)
+    run = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=2)
+    compare_policies(run, DAYS[0], DAYS[1], ["bare", "fullmem", "monim-amt"], evaluation=evaluation)
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name(EXPERIMENT)
     runs = {r.info.run_name: r.info.run_id for r in client.search_runs([exp.experiment_id])}
@@ -89,18 +90,19 @@ def test_report_has_the_papers_tables(suite):
 
 def test_rerunning_the_suite_logs_nothing_twice(suite):
     from flows.evaluate import evaluate_runs
-    from flows.stream import stream_config
+    from flows.stream import learn_stream
+    from monim.evaluate import EvalConfig
 
     workdir, model, client, runs, qa = suite
-    configs = [stream_config(str(DEMO_STREAM), p, str(workdir), model, 2, {}, 0, True, None) for p in ("bare", "fullmem")]
-    assert evaluate_runs(configs, DAYS[0], DAYS[1], {"period": "week", "period_docs": 2}) == {}  # all logged already
+    base = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=2)
+    configs = [base.model_copy(update={"policy": p}) for p in ("bare", "fullmem")]
+    weekly = EvalConfig(period="week", period_docs=2)
+    assert evaluate_runs(configs, DAYS[0], DAYS[1], weekly) == {}  # all logged already
     assert len(client.get_metric_history(runs["fullmem"], "ppl_period/1987-W10")) == 2
     # a run without the measure: only it is measured
-    new = stream_config(str(DEMO_STREAM), "randmem", str(workdir), model, 2, {"rate": 0.5}, 0, True, None)
-    from flows.stream import learn_stream
-
-    learn_stream(str(DEMO_STREAM), DAYS[0], DAYS[1], "randmem", str(workdir), model, 2, {"rate": 0.5})
-    out = evaluate_runs([*configs, new], DAYS[0], DAYS[1], {"period": "week", "period_docs": 2})
+    new = base.model_copy(update={"policy": "randmem", "policy_params": {"rate": 0.5}})
+    learn_stream(new, DAYS[0], DAYS[1])
+    out = evaluate_runs([*configs, new], DAYS[0], DAYS[1], weekly)
     assert set(out["periods"]["1987-W10"]) == {"randmem"}
 
 
