@@ -5,18 +5,21 @@ Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the 
 PPL with each memory as of each week's end (the forgetting matrix), the WikiText probe every 7
 days, and the QA quiz with the final memories. Resumable: the work directory keeps the memories,
 the features and rows.json; a finished day is not redone (the suite is kept per date range).
-Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR]
+Writes the report's tables to benchmarks/results/full-volume.md (--report: only that, from what is learned).
+Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
 import argparse
 import datetime as dt
 import json
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+import numpy as np
 from rich.console import Console
 
 from monim.calibration import calibrate
@@ -98,6 +101,60 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
     return out
 
 
+def weighted_ppl(rows: list[dict], name: str | None) -> float:
+    """PPL over every test token of the days (None: the LM alone)."""
+    nll = sum(r["test_tokens"] * math.log(r["ppl_lm"] if name is None else r["runs"][name]["ppl"]) for r in rows)
+    return math.exp(nll / sum(r["test_tokens"] for r in rows))
+
+
+def growth_exponent(rows: list[dict], name: str) -> float:
+    """b in entries ∝ (tokens seen)^b, least squares over the days (b < 1: sub-linear growth)."""
+    seen = np.cumsum([r["runs"][name]["tokens"] for r in rows])
+    entries = np.array([r["runs"][name]["entries"] for r in rows])
+    return float(np.polyfit(np.log(seen), np.log(entries), 1)[0])
+
+
+def _header(columns: list[str]) -> str:
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+
+
+def render(rows: list[dict], suite: dict | None) -> str:
+    """The report's tables, as markdown."""
+    names = {"fullmem": "FullMem", "randmem": "RandMem", "monim-amt": "MoNIM-AMT"}
+    out = [_header(["day", "articles", "train tokens", "test tokens", "LM", *names.values(), "MoNIM MemRate (day / all)",
+                    "entries MoNIM / FullMem", "s: LM, memorize, calibrate, evaluate"])]
+    for r in rows:
+        m, s = r["runs"]["monim-amt"], r["seconds"]
+        stage = [s["featurize"], *(sum(v for k, v in s.items() if k.startswith(p)) for p in ("memorize", "calibrate")),
+                 s["evaluate"]]
+        out.append(f"| {r['date'][5:]} | {r['articles']} | {m['tokens']:,} | {r['test_tokens']:,} | {r['ppl_lm']:.2f} | "
+                   + " | ".join(f"{r['runs'][n]['ppl']:.2f}" + (" fb" if r["runs"][n]["fallback"] else "") for n in names)
+                   + f" | {m['memrate_day']:.1%} / {m['memrate']:.1%} | {m['entries']:,} / {r['runs']['fullmem']['entries']:,}"
+                   + f" | {', '.join(f'{x:.0f}' for x in stage)} |")
+    out.append(f"| all | {sum(r['articles'] for r in rows)} | {sum(r['runs']['fullmem']['tokens'] for r in rows):,} | "
+               f"{sum(r['test_tokens'] for r in rows):,} | **{weighted_ppl(rows, None):.2f}** | "
+               + " | ".join(f"**{weighted_ppl(rows, n):.2f}**" for n in names)
+               + f" | growth exponent {growth_exponent(rows, 'monim-amt'):.3f} | | "
+               + f"{sum(sum(r['seconds'].values()) for r in rows) / 3600:.1f} h in all |")
+    if suite and suite.get("weeks"):
+        cells = sorted({c.split("@")[1] for w in suite["weeks"].values() for c in w["ppl"]})
+        out += ["", _header(["test week", "tokens", "LM", *(f"{names[n]} @ {d[5:]}" for n in names for d in cells)])]
+        for week, w in suite["weeks"].items():
+            out.append(f"| {week} | {w['tokens']:,} | {w['ppl_lm']:.2f} | "
+                       + " | ".join(f"{w['ppl'][f'{n}@{d}']:.2f}" if f"{n}@{d}" in w["ppl"] else "" for n in names for d in cells) + " |")
+    if suite and suite.get("text"):
+        t = suite["text"]
+        out += ["", f"WikiText probe ({t['tokens']:,} tokens): LM {t['ppl_lm']:.2f}; "
+                + "; ".join(f"{names[n]} " + ", ".join(f"{v:.2f} @ {c.split('@')[1][5:]}" for c, v in t["ppl"].items()
+                                                     if c.split("@")[0] == n) for n in names)]
+    if suite and suite.get("qa"):
+        qa = suite["qa"]
+        out += ["", "QA quiz (0-shot, final memories): " + "; ".join(
+            f"{'LM' if n == 'bare' else names[n]} {a['qa_accuracy']:.1%} (n = {a['qa_n']}, 95% CI {a['qa_ci_low']:.1%}–"
+            f"{a['qa_ci_high']:.1%})" for n, a in qa.items())]
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
@@ -110,12 +167,19 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
+    ap.add_argument("--report", action="store_true", help="Only write the report of the days already learned.")
     args = ap.parse_args()
     started, console = time.perf_counter(), Console(width=160)
+    rows_path, report_path = args.workdir / "rows.json", REPO / "benchmarks" / "results" / "full-volume.md"
+    if args.report:
+        rows = [r for d, r in sorted(json.loads(rows_path.read_text()).items()) if args.start.isoformat() <= d <= args.end.isoformat()]
+        suite_path = args.workdir / f"suite-{rows[0]['date']}-{rows[-1]['date']}.json"
+        report_path.write_text(render(rows, json.loads(suite_path.read_text()) if suite_path.exists() else None))
+        console.print(report_path.read_text())
+        return
     lm = load_lm(args.model)
     features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.workdir / "features")
     memories = {name: Memory(args.workdir / name, lm, calibrator_cfg=CalibratorConfig()) for name in POLICIES}
-    rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
     for date in dates:
@@ -134,7 +198,9 @@ def main() -> None:
     suite_path = args.workdir / f"suite-{dates[0]}-{dates[-1]}.json"
     if not suite_path.exists():
         suite_path.write_text(json.dumps(suite(args, features, memories, dates), indent=1))
-    console.print(f"done: {rows_path}, {suite_path} ({time.perf_counter() - started:.0f} s)")
+    report_path.write_text(render([rows[d.isoformat()] for d in dates], json.loads(suite_path.read_text())))
+    console.print(report_path.read_text())
+    console.print(f"done: {rows_path}, {suite_path}, {report_path} ({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":
