@@ -8,7 +8,8 @@ import os
 import time
 from pathlib import Path
 from subprocess import Popen
-from typing import TYPE_CHECKING, Callable, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -42,6 +43,8 @@ TEXT = typer.Option(None, "--text", help="Forgetting probe: a general-domain tex
 TEXT_CHARS = typer.Option(None, "--text-chars", help="Only the text's first characters.")
 TEXT_EVERY = typer.Option(7, "--text-every", help="Days between forgetting probes.")
 QA = typer.Option(None, "--qa", help="Multiple-choice questions (JSONL) for the final memories.")
+WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns the same run in this work directory: "
+                    "wait for it, saying who it is (default), or fail at once.")
 SHOTS = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3.")
 
 
@@ -82,17 +85,32 @@ def _run_config(**fields) -> RunConfig:
                               for err in e.errors()))
 
 
+@contextmanager
+def _not_waiting() -> Iterator[None]:
+    """A run held by another process (with --no-wait) is a clear error, not a traceback."""
+    from monim.lock import Locked
+
+    try:
+        yield
+    except Locked as e:
+        raise _fail(str(e))
+
+
 def _fail(message: str) -> typer.Exit:
     """Say what is wrong in one line on stderr; exit status 2."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(2)
 
 
-def use_workdir(workdir: Path) -> None:
-    """Point Prefect's local state at the work directory (unless a server or home is configured)."""
+def use_workdir(workdir: Path, api: bool = True) -> None:
+    """Point Prefect's local state at the work directory (unless a server or home is configured) and,
+    for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C."""
     workdir.mkdir(parents=True, exist_ok=True)
+    servers.interruptible()
     if "PREFECT_API_URL" not in os.environ:
         os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
+        if api:
+            os.environ["PREFECT_API_URL"] = servers.prefect_api()
     import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
 
 
@@ -203,7 +221,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
                                              help="Keep the LM's features in WORKDIR/features for other policies and "
                                                   "re-runs (off: nothing kept; for a single-policy production run)."),
-          as_json: bool = AS_JSON) -> None:
+          wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
     spec = _run_config(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
@@ -215,7 +233,8 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     use_workdir(workdir)
     from flows.stream import learn_stream
 
-    rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation)
+    with _not_waiting():
+        rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
     name = spec.name
     console.print(_table(f"{name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                         "entries", "ppl_lm", "ppl", "accuracy"]))
@@ -229,7 +248,7 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
             period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
-            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     spec = _run_config(source=source, workdir=str(workdir), model=model, max_docs=max_docs, calibrated=not constant_lam,
                        calibrator_params=_calibrator_params(skip, calibration))
@@ -241,7 +260,9 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
     use_workdir(workdir)
     from flows.compare import compare_policies
 
-    summary = compare_policies(spec, start, end, policies.split(","), tracking_uri=tracking_uri, evaluation=evaluation)
+    with _not_waiting():
+        summary = compare_policies(spec, start, end, policies.split(","), tracking_uri=tracking_uri,
+                                   evaluation=evaluation, wait=wait)
     console.print(_table(f"policies on {source}", _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     _emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
@@ -410,8 +431,7 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
     Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
-    use_workdir(workdir)
-    servers.interruptible()
+    use_workdir(workdir, api=False)
     procs: list[Popen] = []
     if "PREFECT_API_URL" not in os.environ:
         port = servers.free_port(prefect_port)
@@ -437,9 +457,8 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
 @app.command()
 def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_port: int = typer.Option(5000)) -> None:
     """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
-    use_workdir(workdir)
+    use_workdir(workdir, api=False)
     prefect_port, mlflow_port = servers.free_port(prefect_port), servers.free_port(mlflow_port)
-    servers.interruptible()
     procs: list[Popen] = []
     try:
         procs.append(_started(servers.prefect_server, prefect_port))

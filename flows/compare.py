@@ -21,9 +21,10 @@ POLICIES = ["bare", "fullmem", "randmem", "monim", "monim-amt"]
 @flow(name="monim-compare")
 def compare_policies(run: RunConfig, start: str | None = None, end: str | None = None, policies: list[str] | None = None,
                      experiment: str | None = None, tracking_uri: str | None = None,
-                     evaluation: EvalConfig | None = None) -> dict[str, dict]:
+                     evaluation: EvalConfig | None = None, wait: bool = True) -> dict[str, dict]:
     """Run each policy over the same days with the run's settings (RandMem stores at MoNIM's rate
-    when MoNIM runs too), run the evaluation suite over them, and write the report."""
+    when MoNIM runs too), run the evaluation suite over them, and write the report. `wait`: as in
+    learn_stream."""
     policies = policies or POLICIES
     order = sorted(policies, key=lambda p: p != "monim-amt" and p != "monim")  # MoNIM first, for RandMem's rate
     summary: dict[str, dict] = {}
@@ -34,7 +35,7 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
             monim = summary.get("monim-amt") or summary.get("monim")
             params = {"rate": round(monim["memrate"], 4)} if monim else {}
         runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
-        summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, tracking_uri))
+        summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, tracking_uri, wait=wait))
     table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()} for p in policies]
     create_table_artifact(table, key="monim-comparison", description=f"{run.source} {start}..{end}")
     if evaluation:

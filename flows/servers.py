@@ -1,7 +1,11 @@
-"""The local Prefect and MLflow servers that `monim serve` and `monim ui` start and stop."""
+"""The local servers monim starts: the Prefect API of one command, and the Prefect and MLflow
+servers of `monim serve` and `monim ui`. Each is tied to the monim process that started it: it is
+stopped when monim exits, and on Linux the kernel stops it if monim dies (even by kill -9)."""
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import signal
 import socket
@@ -14,20 +18,34 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def free_port(preferred: int) -> int:
+def free_port(preferred: int | None = None) -> int:
     """The preferred port if nothing listens there, else any free one."""
-    with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", preferred)) != 0:
-            return preferred
+    if preferred:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", preferred)) != 0:
+                return preferred
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], health: str, timeout: float = 120) -> subprocess.Popen:
-    """Start a server in its own session (monim decides when it stops) and wait until it answers."""
-    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+def _dies_with(parent: int):
+    """A child's preexec: the kernel sends it SIGTERM when `parent` dies (Linux PR_SET_PDEATHSIG)."""
+
+    def preexec() -> None:
+        if sys.platform == "linux":
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl
+                os._exit(0)
+
+    return preexec
+
+
+def start(cmd: list[str], health: str, timeout: float = 120, env: dict | None = None) -> subprocess.Popen:
+    """Start a server in its own session (Ctrl-C reaches monim, which stops it) that dies with this
+    process, and wait until it answers."""
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | (env or {})
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -45,6 +63,18 @@ def prefect_server(port: int) -> subprocess.Popen:
     """A Prefect server (API and UI) on 127.0.0.1:port, once it answers."""
     return start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                  f"http://127.0.0.1:{port}/api/health")
+
+
+def prefect_api() -> str:
+    """A Prefect API for this process alone (what Prefect's temporary server is, without its UI),
+    stopped when this process exits or dies; its URL."""
+    port = free_port()
+    env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    proc = start([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
+                  "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                 f"http://127.0.0.1:{port}/api/health", env=env)
+    atexit.register(stop, [proc])
+    return f"http://127.0.0.1:{port}/api"
 
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:

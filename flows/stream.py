@@ -11,8 +11,9 @@ from flows.day import learn_day
 from flows.evaluate import evaluate_runs
 from monim.config import RunConfig
 from monim.evaluate import EvalConfig
+from monim.lock import hold
 from monim.stream import list_dates
-from tasks.learning import logger, recorded_days
+from tasks.learning import logger, recorded_days, run_lock
 from tasks.tracking import experiment_name, log_summary, open_run, tracking_uri as resolve_tracking_uri
 
 
@@ -22,24 +23,26 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 
 @flow(name="monim-stream")
 def learn_stream(run: RunConfig, start: str | None = None, end: str | None = None, experiment: str | None = None,
-                 tracking_uri: str | None = None, evaluation: EvalConfig | None = None) -> list[dict]:
+                 tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True) -> list[dict]:
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are skipped.
 
     The run is named after its policy ('<policy>-const' when Θ uses the constant λ). `evaluation`
-    runs the evaluation suite on the run afterwards.
+    runs the evaluation suite on the run afterwards. While another process learns the same run, this
+    one waits (saying who holds it), or fails at once when `wait` is False.
     """
-    done = recorded_days(run)
-    dates = [d.isoformat() for d in list_dates(run.source, _date(start), _date(end))]
-    todo = [d for d in dates if d not in done]
-    logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
-    uri = resolve_tracking_uri(run.workdir, tracking_uri)
-    origin = dt.date.fromisoformat(min([*done, *dates] or ["9999-12-31"]))
-    run_id = open_run(run, experiment or experiment_name(run.source), uri, origin.isoformat())
-    for date in todo:
-        learn_day(run, date, run_id, uri, step=(dt.date.fromisoformat(date) - origin).days)
-    rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
-    if todo:
-        log_summary(run_id, uri, rows)
+    with hold(run_lock(run), wait, say=logger().warning):
+        done = recorded_days(run)
+        dates = [d.isoformat() for d in list_dates(run.source, _date(start), _date(end))]
+        todo = [d for d in dates if d not in done]
+        logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
+        uri = resolve_tracking_uri(run.workdir, tracking_uri)
+        origin = dt.date.fromisoformat(min([*done, *dates] or ["9999-12-31"]))
+        run_id = open_run(run, experiment or experiment_name(run.source), uri, origin.isoformat())
+        for date in todo:
+            learn_day(run, date, run_id, uri, step=(dt.date.fromisoformat(date) - origin).days)
+        rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
+        if todo:
+            log_summary(run_id, uri, rows)
     if evaluation:
         evaluate_runs([run], start, end, evaluation, experiment, tracking_uri)
     return [r for r in rows if r["date"] in dates]
@@ -47,7 +50,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
 
 @flow(name="monim-yesterday")
 def learn_yesterday(run: RunConfig, timezone: str = "UTC", experiment: str | None = None,
-                    tracking_uri: str | None = None, evaluation: EvalConfig | None = None) -> list[dict]:
+                    tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True) -> list[dict]:
     """The daily job: learn yesterday (in `timezone`), catching up any day missed since the last run;
     with `evaluation`, the suite measures the days not measured yet."""
     yesterday = dt.datetime.now(ZoneInfo(timezone)).date() - dt.timedelta(days=1)
@@ -56,4 +59,4 @@ def learn_yesterday(run: RunConfig, timezone: str = "UTC", experiment: str | Non
     if start > yesterday:
         logger().info("nothing to learn: %s is already learned", yesterday)
         return []
-    return learn_stream(run, start.isoformat(), yesterday.isoformat(), experiment, tracking_uri, evaluation)
+    return learn_stream(run, start.isoformat(), yesterday.isoformat(), experiment, tracking_uri, evaluation, wait)

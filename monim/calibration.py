@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from monim.calibrator import CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
-from monim.datastore import _write_json
+from monim.atomic import replacing, write_json
 from monim.knnlm import TEMPERATURES, interpolate, knn_logprobs_by_temperature, tune_grid
 from monim.features import Features, features_of
 from monim.scoring import ScoreConfig, TokenScores
@@ -78,10 +77,8 @@ class Sample:
         if not self.parts:
             return
         batch = TokenScores.concat(self.parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.npz")
-        np.savez(tmp, **{f: getattr(batch, f).astype(str) if f == "doc_id" else getattr(batch, f) for f in LM_FIELDS})
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            np.savez(tmp, **{f: getattr(batch, f).astype(str) if f == "doc_id" else getattr(batch, f) for f in LM_FIELDS})
 
     @staticmethod
     def load(path: Path) -> TokenScores:
@@ -171,46 +168,45 @@ def calibrate(memory: Memory, day: Day, cfg: ScoreConfig | Features | None = Non
     LM alone if Θ is worse than the LM on the held-out tokens. Re-running a calibrated day changes
     nothing unless forced. The set keeps the newest days' examples (a constant cost per day).
     """
-    memory.writable()
-    date = day.date.isoformat()
-    theta = memory.ds.manifest["theta"]
-    same_day = theta.get("date") == date
-    if not len(memory) or (same_day and not force):
-        return theta | {"trained": False}
-    ccfg = memory.calibrator_cfg
-    root = memory.ds.root
-    validation = day.validation[: ccfg.docs_per_day]
-    paper = ccfg.source == "validation"
-    parts = [held_out_examples(memory, validation, cfg, ccfg.holdout if paper else None, f"{date}-validation")]
-    if not paper and (sample := day_sample(memory, day, cfg)) is not None:
-        parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
-    parts = [p for p in parts if p is not None and len(p)]
-    new = Examples.concat(parts) if parts else None
-    previous = memory.calibration_files()
-    previous = previous[:-1] if same_day else previous  # a forced re-run replaces the day's own examples
-    name = f"{date}-{uuid.uuid4().hex[:8]}"
-    folder, tmp = root / "theta" / name, root / "theta" / f".tmp-{name}"
-    sets = [(p, Examples.load(root / p)) for p in previous] + ([(f"theta/{name}/examples.npz", new)] if new else [])
-    kept = newest(sets, ccfg.window_tokens)
-    calibration = Examples.concat([ex for _, ex in kept])
-    train = calibration.take(~calibration.holdout) if (~calibration.holdout).any() else calibration
-    interp, _ = tune_grid(train.lm_logp.astype(np.float64), train.knn_logp.astype(np.float64))
-    start = memory.calibrator() if ccfg.warm_start and not same_day else None
-    epochs = warm_epochs(ccfg, len(previous)) if start is not None else ccfg.max_epochs
-    calibrator = train_calibrator(calibration, ccfg, interp.lam, interp.temperature, start, epochs)
-    calibrator.record["date"] = date
-    tmp.mkdir(parents=True)
-    if new is not None:
-        new.save(tmp / "examples.npz")
-    calibrator.save(tmp / "calibrator.pt")
-    nll = held_out_nll(calibration, interp.lam, interp.temperature) | {"calibrator": calibrator.record["held_out_nll"]}
-    record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
-              "new_tokens": len(new) if new else 0, "source": ccfg.source, "nll": nll, "calibrator": calibrator.record}
-    _write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
-    os.replace(tmp, folder)
-    memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}",
-                         "nll": nll})
-    for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
-        (root / p).unlink(missing_ok=True)
-    sample_path(memory, date).unlink(missing_ok=True)
-    return record | {"trained": True}
+    with memory.writing():  # one writer at a time; the manifest re-read under the lock
+        date = day.date.isoformat()
+        theta = memory.ds.manifest["theta"]
+        same_day = theta.get("date") == date
+        if not len(memory) or (same_day and not force):
+            return theta | {"trained": False}
+        ccfg = memory.calibrator_cfg
+        root = memory.ds.root
+        validation = day.validation[: ccfg.docs_per_day]
+        paper = ccfg.source == "validation"
+        parts = [held_out_examples(memory, validation, cfg, ccfg.holdout if paper else None, f"{date}-validation")]
+        if not paper and (sample := day_sample(memory, day, cfg)) is not None:
+            parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
+        parts = [p for p in parts if p is not None and len(p)]
+        new = Examples.concat(parts) if parts else None
+        previous = memory.calibration_files()
+        previous = previous[:-1] if same_day else previous  # a forced re-run replaces the day's own examples
+        name = f"{date}-{uuid.uuid4().hex[:8]}"
+        sets = [(p, Examples.load(root / p)) for p in previous] + ([(f"theta/{name}/examples.npz", new)] if new else [])
+        kept = newest(sets, ccfg.window_tokens)
+        calibration = Examples.concat([ex for _, ex in kept])
+        train = calibration.take(~calibration.holdout) if (~calibration.holdout).any() else calibration
+        interp, _ = tune_grid(train.lm_logp.astype(np.float64), train.knn_logp.astype(np.float64))
+        start = memory.calibrator() if ccfg.warm_start and not same_day else None
+        epochs = warm_epochs(ccfg, len(previous)) if start is not None else ccfg.max_epochs
+        calibrator = train_calibrator(calibration, ccfg, interp.lam, interp.temperature, start, epochs)
+        calibrator.record["date"] = date
+        nll = held_out_nll(calibration, interp.lam, interp.temperature) | {"calibrator": calibrator.record["held_out_nll"]}
+        record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
+                  "new_tokens": len(new) if new else 0, "source": ccfg.source, "nll": nll, "calibrator": calibrator.record}
+        with replacing(root / "theta" / name) as tmp:
+            tmp.mkdir()
+            if new is not None:
+                new.save(tmp / "examples.npz")
+            calibrator.save(tmp / "calibrator.pt")
+            write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
+        memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}",
+                             "nll": nll})
+        for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
+            (root / p).unlink(missing_ok=True)
+        sample_path(memory, date).unlink(missing_ok=True)
+        return record | {"trained": True}

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from monim.atomic import checksum, replacing, write_json
 
 FORMAT = 1
 DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.int32, "positions": np.int32}
@@ -61,29 +62,11 @@ class DayRecord:
     policy: str
     params: dict = field(default_factory=dict)
     forgotten: int = 0
+    checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
 
     @property
     def memrate(self) -> float:
         return self.entries / self.tokens_seen if self.tokens_seen else 0.0
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """Write JSON beside `path`, flush it to disk, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class Datastore:
@@ -106,6 +89,15 @@ class Datastore:
                         "next_id": 0, "entries": 0, "days": [], "theta": {}}
         self.manifest = manifest
         self._values: np.ndarray | None = None
+
+    def reload(self) -> bool:
+        """Re-read the manifest (another process may have committed since); whether it changed."""
+        path = self.root / "manifest.json"
+        manifest = json.loads(path.read_text()) if path.exists() else self.manifest
+        changed = manifest != self.manifest
+        self.manifest = manifest
+        self._values = None if changed else self._values
+        return changed
 
     @classmethod
     def read(cls, root: Path | str) -> Datastore:
@@ -224,8 +216,8 @@ class Datastore:
         }
         arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()} | (text or {})
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
-        self._write_shard(name, arrays, docs)
-        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}).__dict__)
+        sums = self._write_shard(name, arrays, docs)
+        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}, checksums=sums).__dict__)
         self._publish(days, next_id=next_id + len(entries))
         return True
 
@@ -238,7 +230,7 @@ class Datastore:
             if rec["date"] in drop_days:
                 removed += rec["entries"]
                 rec["forgotten"] += rec["entries"]
-                rec.update(entries=0, shard=self._rewrite(rec, None))
+                rec.update(entries=0, **self._rewrite(rec, None))
             elif drop_docs:
                 names = self.shard_docs(rec["shard"])
                 hit = [i for i, d in enumerate(names) if d in drop_docs]
@@ -247,7 +239,7 @@ class Datastore:
                     n_drop = int((~keep).sum())
                     removed += n_drop
                     rec["forgotten"] += n_drop
-                    rec.update(entries=int(keep.sum()), shard=self._rewrite(rec, keep))
+                    rec.update(entries=int(keep.sum()), **self._rewrite(rec, keep))
             new_days.append(rec)
         if removed:
             self._publish(new_days, next_id=self.manifest["next_id"])
@@ -257,8 +249,9 @@ class Datastore:
         """Record the semiparametric model's settings (λ, T, ...) the next day will score with."""
         self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
 
-    def _rewrite(self, rec: dict, keep: np.ndarray | None) -> str:
-        """A new shard holding the kept entries of `rec`'s shard; keep None: none, nor its text."""
+    def _rewrite(self, rec: dict, keep: np.ndarray | None) -> dict:
+        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text): its
+        name and checksums."""
         old = rec["shard"]
         n = len(self.shard(old, "values"))
         text = {} if keep is None else {p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
@@ -266,25 +259,16 @@ class Datastore:
         keep = np.zeros(n, bool) if keep is None else keep
         arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES} | text
         name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
-        self._write_shard(name, arrays, self.shard_docs(old))
-        return name
+        return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old))}
 
-    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str]) -> None:
-        """Write a shard aside, flush every file, then rename the folder into place."""
-        shards = self.root / "shards"
-        tmp = shards / f".tmp-{name}"
-        tmp.mkdir(parents=True)
-        for key, arr in arrays.items():
-            with open(tmp / f"{key}.npy", "wb") as f:
-                np.save(f, arr)
-                f.flush()
-                os.fsync(f.fileno())
-        with open(tmp / "docs.json", "w") as f:
-            json.dump(docs, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, shards / name)
-        _fsync_dir(shards)
+    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str]) -> dict[str, str]:
+        """Write a shard folder atomically; the sha256 of each of its files."""
+        with replacing(self.root / "shards" / name) as tmp:
+            tmp.mkdir()
+            for key, arr in arrays.items():
+                np.save(tmp / f"{key}.npy", arr)
+            (tmp / "docs.json").write_text(json.dumps(docs))
+            return {p.name: checksum(p) for p in sorted(tmp.iterdir())}
 
     def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True) -> None:
         """Commit: the manifest rename is the single step that makes a change visible.
@@ -296,7 +280,7 @@ class Datastore:
                         entries=sum(d["entries"] for d in days))
         if theta is not None:
             manifest["theta"] = theta
-        _write_json(self.root / "manifest.json", manifest)
+        write_json(self.root / "manifest.json", manifest)
         self.manifest = manifest
         self._values = None
         self._collect_garbage()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import IO, Callable, Iterator
 
 import indexed_gzip
 
+from monim.atomic import replacing, write_json
 from monim.lm import cache_dir
 
 
@@ -84,14 +83,9 @@ def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayInde
                 resume, resume_line = f.tell(), n + 1
         if path.suffix == ".gz":
             f.build_full_index()
-            meta.parent.mkdir(parents=True, exist_ok=True)
-            tmp = points.with_name(f".{uuid.uuid4().hex}")
-            f.export_index(str(tmp))
-            os.replace(tmp, points)
-    meta.parent.mkdir(parents=True, exist_ok=True)
-    tmp = meta.with_name(f".{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps({"stamp": stamp, "starts": starts}))
-    os.replace(tmp, meta)
+            with replacing(points) as tmp:
+                f.export_index(str(tmp))
+    write_json(meta, {"stamp": stamp, "starts": starts}, indent=None)
     return DayIndex(path, starts)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from monim.atomic import TMP, is_stray, replacing
 from monim.lm import LM
 from monim.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
 from monim.stream import Document
@@ -121,20 +121,20 @@ class Features:
         total = int(starts[-1])
         row_of = {d.id: int(s) for d, s in zip(docs, starts)}
         name = f"{name}-{uuid.uuid4().hex[:8]}"
-        tmp = self.folder / f".tmp-{name}"
-        tmp.mkdir(parents=True)
-        arrays: dict[str, np.ndarray] = {}
-        for batch in self._live(docs, ids, progress):
-            if not arrays:
-                arrays = {f: np.lib.format.open_memmap(tmp / f"{f}.npy", "w+", getattr(batch, f).dtype,
-                                                       (total, *getattr(batch, f).shape[1:])) for f in STORED}
-            rows = np.array([row_of[d] for d in batch.doc_id], np.int64) + batch.position - 1
-            for f in STORED:
-                arrays[f][rows] = getattr(batch, f)
-        for a in arrays.values():
-            a.flush()
-        (tmp / "docs.json").write_text(json.dumps([[digest(d.text), int(s), n] for d, s, n in zip(docs, starts, lengths)]))
-        os.replace(tmp, self.folder / name)
+        with replacing(self.folder / name) as tmp:
+            tmp.mkdir()
+            arrays: dict[str, np.ndarray] = {}
+            for batch in self._live(docs, ids, progress):
+                if not arrays:
+                    arrays = {f: np.lib.format.open_memmap(tmp / f"{f}.npy", "w+", getattr(batch, f).dtype,
+                                                           (total, *getattr(batch, f).shape[1:])) for f in STORED}
+                rows = np.array([row_of[d] for d in batch.doc_id], np.int64) + batch.position - 1
+                for f in STORED:
+                    arrays[f][rows] = getattr(batch, f)
+            for a in arrays.values():
+                a.flush()
+            del arrays
+            (tmp / "docs.json").write_text(json.dumps([[digest(d.text), int(s), n] for d, s, n in zip(docs, starts, lengths)]))
         for d, s, n in zip(docs, starts, lengths):
             self._index[digest(d.text)] = (name, int(s), n)
         if self.max_bytes is not None:
@@ -171,7 +171,7 @@ def features_of(lm: LM, spec: Features | ScoreConfig | None) -> Features:
 
 
 def _folders(store: Path) -> list[Path]:
-    return [p for p in Path(store).glob("*/*") if p.is_dir() and not p.name.startswith(".tmp-")]
+    return [p for p in Path(store).glob("*/*") if p.is_dir() and not is_stray(p)]
 
 
 def _size(folder: Path) -> int:
@@ -206,7 +206,7 @@ def gc(store: Path | str, keep_days: int | None = None, max_bytes: int | None = 
     store = Path(store)
     before = sum(_size(p) for p in _folders(store)) if store.is_dir() else 0
     removed = []
-    for tmp in store.glob("*/.tmp-*"):
+    for tmp in store.glob(f"*/{TMP}*"):
         shutil.rmtree(tmp, ignore_errors=True)
     if keep_days is not None:
         dates = sorted({d for p in _folders(store) if (d := _date(p.name))})

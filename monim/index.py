@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from monim.datastore import Datastore, _write_json
+from monim.atomic import replacing, write_json
+from monim.datastore import Datastore
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class MemoryIndex:
                 self.meta = json.loads(meta_path.read_text())
             except RuntimeError as e:  # a damaged file is rebuilt from the keys on disk
                 log.warning("rebuilding unreadable index %s: %s", index_path, e)
+            if self.index is not None and self.meta.get("ntotal", self.index.ntotal) != self.index.ntotal:
+                self.meta.pop("version")  # the files are from two saves (read while a writer saved): sync by ids
 
     @property
     def ntotal(self) -> int:
@@ -84,8 +86,8 @@ class MemoryIndex:
     def bytes_on_disk(self) -> int:
         return index_bytes(self.dir.parent)
 
-    def sync(self, ds: Datastore, retrain: bool = False) -> dict:
-        """Bring the index up to the datastore's committed version: add, remove, or rebuild."""
+    def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
+        """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save)."""
         started = time.perf_counter()
         stats = {"added": 0, "removed": 0, "rebuilt": False}
         if self.index is not None and self.meta.get("version") == ds.version and not retrain:
@@ -109,8 +111,9 @@ class MemoryIndex:
                 self._search_index = None
             self._add_ids(ds, new)
             stats.update(added=len(new), removed=len(gone))
-        self.meta["version"] = ds.version
-        self._save()
+        self.meta |= {"version": ds.version, "ntotal": self.index.ntotal}
+        if save:
+            self._save()
         return stats | {"seconds": time.perf_counter() - started}
 
     def _build(self, ds: Datastore, kind: str) -> None:
@@ -145,11 +148,9 @@ class MemoryIndex:
         self._search_index = None
 
     def _save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".index.faiss.tmp"
-        faiss.write_index(self.index, str(tmp))
-        os.replace(tmp, self.dir / "index.faiss")
-        _write_json(self.dir / "meta.json", self.meta)
+        with replacing(self.dir / "index.faiss") as tmp:
+            faiss.write_index(self.index, str(tmp))
+        write_json(self.dir / "meta.json", self.meta)
 
     def _searcher(self) -> faiss.Index:
         """The index to search: a GPU copy (float16 lookup tables) when a GPU is there."""

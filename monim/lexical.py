@@ -8,13 +8,12 @@ derived file, like the index: rebuilt from the shards when it does not match the
 from __future__ import annotations
 
 import functools
-import os
-import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from monim.atomic import replacing
 from monim.datastore import Datastore
 
 TEXT_ARRAYS = ("lex_tokens", "lex_counts", "lex_pairs")
@@ -85,7 +84,6 @@ class LexicalCounts:
                 counts = cls(counts.count, counts.pairs, [*counts.shards, shard])
         if shards != every:
             return counts
-        tmp = path.with_name(f".lexical.{uuid.uuid4().hex}.npz")
-        np.savez(tmp, count=counts.count, pairs=counts.pairs, shards=np.array(counts.shards, dtype=str))
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            np.savez(tmp, count=counts.count, pairs=counts.pairs, shards=np.array(counts.shards, dtype=str))
         return counts

@@ -7,14 +7,14 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
+
+from monim.atomic import replacing
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -136,13 +136,13 @@ def convert_gguf(gguf: Path) -> Path:
         del config.quantization_config
     clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     clean.load_state_dict(loaded.state_dict())
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
-    clean.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     try:
-        tmp.rename(out)  # atomic publish; a concurrent converter may have won the race
+        with replacing(out) as tmp:
+            clean.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     except OSError:
-        shutil.rmtree(tmp)
+        if not out.is_dir():  # else a concurrent converter won the race
+            raise
     return out
 
 

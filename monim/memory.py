@@ -8,9 +8,10 @@ import datetime as dt
 import functools
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import Interpolation, ThetaScores, theta_scores
 from monim.lexical import LexicalCounts, day_counts
 from monim.lm import LM
+from monim.lock import Locked, hold
 from monim.features import Features, features_of
 from monim.scoring import ScoreConfig, TokenScores, score
 from monim.policies import Policy, policy_params
@@ -162,9 +164,24 @@ class Memory:
         """log P(target), max log P and top-1 of each token under Θ."""
         return theta_scores(batch, self.interpolation, len(self.lm.tokenizer), self.lam(batch))
 
+    @contextmanager
+    def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
+        """Hold this memory's write lock (re-entrant; `monim.lock.hold`), the manifest re-read under it."""
+        self.writable()
+        with hold(self.ds.root / ".lock", wait, say):
+            if self.ds.reload():
+                self._lexical, self._twins = None, None
+                self._loaded.clear()
+            yield
+
     def sync(self, retrain: bool = False) -> dict:
-        """Bring the index up to the committed entries (detects a stale or missing index)."""
-        return self.index.sync(self.ds, retrain)
+        """Bring the index up to the committed entries (detects a stale or missing index). It is
+        saved unless another process is writing this memory (a reader never waits)."""
+        try:
+            with hold(self.ds.root / ".lock", wait=False):
+                return self.index.sync(self.ds, retrain)
+        except Locked:
+            return self.index.sync(self.ds, retrain, save=False)
 
     def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                   exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -220,9 +237,9 @@ class Memory:
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
         """Remove documents' or days' entries from the datastore, and then from the index."""
-        self.writable()
-        removed = self.ds.forget(doc_ids, days)
-        self.sync()
+        with self.writing():
+            removed = self.ds.forget(doc_ids, days)
+            self.sync()
         return removed
 
     def bytes_on_disk(self) -> int:
@@ -255,43 +272,43 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Fe
     other policies' runs may have put them already). `progress(tokens_done, tokens_total)` is
     called after each scored batch.
     """
-    memory.writable()
-    ds, date = memory.ds, day.date.isoformat()
-    if ds.committed(date) and not force:
-        rec = next(d for d in ds.days if d.date == date)
-        return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
-    features = features_of(memory.lm, cfg)
-    docs = day.train[:max_docs]
-    tokens = features.tokenize(docs)
-    sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
-    timer = {"lm_and_search": 0.0, "policy": 0.0}
-    memory.search_seconds = 0.0
-    rng = np.random.default_rng([seed, day.date.toordinal()])
-    parts: list[Entries] = []
-    tokens_seen = 0
-    started = time.perf_counter()
-    memory.sync()
-    search = memory.search if memory.retrieves and policy.uses_theta else None
-    total = sum(max(0, len(t) - 1) for t in tokens)
-    for batch in features.scores(docs, f"{date}-train", search, tokens):
-        t = time.perf_counter()
-        timer["lm_and_search"] += t - started
-        keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
-        parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
-        sample.add(batch)
-        tokens_seen += len(batch)
-        if progress:
-            progress(tokens_seen, total)
+    with memory.writing():  # one writer at a time; the manifest re-read under the lock
+        ds, date = memory.ds, day.date.isoformat()
+        if ds.committed(date) and not force:
+            rec = next(d for d in ds.days if d.date == date)
+            return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
+        features = features_of(memory.lm, cfg)
+        docs = day.train[:max_docs]
+        tokens = features.tokenize(docs)
+        sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
+        timer = {"lm_and_search": 0.0, "policy": 0.0}
+        memory.search_seconds = 0.0
+        rng = np.random.default_rng([seed, day.date.toordinal()])
+        parts: list[Entries] = []
+        tokens_seen = 0
         started = time.perf_counter()
-        timer["policy"] += started - t
-    entries = Entries.concat(parts, memory.lm.hidden_size)
-    t = time.perf_counter()
-    sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
-    ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                   text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays())
-    memory.lexical()  # extend the lexical counts with the day
-    timer["commit"] = time.perf_counter() - t
-    timer["index"] = memory.sync()["seconds"]
-    timer["search"] = memory.search_seconds
-    memrate = len(entries) / tokens_seen if tokens_seen else 0.0
-    return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)
+        memory.sync()
+        search = memory.search if memory.retrieves and policy.uses_theta else None
+        total = sum(max(0, len(t) - 1) for t in tokens)
+        for batch in features.scores(docs, f"{date}-train", search, tokens):
+            t = time.perf_counter()
+            timer["lm_and_search"] += t - started
+            keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
+            parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
+            sample.add(batch)
+            tokens_seen += len(batch)
+            if progress:
+                progress(tokens_seen, total)
+            started = time.perf_counter()
+            timer["policy"] += started - t
+        entries = Entries.concat(parts, memory.lm.hidden_size)
+        t = time.perf_counter()
+        sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
+        ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
+                       text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays())
+        memory.lexical()  # extend the lexical counts with the day
+        timer["commit"] = time.perf_counter() - t
+        timer["index"] = memory.sync()["seconds"]
+        timer["search"] = memory.search_seconds
+        memrate = len(entries) / tokens_seen if tokens_seen else 0.0
+        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)

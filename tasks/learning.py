@@ -19,7 +19,7 @@ from prefect.exceptions import MissingContextError
 from tqdm.auto import tqdm
 
 from monim.config import RunConfig
-from monim.datastore import _write_json
+from monim.atomic import write_json
 from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
 from monim.calibration import calibrate as calibrate_memory
@@ -161,6 +161,12 @@ def record_path(cfg: RunConfig) -> Path:
     return Path(cfg.workdir) / "runs" / f"{cfg.name}.json"
 
 
+def run_lock(cfg: RunConfig) -> Path:
+    """The lock a run's flow holds while it learns: one stream per run at a time (the daily run
+    waits for a backfill), whatever the memory's own lock allows between days."""
+    return Path(cfg.workdir) / "runs" / f".{cfg.name}.lock"
+
+
 def recorded_days(cfg: RunConfig) -> dict[str, dict]:
     """The finished days of this run (date -> its row), from earlier flow runs too."""
     path = record_path(cfg)
@@ -172,4 +178,4 @@ def record_day(cfg: RunConfig, row: dict) -> None:
     """Add a finished day's row to the run's record (atomically); the stream resumes after it."""
     path = record_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, recorded_days(cfg) | {row["date"]: row})
+    write_json(path, recorded_days(cfg) | {row["date"]: row})

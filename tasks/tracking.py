@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import csv
+import functools
+import inspect
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.config import RunConfig
+from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
+from tasks.learning import logger
 
 
 def tracking_uri(workdir: str, uri: str | None = None) -> str:
@@ -23,6 +28,20 @@ def tracking_uri(workdir: str, uri: str | None = None) -> str:
 def experiment_name(source: str) -> str:
     """The default MLflow experiment of a stream: one per source."""
     return "monim-" + Path(source.removeprefix("hf:")).name.split(".")[0]
+
+
+def one_at_a_time(fn):
+    """Run a tracking call holding the lock of a local SQLite store: two processes must not use it at
+    once (its first use creates and migrates the schema; concurrent writers then collide)."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        uri = inspect.signature(fn).bind(*args, **kwargs).arguments["uri"]
+        path = Path(uri.removeprefix("sqlite:///")).with_suffix(".lock") if uri.startswith("sqlite:///") else None
+        with hold(path, say=logger().info) if path else nullcontext():
+            return fn(*args, **kwargs)
+
+    return locked
 
 
 def client(uri: str):
@@ -44,6 +63,7 @@ def experiment_id(uri: str, name: str, workdir: str) -> str:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def open_run(cfg: RunConfig, experiment: str, uri: str, origin: str | None = None) -> str:
     """The MLflow run of this policy on this work directory: resumed if it exists, else created.
     `origin`: the date of step 0 (tagged, so that readers can turn steps back into dates)."""
@@ -69,6 +89,7 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, origin: str | None = Non
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def log_day(run_id: str, uri: str, step: int, metrics: dict) -> bool:
     """Log one day's numeric metrics at step = day index, once (a re-run logs nothing again)."""
     c = client(uri)
@@ -79,6 +100,7 @@ def log_day(run_id: str, uri: str, step: int, metrics: dict) -> bool:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> int:
     """Log (metric, step, value) points not logged yet at that step; returns how many were new."""
     c = client(uri)
@@ -90,6 +112,7 @@ def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> i
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def metric_steps(run_id: str, uri: str, keys: list[str]) -> dict[str, list[int]]:
     """The steps at which each of these metrics is logged in the run."""
     c = client(uri)
@@ -109,6 +132,7 @@ def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
     """The per-day CSV and the plots (memory growth vs FullMem, PPL over days) as run artifacts."""
     if not rows:
@@ -128,6 +152,7 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
     """Every run of an experiment: {name: {"tags", "params", "metrics": {key: [(step, value)]}}}."""
     c = client(uri)
