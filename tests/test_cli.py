@@ -123,3 +123,61 @@ def test_help_lists_every_verb():
     out = monim("--help").stdout
     for verb in ("run", "learn", "compare", "eval", "status", "forget", "serve", "ui"):
         assert verb in out
+
+
+def memory_arrays(workdir, name="fullmem"):
+    from monim.datastore import Datastore
+
+    ds = Datastore.read(workdir / "memories" / name)
+    return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "ids", "positions")}
+
+
+def test_two_writers_on_one_run_make_the_memory_of_one(learned, tmp_path):
+    import numpy as np
+
+    from monim.lock import hold
+
+    workdir, model, out = learned
+    args = ["learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-03", "--policy", "fullmem",
+            "--workdir", tmp_path, "--model", model, "--max-docs", 2]
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    procs = [subprocess.Popen([MONIM, *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert not any("Retrying" in log or "retry" in log.lower() for log in logs)  # no task failed and was retried
+    days, arrays = memory_arrays(tmp_path)
+    want_days, want = memory_arrays(workdir)
+    assert days == want_days
+    for a in want:
+        np.testing.assert_array_equal(arrays[a], want[a])
+    # with --no-wait, a run another process holds fails at once, naming the holder
+    with hold(tmp_path / "runs" / ".fullmem.lock"):
+        proc = monim(*args, "--no-wait", check=False)
+    assert proc.returncode == 2 and f"is being written by pid {os.getpid()}" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_stopped_command_leaves_no_process_and_its_last_committed_day(how, tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    proc = subprocess.Popen([MONIM, "learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-13",
+                             "--policy", "fullmem", "--workdir", str(tmp_path), "--model", str(tiny_model_dir("gpt2")),
+                             "--max-docs", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = tmp_path / "memories" / "fullmem" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not manifest.exists():  # a day is committed: the command is in the middle of its stream
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children  # its Prefect API
+    os.kill(proc.pid, getattr(signal, how))
+    proc.wait(timeout=10)  # stops within 10 s
+    gone, alive = psutil.wait_procs(children, timeout=30 if how == "SIGKILL" else 5)
+    assert not alive, [p.cmdline() for p in alive]
+    days, _ = memory_arrays(tmp_path)
+    assert days and days == sorted(days) and days[0] == "1987-03-02"  # whole days, from the first

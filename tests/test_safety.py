@@ -1,0 +1,127 @@
+"""Nothing a user or the machine does loses a day: atomic writes, a full disk, one writer at a time."""
+
+import datetime as dt
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from monim.atomic import DiskFull, replacing, write_json
+from monim.datastore import Datastore, Entries
+from monim.lock import Locked, hold
+
+D = 8
+
+
+def entries(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return Entries(rng.standard_normal((n, D)).astype(np.float16), rng.integers(0, 50000, n).astype(np.int32),
+                   [f"doc{i % 3}" for i in range(n)], np.arange(n, dtype=np.int32))
+
+
+def test_a_failed_write_leaves_what_was_there(tmp_path):
+    path = tmp_path / "state.json"
+    write_json(path, {"day": 1})
+    with pytest.raises(RuntimeError):
+        with replacing(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert json.loads(path.read_text()) == {"day": 1} and os.listdir(tmp_path) == ["state.json"]
+
+
+def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monkeypatch):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    manifest = (tmp_path / "manifest.json").read_bytes()
+    real_save = np.save
+
+    def full(file, arr, *args, **kwargs):  # the disk fills up in the middle of the shard's second array
+        if str(file).endswith("values.npy"):
+            with open(file, "wb") as f:
+                f.write(b"\x93NUMPY")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(file, arr, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", full)
+    with pytest.raises(DiskFull, match="disk full while writing .*unchanged"):
+        ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    monkeypatch.undo()
+    assert (tmp_path / "manifest.json").read_bytes() == manifest
+    assert [p.name for p in (tmp_path / "shards").iterdir()] == [ds.days[0].shard]  # no half-written shard
+    assert Datastore(tmp_path, "m", D, "tok").commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+
+
+def test_a_commit_records_each_shard_file_checksum(tmp_path):
+    ds = Datastore(tmp_path, "m", D, "tok")
+    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    folder = tmp_path / "shards" / ds.days[0].shard
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["docs.json", "docs.npy", "ids.npy", "keys.npy", "positions.npy", "values.npy"]
+    assert ds.days[0].checksums == {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in files}
+
+
+HOLDER = "import sys, time\nfrom monim.lock import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n"
+
+
+def holder(lock, seconds):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_held_lock_names_its_holder_and_a_dead_holder_frees_it(tmp_path):
+    lock = tmp_path / "memory" / ".lock"
+    proc = holder(lock, 60)
+    with pytest.raises(Locked, match=f"being written by pid {proc.pid} on .* since .*-c"):
+        with hold(lock, wait=False):
+            pass
+    proc.kill()  # kill -9: the kernel drops its lock
+    proc.wait()
+    with hold(lock, wait=False):
+        with hold(lock, wait=False):  # re-entrant in one process (a flow and its tasks)
+            pass
+
+
+def test_a_second_writer_waits_and_says_for_whom(tmp_path):
+    lock = tmp_path / ".lock"
+    proc = holder(lock, 2)
+    said: list[str] = []
+    started = time.monotonic()
+    with hold(lock, say=said.append, every=0.5):
+        waited = time.monotonic() - started
+    proc.wait()
+    assert waited > 0.5 and said and all(f"pid {proc.pid}" in s for s in said)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from monim.lm import load_lm
+
+    return load_lm(str(tiny_model_dir("llama")))
+
+
+def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
+    """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
+    from monim.memory import Memory, memorize_day
+    from monim.policies import make_policy
+    from monim.stream import DEMO_STREAM, iter_days, open_source
+
+    days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
+    days = [type(d)(d.date, d.train[:2], [], []) for d in days]
+    first, second = Memory(tmp_path / "m", tiny), Memory(tmp_path / "m", tiny)
+    alone = Memory(tmp_path / "alone", tiny)
+    assert memorize_day(first, days[0], make_policy("fullmem")).committed
+    assert not memorize_day(second, days[0], make_policy("fullmem")).committed  # already there: nothing changed
+    assert memorize_day(second, days[1], make_policy("fullmem")).committed
+    for day in days:
+        memorize_day(alone, day, make_policy("fullmem"))
+    reopened = Datastore.read(tmp_path / "m")
+    assert [d.date for d in reopened.days] == ["1987-03-02", "1987-03-03"]
+    for array in ("keys", "values", "ids", "positions"):
+        np.testing.assert_array_equal(reopened.array(array), alone.ds.array(array))
