@@ -356,6 +356,27 @@ def report(workdir: Path = WORKDIR, experiment: Optional[str] = typer.Option(Non
 
 
 @app.command()
+def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
+                                                              "lexical counts, records, MLflow steps) and remove strays."),
+         tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Check every memory against its manifest (shards, checksums, index, strays), run records and
+    MLflow's steps against them; exit status 1 when something is wrong (and not repaired)."""
+    if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
+        raise _fail(f"no work directory at {workdir} (no memories/ or runs/)")
+    use_workdir(workdir)
+    from flows.fsck import check_workdir
+
+    problems = check_workdir(str(workdir), tracking_uri, repair)
+    wrong = [p for p in problems if not p["repaired"]]
+    if problems:
+        console.print(_table(f"fsck {workdir}", problems, ["where", "what", "repair", "repaired"]))
+    console.print(f"{len(problems)} problems, {len(problems) - len(wrong)} repaired" if problems else f"{workdir}: clean")
+    _emit({"clean": not wrong, "problems": problems}, as_json)
+    if wrong:
+        raise typer.Exit(1)
+
+
+@app.command()
 def gc(workdir: Path = WORKDIR, keep_days: Optional[int] = typer.Option(None, "--keep-days", help="Keep the LM features of the newest N days."),
        max_gb: Optional[float] = typer.Option(None, "--max-gb", help="Then keep the newest features that fit in this size."),
        as_json: bool = AS_JSON) -> None:

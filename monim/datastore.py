@@ -1,7 +1,8 @@
 """Datastore: the append-only key/value memory on disk, committed one day at a time, atomically.
 
 Layout of a memory directory:
-    manifest.json          what is committed (written last, by rename): days, shards, counts
+    manifest.json          what is committed (written last, by rename): days, shards, counts, and
+                           Θ's history (`thetas`: each calibration's date, folder, λ, T, held-out NLL)
     shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
                            ids.npy (int64, stable entry ids), docs.npy (int32 index into
                            docs.json), positions.npy (int32 token position in the document)
@@ -69,6 +70,18 @@ class DayRecord:
         return self.entries / self.tokens_seen if self.tokens_seen else 0.0
 
 
+def _theta_history(root: Path) -> list[dict]:
+    """Θ's history of a memory written before the manifest kept it: from its calibration folders
+    (a day calibrated twice counts its last calibration)."""
+    metas = sorted((root / "theta").glob("*/meta.json"), key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
+    history: dict[str, dict] = {}
+    for meta in metas:
+        record = json.loads(meta.read_text())
+        history[record["date"]] = {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {
+            "dir": f"theta/{meta.parent.name}"}
+    return list(history.values())
+
+
 class Datastore:
     """The memory's entries on disk; every change is published by one manifest rename."""
 
@@ -86,7 +99,9 @@ class Datastore:
                     )
         else:
             manifest = {"format": FORMAT, **self.identity, "key_dtype": "float16", "version": 0,
-                        "next_id": 0, "entries": 0, "days": [], "theta": {}}
+                        "next_id": 0, "entries": 0, "days": [], "theta": {}, "thetas": []}
+        if "thetas" not in manifest:  # written before Θ's history was kept here
+            manifest["thetas"] = _theta_history(self.root)
         self.manifest = manifest
         self._values: np.ndarray | None = None
 
@@ -246,8 +261,14 @@ class Datastore:
         return removed
 
     def set_theta(self, theta: dict) -> None:
-        """Record the semiparametric model's settings (λ, T, ...) the next day will score with."""
+        """Record the semiparametric model's settings (λ, T, date, dir, ...) the next day will score
+        with, and add them to Θ's history (a day calibrated again replaces its entry)."""
         self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
+
+    def theta_at(self, as_of: str | None = None) -> dict:
+        """Θ's settings as of the end of day `as_of` (None: the latest)."""
+        thetas = [t for t in self.manifest["thetas"] if as_of is None or t["date"] <= as_of]
+        return thetas[-1] if thetas else {}
 
     def _rewrite(self, rec: dict, keep: np.ndarray | None) -> dict:
         """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text): its
@@ -280,6 +301,7 @@ class Datastore:
                         entries=sum(d["entries"] for d in days))
         if theta is not None:
             manifest["theta"] = theta
+            manifest["thetas"] = [t for t in manifest["thetas"] if t["date"] != theta["date"]] + [theta]
         write_json(self.root / "manifest.json", manifest)
         self.manifest = manifest
         self._values = None

@@ -1,7 +1,7 @@
 """One writer at a time: an exclusive lock per memory (and per work directory's run records).
 
 The lock is an advisory `flock` on a file, through `filelock`: the kernel drops it when its holder
-dies, even by `kill -9`, so a dead holder's lock is simply free. Beside it, `<lock>.holder.json`
+dies, even by `kill -9`, so a dead holder's lock is simply free. Beside it, `<lock>.holder`
 says who holds it (pid, host, command, since when) for the message a waiting writer prints.
 On a network filesystem, Linux implements flock with the server's byte-range locks (NFSv4, or
 NLM for v3): the lock holds across hosts when the mount supports locking; where it does not
@@ -32,7 +32,7 @@ class Locked(RuntimeError):
 def holder(lock: Path) -> str:
     """Who holds (or last held) the lock, in words."""
     try:
-        h = json.loads(Path(f"{lock}.holder.json").read_text())
+        h = json.loads(Path(f"{lock}.holder").read_text())
     except (OSError, ValueError):
         return "another process"
     return f"pid {h['pid']} on {h['host']} since {h['since']} ({h['command']})"
@@ -62,7 +62,7 @@ def hold(path: Path | str, wait: bool = True, say: Callable[[str], None] | None 
                 continue
     try:
         if first:
-            write_json(Path(f"{path}.holder.json"), {
+            write_json(Path(f"{path}.holder"), {
                 "pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:300],
                 "since": dt.datetime.now().astimezone().isoformat(timespec="seconds")})
         yield

@@ -81,15 +81,7 @@ class Memory:
 
     def theta(self) -> dict:
         """Θ's settings (λ, T, date, dir): the last calibration, or the last one up to `as_of`."""
-        if self.as_of is None:
-            return self.ds.manifest["theta"]
-        folders = [p for p in (self.ds.root / "theta").glob("*/meta.json") if p.parent.name[:10] <= self.as_of]
-        if not folders:
-            return {}
-        # the latest day; a day calibrated twice (forced, or after a crash) counts its last calibration
-        meta = max(folders, key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
-        record = json.loads(meta.read_text())
-        return {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {"dir": f"theta/{meta.parent.name}"}
+        return self.ds.theta_at(self.as_of)
 
     @property
     def interpolation(self) -> Interpolation:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 import inspect
+import json
 import os
 import tempfile
 import time
@@ -129,6 +130,32 @@ def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
     for i in range(0, len(batch), 1000):  # MLflow's limit per batch
         c.log_batch(run_id, metrics=batch[i : i + 1000])
     return len(batch)
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
+def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
+    """Each run record's days against the MLflow runs of its memory: a day must be logged once
+    (with `repair`, a day never logged is logged from the record)."""
+    c = client(uri)
+    experiments = [e.experiment_id for e in c.search_experiments()]
+    problems = []
+    for path in sorted((Path(workdir) / "runs").glob("*.json")):
+        rows = json.loads(path.read_text())
+        memory = str((Path(workdir) / "memories" / path.stem).resolve())
+        for run in c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []:
+            steps = [m.step for m in c.get_metric_history(run.info.run_id, "ppl")]
+            where = f"MLflow run {run.info.run_name} ({run.info.run_id})"
+            missing = [r for r in rows.values() if r["step"] not in steps]
+            if missing:
+                problems.append({"where": where, "what": f"days {', '.join(r['date'] for r in missing)} not logged",
+                                 "repair": "log them from the run record", "repaired": repair})
+                for r in missing if repair else []:
+                    _log(c, run.info.run_id, [(k, r["step"], v) for k, v in r.items() if k not in ("date", "policy")])
+            if twice := sorted({s for s in steps if steps.count(s) > 1}):
+                problems.append({"where": where, "what": f"steps {twice} logged more than once", "repaired": False,
+                                 "repair": None})
+    return problems
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)

@@ -181,3 +181,20 @@ def test_a_stopped_command_leaves_no_process_and_its_last_committed_day(how, tin
     assert not alive, [p.cmdline() for p in alive]
     days, _ = memory_arrays(tmp_path)
     assert days and days == sorted(days) and days[0] == "1987-03-02"  # whole days, from the first
+
+
+def test_fsck_clean_then_a_flipped_byte(learned, tmp_path):
+    import shutil
+
+    workdir, model, out = learned
+    proc = monim("fsck", "--workdir", workdir, "--json")
+    assert last_json(proc) == {"clean": True, "problems": []}
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir / "memories", copy / "memories")
+    keys = sorted((copy / "memories" / "fullmem" / "shards").glob("*/keys.npy"))[-1]
+    data = bytearray(keys.read_bytes())
+    data[-1] ^= 0x80
+    keys.write_bytes(bytes(data))
+    proc = monim("fsck", "--workdir", copy, "--repair", "--json", check=False)
+    (problem,) = last_json(proc)["problems"]
+    assert proc.returncode == 1 and "keys.npy corrupt" in problem["what"] and "day 1987-03-03" in problem["what"]

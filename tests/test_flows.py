@@ -128,3 +128,25 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
     rows = learn_stream(run, DAYS[0], DAYS[1])
     assert [r["date"] for r in rows] == list(DAYS) and (workdir / "memories" / "monim-amt-const" / "manifest.json").exists()
     assert client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'monim-amt-const'")
+
+
+def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
+    import sqlite3
+
+    from flows.fsck import check_workdir
+
+    workdir, model, summary = compared
+    assert check_workdir(str(workdir)) == []
+    with sqlite3.connect(workdir / "mlflow.db") as db:  # MLflow loses day 1 of every run (e.g. a failed upload)
+        db.execute("DELETE FROM metrics WHERE step = 1")
+        db.execute("DELETE FROM latest_metrics WHERE step = 1")
+    problems = check_workdir(str(workdir))
+    assert len(problems) == len(list((workdir / "runs").glob("*.json"))) and all("days 1987-03-03 not logged" in p["what"] and not p["repaired"] for p in problems)
+    assert all(p["repaired"] for p in check_workdir(str(workdir), repair=True))
+    assert check_workdir(str(workdir)) == []
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
+    run = client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'fullmem'")[0]
+    rows = json.loads((workdir / "runs" / "fullmem.json").read_text())
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ppl"))
+    assert history == sorted((r["step"], r["ppl"]) for r in rows.values())  # each day once, with the record's value

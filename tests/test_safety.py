@@ -125,3 +125,34 @@ def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     assert [d.date for d in reopened.days] == ["1987-03-02", "1987-03-03"]
     for array in ("keys", "values", "ids", "positions"):
         np.testing.assert_array_equal(reopened.array(array), alone.ds.array(array))
+
+
+def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_derived(random_datastore, tmp_path):
+    import faiss
+
+    from monim.fsck import check_memory
+    from monim.index import MemoryIndex
+
+    ds = random_datastore((40, 30))
+    index = MemoryIndex(tmp_path, D)
+    index.sync(ds)
+    assert check_memory(tmp_path) == []
+    index.index.remove_ids(faiss.IDSelectorBatch(np.array([3], np.int64)))  # an index that lost an entry
+    index._save()
+    (tmp_path / "shards" / ".tmp-1234-crashed").mkdir()
+    (tmp_path / "theta" / "2022-06-02-abcd1234").mkdir(parents=True)  # a calibration whose commit never happened
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "2022-06-03.npz").write_bytes(b"")  # the sample of a day never committed
+    problems = check_memory(tmp_path)
+    assert sorted(p.what.split(" (")[0] for p in problems) == ["index holds 69 entries"] + ["stray"] * 3
+    fixed = check_memory(tmp_path, repair=True)
+    assert all(p.repaired for p in fixed) and check_memory(tmp_path) == []
+    assert sorted(os.listdir(tmp_path / "shards")) == sorted(d.shard for d in ds.days)
+    # one flipped byte in a shard: found, named by day and entries, and not repairable
+    keys = tmp_path / "shards" / ds.days[1].shard / "keys.npy"
+    data = bytearray(keys.read_bytes())
+    data[-5] ^= 0x01
+    keys.write_bytes(bytes(data))
+    (problem,) = check_memory(tmp_path, repair=True)
+    assert problem.repair is None and not problem.repaired
+    assert "keys.npy corrupt" in problem.what and "day 2022-06-02: 30 entries lost" in problem.what

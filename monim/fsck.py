@@ -1,0 +1,148 @@
+"""fsck: a memory against its manifest, and a work directory's run records against its memories.
+
+The manifest is the truth of a memory: which days are committed (with the checksum of every shard
+file, written at commit), and Θ's history. The index, the lexical counts, the calibration samples
+and the run records are derived from it or must agree with it; `repair` rebuilds or removes what is
+derived and names what cannot be recovered (a shard missing or corrupt: which day, how many entries).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from monim.atomic import checksum, is_stray, write_json
+from monim.datastore import DTYPES, Datastore
+from monim.index import MemoryIndex, indexed_ids
+from monim.lexical import LexicalCounts
+from monim.lock import hold
+
+
+@dataclass
+class Problem:
+    """One thing wrong: where, what, and what repair does about it (None: it cannot be recovered)."""
+
+    where: str
+    what: str
+    repair: str | None
+    repaired: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _shard_problems(ds: Datastore) -> list[Problem]:
+    out = []
+    for day in ds.days:
+        folder = ds.root / "shards" / day.shard
+        lost = f"day {day.date}: {day.entries} entries lost"
+        if not folder.is_dir():
+            out.append(Problem(str(folder), f"shard missing ({lost})", None))
+            continue
+        bad = [f for f, digest in day.checksums.items() if not (folder / f).is_file() or checksum(folder / f) != digest]
+        if bad:
+            out.append(Problem(str(folder), f"{', '.join(bad)} corrupt: checksum differs from the commit's ({lost})", None))
+            continue
+        try:
+            lengths = {a: len(ds.shard(day.shard, a)) for a in DTYPES}
+        except (OSError, ValueError) as e:
+            out.append(Problem(str(folder), f"unreadable: {e} ({lost})", None))
+            continue
+        if set(lengths.values()) != {day.entries}:
+            out.append(Problem(str(folder), f"arrays hold {lengths}, the manifest says {day.entries} entries", None))
+    if sum(d.entries for d in ds.days) != len(ds):
+        out.append(Problem(str(ds.root / "manifest.json"), "entries differ from the sum over its days", None))
+    return out
+
+
+def _strays(ds: Datastore) -> list[Path]:
+    """Files no committed state names: interrupted writes, replaced shards, crashed calibrations."""
+    root = ds.root
+    live_shards = {d.shard for d in ds.days}
+    live_theta = {t["dir"].split("/", 1)[1] for t in ds.manifest["thetas"]}
+    committed = {d.date for d in ds.days}
+    out = [p for p in root.rglob("*") if is_stray(p)]
+    out += [p for p in (root / "shards").glob("*") if p.name not in live_shards and not is_stray(p)]
+    out += [p for p in (root / "theta").glob("*") if p.name not in live_theta and not is_stray(p)]
+    out += [p for p in (root / "calibration").glob("*.npz") if p.stem not in committed]  # sample of an uncommitted day
+    return out
+
+
+def _index_problem(ds: Datastore) -> Problem | None:
+    index = MemoryIndex(ds.root, ds.identity["hidden_size"])
+    if not (index.dir / "index.faiss").exists():
+        return None  # built on first use
+    if index.index is None:
+        return Problem(str(index.dir), "index unreadable", "rebuild the index from the shards")
+    ids = indexed_ids(index.index)
+    if index.meta.get("version") != ds.version or len(ids) != len(ds) or not np.array_equal(np.sort(ids), np.sort(ds.array("ids"))):
+        return Problem(str(index.dir), f"index holds {len(ids)} entries (version {index.meta.get('version')}), the memory "
+                                       f"{len(ds)} (version {ds.version})", "rebuild the index from the shards")
+    return None
+
+
+def _lexical_problem(ds: Datastore) -> Problem | None:
+    path = ds.root / "lexical.npz"
+    if not path.exists():
+        return None
+    try:  # counts of days the memory no longer holds are recounted on use: only an unreadable file is wrong
+        with np.load(path) as f:
+            f["count"], f["pairs"], f["shards"]
+    except (OSError, ValueError, KeyError) as e:
+        return Problem(str(path), f"lexical counts unreadable: {e}", "recount from the shards")
+    return None
+
+
+def check_memory(root: Path | str, repair: bool = False) -> list[Problem]:
+    """Every problem of one memory directory (with `repair`, what can be is rebuilt or removed),
+    checked under its write lock: a writer's half-written day is not a stray."""
+    with hold(Path(root) / ".lock"):
+        return _check_memory(Path(root), repair)
+
+
+def _check_memory(root: Path, repair: bool) -> list[Problem]:
+    try:
+        ds = Datastore.read(root)
+    except (OSError, ValueError, KeyError) as e:
+        return [Problem(str(root / "manifest.json"), f"manifest unreadable: {e}", None)]
+    problems = _shard_problems(ds)
+    problems += [Problem(str(p), "stray (not named by the manifest)", "remove") for p in _strays(ds)]
+    problems += [p for p in (_index_problem(ds), _lexical_problem(ds)) if p]
+    if repair:
+        corrupt = any(p.repair is None for p in problems)
+        for p in problems:
+            if p.repair == "remove":
+                shutil.rmtree(p.where) if Path(p.where).is_dir() else Path(p.where).unlink(missing_ok=True)
+            elif p.repair == "recount from the shards":
+                Path(p.where).unlink()
+                LexicalCounts.of(ds)
+            elif p.repair == "rebuild the index from the shards" and not corrupt:
+                MemoryIndex(root, ds.identity["hidden_size"]).sync(ds, retrain=True)
+            else:
+                continue
+            p.repaired = True
+    return problems
+
+
+def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
+    """Each run record against its memory: a day recorded as learned must be committed (with
+    `repair`, such a row is dropped, so the stream learns the day again)."""
+    problems = []
+    for path in sorted((Path(workdir) / "runs").glob("*.json")):
+        manifest = Path(workdir) / "memories" / path.stem / "manifest.json"
+        if not manifest.exists():
+            continue  # the bare LM: no memory
+        with hold(path.with_name(f".{path.stem}.lock")):  # the run's lock (tasks.learning.run_lock)
+            rows = json.loads(path.read_text())
+            committed = {d["date"] for d in json.loads(manifest.read_text())["days"]}
+            missing = sorted(set(rows) - committed)
+            if missing:
+                problems.append(Problem(str(path), f"days {', '.join(missing)} recorded as learned but not in the memory",
+                                        "drop them from the record (the stream learns them again)", repair))
+                if repair:
+                    write_json(path, {d: r for d, r in rows.items() if d in committed})
+    return problems
