@@ -198,3 +198,17 @@ def test_fsck_clean_then_a_flipped_byte(learned, tmp_path):
     proc = monim("fsck", "--workdir", copy, "--repair", "--json", check=False)
     (problem,) = last_json(proc)["problems"]
     assert proc.returncode == 1 and "keys.npy corrupt" in problem["what"] and "day 1987-03-03" in problem["what"]
+
+
+def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(learned, tmp_path):
+    """benchmarks/chaos.py, small: SIGKILL at random moments, resumed each time (the full run: 20 kills),
+    against the uninterrupted run of `learned`."""
+    workdir, model, _ = learned
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "chaos.py"), "--kills", "3",
+                           "--policy", "fullmem", "--end", "1987-03-03", "--max-docs", "2", "--model", str(model),
+                           "--reference", str(workdir), "--alone", "40", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    result = json.loads(out.read_text())
+    assert proc.returncode == 0, (result["differ"], result["fsck"])
+    assert result["identical"] and result["fsck_clean"] and result["kills"] == 3 and result["files_compared"] > 10
