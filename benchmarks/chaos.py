@@ -118,7 +118,7 @@ def main() -> None:
     kills, t = [], time.perf_counter()
     while len(kills) < args.kills:
         proc = learn(args, root / "chaos")
-        delay = rng.uniform(3, alone)
+        delay = rng.uniform(3, max(6.0, alone / 3))  # a resumed run's start-up (Prefect API, LM) is part of it
         try:
             proc.wait(timeout=delay)  # it finished before its kill: the rest of the kills land on a finished stream
         except subprocess.TimeoutExpired:
