@@ -102,19 +102,14 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reference", type=Path, default=None, help="A work directory where the same run was learned "
-                    "uninterrupted (default: learn it first).")
-    ap.add_argument("--alone", type=float, default=60.0, help="With --reference: its wall time in seconds (kills land "
-                    "within it).")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
     args = ap.parse_args()
     console, rng = Console(), random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="monim-chaos-"))
     t = time.perf_counter()
-    reference = args.reference or root / "reference"
-    if args.reference is None:
-        assert learn(args, reference).wait() == 0, "the uninterrupted run failed"
-    alone = time.perf_counter() - t if args.reference is None else args.alone
+    reference = root / "reference"
+    assert learn(args, reference).wait() == 0, "the uninterrupted run failed"
+    alone = time.perf_counter() - t
     kills, t = [], time.perf_counter()
     while len(kills) < args.kills:
         proc = learn(args, root / "chaos")

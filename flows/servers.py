@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from monim.lock import hold
+
 BIN = Path(sys.executable).parent
 
 
@@ -65,14 +67,23 @@ def prefect_server(port: int) -> subprocess.Popen:
                  f"http://127.0.0.1:{port}/api/health")
 
 
-def prefect_api() -> str:
+def prefect_api(attempts: int = 3) -> str:
     """A Prefect API for this process alone (what Prefect's temporary server is, without its UI),
-    stopped when this process exits or dies; its URL."""
-    port = free_port()
+    stopped when this process exits or dies; its URL. Two commands on one work directory share its
+    database: they start their APIs one after the other (the first creates the schema)."""
     env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    proc = start([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
-                  "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-                 f"http://127.0.0.1:{port}/api/health", env=env)
+    home = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
+    with hold(home / ".api-start.lock"):
+        for attempt in range(attempts):
+            port = free_port()
+            try:
+                proc = start([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                             f"http://127.0.0.1:{port}/api/health", env=env)
+                break
+            except RuntimeError:  # e.g. the port was taken meanwhile
+                if attempt == attempts - 1:
+                    raise
     atexit.register(stop, [proc])
     return f"http://127.0.0.1:{port}/api"
 
