@@ -86,11 +86,15 @@ class MemoryIndex:
     def bytes_on_disk(self) -> int:
         return index_bytes(self.dir.parent)
 
+    def current(self, ds: Datastore) -> bool:
+        """Whether the index holds the datastore's committed version."""
+        return self.index is not None and self.meta.get("version") == ds.version
+
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save)."""
         started = time.perf_counter()
         stats = {"added": 0, "removed": 0, "rebuilt": False}
-        if self.index is not None and self.meta.get("version") == ds.version and not retrain:
+        if self.current(ds) and not retrain:
             return stats | {"seconds": 0.0}
         n = len(ds)
         kind = "ivfpq" if n >= self.cfg.exact_below else "flat"

@@ -168,7 +168,10 @@ class Memory:
 
     def sync(self, retrain: bool = False) -> dict:
         """Bring the index up to the committed entries (detects a stale or missing index). It is
-        saved unless another process is writing this memory (a reader never waits)."""
+        saved unless another process is writing this memory (a reader never waits). A current
+        index takes no lock: readers score with it many times a day."""
+        if self.index.current(self.ds) and not retrain:
+            return self.index.sync(self.ds)
         try:
             with hold(self.ds.root / ".lock", wait=False):
                 return self.index.sync(self.ds, retrain)
