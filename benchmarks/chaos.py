@@ -48,9 +48,11 @@ def committed_days(workdir: Path, policy: str) -> int:
 
 
 def _timeless(obj):
-    """A record without its timings ('seconds') and with Θ's folders named by day, not by their random suffix."""
+    """A record without what depends on the process that wrote it (timings, rates, tokens the LM ran
+    then rather than before a kill), with Θ's folders named by day, not by their random suffix."""
     if isinstance(obj, dict):
-        return {k: _timeless(v) for k, v in obj.items() if k != "seconds"}
+        return {k: _timeless(v) for k, v in obj.items()
+                if "seconds" not in k and not k.endswith("per_s") and k != "tokens_featurized"}
     if isinstance(obj, list):
         return [_timeless(v) for v in obj]
     return re.sub(r"(theta/\d{4}-\d{2}-\d{2})-[0-9a-f]{8}", r"\1", obj) if isinstance(obj, str) else obj
@@ -87,8 +89,8 @@ def fingerprint(memory: Path) -> dict[str, str]:
         folder = memory / theta["dir"]
         out |= {f"theta/{theta['date']}/{p.name}": content(p) for p in sorted(folder.iterdir())}
     strip = {**manifest, "days": [{k: v for k, v in d.items() if k != "shard"} for d in manifest["days"]],
-             "thetas": [{k: v for k, v in t.items() if k != "dir"} for t in manifest["thetas"]], "theta": {}}
-    out["manifest"] = hashlib.sha256(json.dumps(strip, sort_keys=True).encode()).hexdigest()
+             "thetas": [{k: v for k, v in t.items() if k != "dir"} for t in manifest["thetas"]]}
+    out["manifest"] = hashlib.sha256(json.dumps(_timeless(strip), sort_keys=True).encode()).hexdigest()
     return out
 
 

@@ -37,6 +37,8 @@ CALIBRATION = typer.Option("train", "--calibration", help="Calibration examples:
                            "before the day) or validation (the paper's: the validation articles).")
 
 
+CLUSTER = typer.Option(None, "--cluster", help="Dask scheduler address (tcp://host:8786): its workers run the LM over "
+                       "each day's articles into WORKDIR/features, which they must reach at the same path.")
 PERIOD = typer.Option(None, "--period", help="month or week: PPL on each period's test set as of each period's end.")
 PERIOD_DOCS = typer.Option(None, "--period-docs", help="Test articles per period (default all).")
 TEXT = typer.Option(None, "--text", help="Forgetting probe: a general-domain text (e.g. WikiText).")
@@ -221,12 +223,12 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
                                              help="Keep the LM's features in WORKDIR/features for other policies and "
                                                   "re-runs (off: nothing kept; for a single-policy production run)."),
-          wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
+          cluster: Optional[str] = CLUSTER, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
     spec = _run_config(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration),
-                       feature_store=feature_store)
+                       feature_store=feature_store, cluster=cluster)
     _check_source(source, start, end)
     _check_model(workdir, model)
     evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
@@ -248,10 +250,11 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
             period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
-            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
+            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, cluster: Optional[str] = CLUSTER,
+            wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     spec = _run_config(source=source, workdir=str(workdir), model=model, max_docs=max_docs, calibrated=not constant_lam,
-                       calibrator_params=_calibrator_params(skip, calibration))
+                       calibrator_params=_calibrator_params(skip, calibration), cluster=cluster)
     for policy in policies.split(","):
         _run_config(policy=policy)
     _check_source(source, start, end)
@@ -445,7 +448,7 @@ def _started(server: Callable[..., Popen], *args) -> Popen:
 @app.command()
 def serve(source: str = typer.Option(..., help="The news feed the daily run reads."), workdir: Path = WORKDIR,
           policy: str = typer.Option("monim-amt"), cron: str = typer.Option("30 2 * * *"),
-          timezone: str = typer.Option("UTC"), model: Optional[str] = MODEL,
+          timezone: str = typer.Option("UTC"), model: Optional[str] = MODEL, cluster: Optional[str] = CLUSTER,
           prefect_port: int = typer.Option(4200, help="Port of the Prefect server started when none is configured.")) -> None:
     """Serve the daily (cron, learns yesterday) and backfill deployments from this process.
 
@@ -465,7 +468,8 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
 
         from flows.stream import learn_stream, learn_yesterday
 
-        params = {"run": _run_config(source=source, workdir=str(workdir.resolve()), policy=policy, model=model).model_dump()}
+        params = {"run": _run_config(source=source, workdir=str(workdir.resolve()), policy=policy, model=model,
+                                     cluster=cluster).model_dump()}
         prefect_serve(
             learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
                                           parameters=params | {"timezone": timezone}),

@@ -7,7 +7,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from monim.config import BARE, RunConfig
-from tasks.learning import calibrate, evaluate, featurize, ingest, memorize, memory_for, record_day, update_index
+from flows.cluster import featurize_day
+from tasks.learning import calibrate, evaluate, ingest, memorize, memory_for, record_day, update_index
 from tasks.tracking import log_day
 
 
@@ -23,8 +24,9 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     The day is read once and the memory opened once; every task is handed both."""
     day = ingest(cfg, date)
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
-    lm_pass = featurize(cfg, day)
-    row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"]}
+    lm_pass = featurize_day(cfg, day)
+    row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
+            "featurize_workers": lm_pass.get("workers", 1)}
     memory, state = None, "v0"
     if cfg.policy != BARE:
         memory = memory_for(cfg)
@@ -39,10 +41,10 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
-    row |= evaluate(cfg, date, state, day, memory)
+    row |= evaluate(cfg, date, state, day, memory and memory.at(date))  # as of the day, even when re-run later
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
-    record_day(cfg, row)
+    record_day(cfg, row, memory)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
                           description=f"{cfg.name}, {date}")
     return row

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -170,10 +171,13 @@ def calibrate(memory: Memory, day: Day, cfg: ScoreConfig | Features | None = Non
     """
     with memory.writing():  # one writer at a time; the manifest re-read under the lock
         date = day.date.isoformat()
-        theta = memory.ds.manifest["theta"]
+        theta = memory.ds.theta_at()
         same_day = theta.get("date") == date
-        if not len(memory) or (same_day and not force):
-            return theta | {"trained": False}
+        if not len(memory):
+            return {"trained": False}
+        if same_day and not force:  # what the day's calibration recorded
+            meta = json.loads((memory.ds.root / theta["dir"] / "meta.json").read_text())
+            return {k: v for k, v in meta.items() if k != "examples"} | {"trained": False}
         ccfg = memory.calibrator_cfg
         root = memory.ds.root
         validation = day.validation[: ccfg.docs_per_day]

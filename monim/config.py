@@ -40,6 +40,8 @@ class RunConfig(BaseModel):
     batch_size: int = Field(8, ge=1)
     feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
     feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
+    cluster: str | None = Field(None, description="Address of a Dask scheduler (tcp://host:8786) whose workers run the "
+                                "LM over each day's articles into the feature store; empty: this process.")
     k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
     nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
     exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly.")
@@ -60,6 +62,8 @@ class RunConfig(BaseModel):
                 raise ValueError(f"policy_params {self.policy_params} do not fit {self.policy}: {e}") from None
             except ValueError as e:
                 raise ValueError(f"{e}, or {BARE} (the LM alone)") from None
+        if self.cluster and not self.feature_store:
+            raise ValueError("cluster needs the feature store: the workers write the LM's features there")
         try:
             self.calibrator_config()
         except TypeError as e:
@@ -95,7 +99,7 @@ class RunConfig(BaseModel):
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = self.model_dump(exclude={"policy_params", "calibrator_params"})
+        out = self.model_dump(exclude={"policy_params", "calibrator_params", "cluster"})
         if self.policy != BARE:
             out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
             out |= {f"calibrator.{k}": v for k, v in asdict(self.calibrator_config()).items()}
@@ -103,4 +107,4 @@ class RunConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+        return hashlib.sha256(self.model_dump_json(exclude={"cluster"}).encode()).hexdigest()[:12]

@@ -1,8 +1,9 @@
 """Datastore: the append-only key/value memory on disk, committed one day at a time, atomically.
 
 Layout of a memory directory:
-    manifest.json          what is committed (written last, by rename): days, shards, counts, and
-                           Θ's history (`thetas`: each calibration's date, folder, λ, T, held-out NLL)
+    manifest.json          what is committed (written last, by rename): days, shards, counts, each
+                           day's evaluation (its row of metrics, once evaluated), and Θ's history
+                           (`thetas`: each calibration's date, folder, λ, T, held-out NLL)
     shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
                            ids.npy (int64, stable entry ids), docs.npy (int32 index into
                            docs.json), positions.npy (int32 token position in the document)
@@ -64,6 +65,7 @@ class DayRecord:
     params: dict = field(default_factory=dict)
     forgotten: int = 0
     checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
+    evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.records)
 
     @property
     def memrate(self) -> float:
@@ -80,6 +82,14 @@ def _theta_history(root: Path) -> list[dict]:
         history[record["date"]] = {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {
             "dir": f"theta/{meta.parent.name}"}
     return list(history.values())
+
+
+def _upgrade(manifest: dict, root: Path) -> dict:
+    """A manifest in today's shape: Θ's history kept in it (older ones wrote only the latest Θ)."""
+    if "thetas" not in manifest:
+        manifest["thetas"] = _theta_history(root)
+    manifest.pop("theta", None)  # the latest Θ is thetas[-1]
+    return manifest
 
 
 class Datastore:
@@ -99,16 +109,14 @@ class Datastore:
                     )
         else:
             manifest = {"format": FORMAT, **self.identity, "key_dtype": "float16", "version": 0,
-                        "next_id": 0, "entries": 0, "days": [], "theta": {}, "thetas": []}
-        if "thetas" not in manifest:  # written before Θ's history was kept here
-            manifest["thetas"] = _theta_history(self.root)
-        self.manifest = manifest
+                        "next_id": 0, "entries": 0, "days": [], "thetas": []}
+        self.manifest = _upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
 
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
         path = self.root / "manifest.json"
-        manifest = json.loads(path.read_text()) if path.exists() else self.manifest
+        manifest = _upgrade(json.loads(path.read_text()), self.root) if path.exists() else self.manifest
         changed = manifest != self.manifest
         self.manifest = manifest
         self._values = None if changed else self._values
@@ -143,6 +151,10 @@ class Datastore:
 
     def committed(self, date: dt.date | str) -> bool:
         return any(d["date"] == str(date) for d in self.manifest["days"])
+
+    def evaluations(self) -> dict[str, dict]:
+        """The row of metrics of each evaluated day (date -> row)."""
+        return {d["date"]: d["evaluation"] for d in self.manifest["days"] if d.get("evaluation")}
 
     def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray:
         return np.load(self.root / "shards" / name / f"{array}.npy", mmap_mode="r" if mmap else None)
@@ -191,9 +203,9 @@ class Datastore:
         return len(self) / seen if seen else 0.0
 
     def bytes_on_disk(self) -> int:
-        """Bytes of committed shards and the manifest (the index is counted by monim.index)."""
-        files = [self.root / "manifest.json"] if (self.root / "manifest.json").exists() else []
-        files += [p for d in self.days for p in (self.root / "shards" / d.shard).iterdir()]
+        """Bytes of the committed shards (the index is counted by monim.index; the manifest, which
+        also holds each day's metrics, is bookkeeping, not memory)."""
+        files = [p for d in self.days for p in (self.root / "shards" / d.shard).iterdir()]
         return sum(p.stat().st_size for p in files)
 
     # --- writing ---------------------------------------------------------------------------
@@ -265,6 +277,13 @@ class Datastore:
         with, and add them to Θ's history (a day calibrated again replaces its entry)."""
         self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
 
+    def record_evaluation(self, date: str, row: dict) -> None:
+        """Record a committed day's row of metrics (replacing an earlier one): the day is evaluated."""
+        if not self.committed(date):
+            raise ValueError(f"day {date} is not committed to {self.root}: only a committed day is evaluated")
+        days = [d | {"evaluation": row} if d["date"] == date else d for d in self.manifest["days"]]
+        self._publish(days, next_id=self.manifest["next_id"], bump=False)
+
     def theta_at(self, as_of: str | None = None) -> dict:
         """Θ's settings as of the end of day `as_of` (None: the latest)."""
         thetas = [t for t in self.manifest["thetas"] if as_of is None or t["date"] <= as_of]
@@ -300,7 +319,6 @@ class Datastore:
         manifest = dict(self.manifest, days=days, next_id=next_id, version=self.version + bump,
                         entries=sum(d["entries"] for d in days))
         if theta is not None:
-            manifest["theta"] = theta
             manifest["thetas"] = [t for t in manifest["thetas"] if t["date"] != theta["date"]] + [theta]
         write_json(self.root / "manifest.json", manifest)
         self.manifest = manifest

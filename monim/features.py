@@ -165,6 +165,18 @@ class Features:
                            **fields)
 
 
+def balanced_parts(docs: list[Document], n: int) -> list[list[Document]]:
+    """At most `n` non-empty parts of about equal text length (longest first, each to the lightest
+    part), for workers that run the LM in parallel."""
+    parts: list[list[Document]] = [[] for _ in range(max(1, min(n, len(docs))))]
+    sizes = [0] * len(parts)
+    for doc in sorted(docs, key=lambda d: len(d.text), reverse=True):
+        i = sizes.index(min(sizes))
+        parts[i].append(doc)
+        sizes[i] += len(doc.text)
+    return [p for p in parts if p]
+
+
 def features_of(lm: LM, spec: Features | ScoreConfig | None) -> Features:
     """Features from what a caller passed: Features as is, or a ScoreConfig (the LM runs, no store)."""
     return spec if isinstance(spec, Features) else Features(lm, spec or ScoreConfig())

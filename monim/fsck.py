@@ -1,7 +1,7 @@
 """fsck: a memory against its manifest, and a work directory's run records against its memories.
 
 The manifest is the truth of a memory: which days are committed (with the checksum of every shard
-file, written at commit), and Θ's history. The index, the lexical counts, the calibration samples
+file, written at commit), evaluated (with their metrics), and Θ's history. The index, the lexical counts, the calibration samples
 and the run records are derived from it or must agree with it; `repair` rebuilds or removes what is
 derived and names what cannot be recovered (a shard missing or corrupt: which day, how many entries).
 """
@@ -20,6 +20,7 @@ from monim.datastore import DTYPES, Datastore
 from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
+from monim.records import record_path, run_lock
 
 
 @dataclass
@@ -129,20 +130,24 @@ def _check_memory(root: Path, repair: bool) -> list[Problem]:
 
 
 def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
-    """Each run record against its memory: a day recorded as learned must be committed (with
-    `repair`, such a row is dropped, so the stream learns the day again)."""
+    """Each run record (a view) against its memory's manifest, which holds the evaluated days (with
+    `repair`, the record is rewritten from the manifest; the stream learns again the days it lacks)."""
     problems = []
-    for path in sorted((Path(workdir) / "runs").glob("*.json")):
-        manifest = Path(workdir) / "memories" / path.stem / "manifest.json"
-        if not manifest.exists():
-            continue  # the bare LM: no memory
-        with hold(path.with_name(f".{path.stem}.lock")):  # the run's lock (tasks.learning.run_lock)
-            rows = json.loads(path.read_text())
-            committed = {d["date"] for d in json.loads(manifest.read_text())["days"]}
-            missing = sorted(set(rows) - committed)
-            if missing:
-                problems.append(Problem(str(path), f"days {', '.join(missing)} recorded as learned but not in the memory",
-                                        "drop them from the record (the stream learns them again)", repair))
-                if repair:
-                    write_json(path, {d: r for d, r in rows.items() if d in committed})
+    for root in sorted((Path(workdir) / "memories").glob("*")):
+        if not (root / "manifest.json").exists():
+            continue
+        path = record_path(workdir, root.name)
+        with hold(run_lock(workdir, root.name)):
+            rows = json.loads(path.read_text()) if path.exists() else {}
+            truth = Datastore.read(root).evaluations()
+            if rows == truth:
+                continue
+            extra, missing = sorted(set(rows) - set(truth)), sorted(set(truth) - set(rows))
+            what = "; ".join([f"days {', '.join(extra)} recorded but not evaluated in the memory"] * bool(extra) +
+                             [f"days {', '.join(missing)} evaluated in the memory but not recorded"] * bool(missing)
+                             ) or "rows differ from the memory's"
+            problems.append(Problem(str(path), what, "rewrite the record from the manifest", repair))
+            if repair:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(path, truth)
     return problems

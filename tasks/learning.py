@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import logging
+import os
+import socket
 import time
 from contextlib import contextmanager
 from dataclasses import astuple
@@ -19,12 +20,12 @@ from prefect.exceptions import MissingContextError
 from tqdm.auto import tqdm
 
 from monim.config import RunConfig
-from monim.atomic import write_json
 from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
 from monim.calibration import calibrate as calibrate_memory
 from monim.memory import Memory, memorize_day
-from monim.stream import Day, read_day
+from monim import records
+from monim.stream import SPLITS, Day, Document, read_day
 from monim.features import Features
 
 
@@ -84,19 +85,32 @@ def ingest(cfg: RunConfig, date: str) -> Day:
     return day
 
 
+def featurized(cfg: RunConfig, day: Day) -> dict[str, list[Document]]:
+    """The articles of a day the LM runs over, by split (the training articles the run takes)."""
+    return {split: day.train[: cfg.max_docs] if split == "train" else day.split(split) for split in SPLITS}
+
+
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def featurize(cfg: RunConfig, day: Day) -> dict:
     """Run the LM over the day's articles the feature store lacks (every split; no-op without a store)."""
     features = features_for(cfg)
     started, tokens = time.perf_counter(), 0
-    for split in ("train", "validation", "test"):
-        docs = day.train[: cfg.max_docs] if split == "train" else day.split(split)
+    for split, docs in featurized(cfg, day).items():
         with progress(f"LM features {day.date} {split}") as update:
             tokens += features.prepare(docs, f"{day.date}-{split}", update)
     seconds = time.perf_counter() - started
     if tokens:
         logger().info("%s: the LM scored %d tokens in %.0f s (%.0f tokens/s)", day.date, tokens, seconds, tokens / seconds)
     return {"tokens": tokens, "seconds": seconds}
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def featurize_part(cfg: RunConfig, docs: list[Document], name: str) -> dict:
+    """On a cluster's worker: run the LM (loaded once per worker process) over one part of a day's
+    articles into the shared feature store."""
+    started = time.perf_counter()
+    tokens = features_for(cfg).prepare(docs, name)
+    return {"tokens": tokens, "seconds": time.perf_counter() - started, "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -126,13 +140,14 @@ def calibrate(cfg: RunConfig, day: Day, memory: Memory) -> dict:
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     record = calibrate_memory(memory, day, features_for(cfg))
     interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
-    out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.manifest["theta"].get("dir", ""),
+    out = {"lam": interp.lam, "temperature": interp.temperature, "theta": memory.ds.theta_at().get("dir", ""),
            "theta_fallback": int(memory.fallback)}
-    if record.get("trained"):
+    if "nll" in record:  # trained now, or as the day's calibration recorded it
         nll = record["nll"]
         out |= {"calibration_tokens": record["calibration_tokens"], "calibration_new_tokens": record["new_tokens"],
                 "heldout_nll_lm": nll["lm"], "heldout_nll_constant": nll["constant"],
                 "heldout_nll_calibrator": nll["calibrator"], "calibrator_seconds": record["calibrator"]["seconds"]}
+    if record["trained"]:
         logger().info("calibrated on %d tokens (%s): constant λ=%.2f T=%g; held-out NLL: LM %.3f, constant λ %.3f, "
                       "calibrator %.3f", record["calibration_tokens"], record["source"], record["lam"],
                       record["temperature"], nll["lm"], nll["constant"], nll["calibrator"])
@@ -157,25 +172,19 @@ def evaluate(cfg: RunConfig, date: str, memory_state: str, day: Day, memory: Mem
     return metrics | {"evaluate_seconds": time.perf_counter() - started}
 
 
-def record_path(cfg: RunConfig) -> Path:
-    return Path(cfg.workdir) / "runs" / f"{cfg.name}.json"
-
-
 def run_lock(cfg: RunConfig) -> Path:
     """The lock a run's flow holds while it learns: one stream per run at a time (the daily run
     waits for a backfill), whatever the memory's own lock allows between days."""
-    return Path(cfg.workdir) / "runs" / f".{cfg.name}.lock"
+    return records.run_lock(cfg.workdir, cfg.name)
 
 
 def recorded_days(cfg: RunConfig) -> dict[str, dict]:
-    """The finished days of this run (date -> its row), from earlier flow runs too."""
-    path = record_path(cfg)
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The evaluated days of this run (date -> its row), from earlier flow runs too."""
+    return records.read_rows(cfg.workdir, cfg.name)
 
 
 @task(cache_policy=NO_CACHE)
-def record_day(cfg: RunConfig, row: dict) -> None:
-    """Add a finished day's row to the run's record (atomically); the stream resumes after it."""
-    path = record_path(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, recorded_days(cfg) | {row["date"]: row})
+def record_day(cfg: RunConfig, row: dict, memory: Memory | None) -> None:
+    """Record a finished day's row in the memory's manifest and the run's record (atomically); the
+    stream resumes after it."""
+    records.write_row(cfg.workdir, cfg.name, row, memory)

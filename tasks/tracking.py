@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import functools
 import inspect
-import json
 import os
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from monim import records
 from monim.config import RunConfig
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
@@ -135,21 +135,21 @@ def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
 def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
-    """Each run record's days against the MLflow runs of its memory: a day must be logged once
-    (with `repair`, a day never logged is logged from the record)."""
+    """Each run's evaluated days against its MLflow runs: a day must be logged once (with `repair`, a
+    day never logged is logged from the memory's manifest, or the bare LM's record)."""
     c = client(uri)
     experiments = [e.experiment_id for e in c.search_experiments()]
     problems = []
-    for path in sorted((Path(workdir) / "runs").glob("*.json")):
-        rows = json.loads(path.read_text())
-        memory = str((Path(workdir) / "memories" / path.stem).resolve())
+    for name in records.run_names(workdir):
+        rows = records.read_rows(workdir, name)
+        memory = str(records.memory_root(workdir, name).resolve())
         for run in c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []:
             steps = [m.step for m in c.get_metric_history(run.info.run_id, "ppl")]
             where = f"MLflow run {run.info.run_name} ({run.info.run_id})"
             missing = [r for r in rows.values() if r["step"] not in steps]
             if missing:
                 problems.append({"where": where, "what": f"days {', '.join(r['date'] for r in missing)} not logged",
-                                 "repair": "log them from the run record", "repaired": repair})
+                                 "repair": "log them from the run's rows", "repaired": repair})
                 for r in missing if repair else []:
                     _log(c, run.info.run_id, [(k, r["step"], v) for k, v in r.items() if k not in ("date", "policy")])
             if twice := sorted({s for s in steps if steps.count(s) > 1}):

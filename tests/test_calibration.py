@@ -144,10 +144,10 @@ def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_
     bare = evaluate(smollm, test, None)
     assert out["ppl"] == pytest.approx(bare["ppl"], rel=1e-6)
     # the same memory read without the fallback (as the paper would use it) is worse than the LM
-    kept = paper.ds.manifest["theta"]["nll"]
-    paper.ds.manifest["theta"]["nll"] = None
+    kept = paper.ds.manifest["thetas"][-1]["nll"]
+    paper.ds.manifest["thetas"][-1]["nll"] = None
     assert evaluate(smollm, test, paper)["ppl"] > 1.05 * bare["ppl"]
-    paper.ds.manifest["theta"]["nll"] = kept
+    paper.ds.manifest["thetas"][-1]["nll"] = kept
     ours = Memory(tmp_path / "train", smollm)
     memorize_day(ours, day, make_policy("fullmem"))
     record = calibrate(ours, day)

@@ -188,7 +188,8 @@ def test_fsck_clean_then_a_flipped_byte(learned, tmp_path):
     proc = monim("fsck", "--workdir", workdir, "--json")
     assert last_json(proc) == {"clean": True, "problems": []}
     copy = tmp_path / "copy"
-    shutil.copytree(workdir / "memories", copy / "memories")
+    for part in ("memories", "runs"):
+        shutil.copytree(workdir / part, copy / part)
     keys = sorted((copy / "memories" / "fullmem" / "shards").glob("*/keys.npy"))[-1]
     data = bytearray(keys.read_bytes())
     data[-1] ^= 0x80

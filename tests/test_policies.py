@@ -72,15 +72,17 @@ def test_memorize_day_with_a_tiny_model(tiny_model_dir, tmp_path):
     size = memory.bytes_on_disk()
     again = memorize_day(Memory(tmp_path, lm), day, make_policy("fullmem"))
     assert not again.committed and again.stored == n_tokens and Memory(tmp_path, lm).bytes_on_disk() == size
-    assert memory.ds.days[0].policy == "fullmem" and not memory.ds.manifest["theta"]
+    assert memory.ds.days[0].policy == "fullmem" and not memory.ds.theta_at()
     assert (tmp_path / "calibration" / "2022-06-01.npz").exists()  # the day's calibration sample, kept by memorize
     record = calibrate(memory, day)
-    theta = memory.ds.manifest["theta"]
+    theta = memory.ds.theta_at()
     assert record["trained"] and (theta["lam"], theta["temperature"]) == (record["lam"], record["temperature"])
     assert memory.calibrator() is not None and not (tmp_path / "calibration" / "2022-06-01.npz").exists()
     assert record["new_tokens"] == n_tokens + len(lm.tokenizer(docs[3].text)["input_ids"]) - 1  # the sample and validation
-    assert not calibrate(Memory(tmp_path, lm), day)["trained"]  # a re-run changes nothing
-    assert Memory(tmp_path, lm).ds.manifest["theta"] == theta
+    again = calibrate(Memory(tmp_path, lm), day)  # a re-run changes nothing and says what the day's calibration did
+    assert not again["trained"] and {k: again[k] for k in ("lam", "nll", "calibration_tokens")} == {
+        k: record[k] for k in ("lam", "nll", "calibration_tokens")}
+    assert Memory(tmp_path, lm).ds.theta_at() == theta
 
 
 def article_day(date, text, doc_id):

@@ -156,3 +156,50 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
     (problem,) = check_memory(tmp_path, repair=True)
     assert problem.repair is None and not problem.repaired
     assert "keys.npy corrupt" in problem.what and "day 2022-06-02: 30 entries lost" in problem.what
+
+
+def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_view(tiny, tmp_path):
+    """A day's row lives in its memory's manifest (only for a committed day); runs/<name>.json is
+    rewritten from it, and fsck finds a record that differs and rewrites it."""
+    from monim.fsck import check_records
+    from monim.memory import Memory
+    from monim.records import read_rows, record_path, write_row
+
+    memory = Memory(tmp_path / "memories" / "fullmem", tiny)
+    day = Entries(np.zeros((5, tiny.hidden_size), np.float16), np.arange(5, dtype=np.int32), ["d"] * 5, np.arange(5))
+    memory.ds.commit_day("2022-06-01", day, 5, "fullmem")
+    row = {"date": "2022-06-01", "ppl": 12.5, "step": 0}
+    with pytest.raises(ValueError, match="2022-06-02 is not committed"):
+        write_row(tmp_path, "fullmem", {"date": "2022-06-02", "ppl": 1.0}, memory)
+    write_row(tmp_path, "fullmem", row, memory)
+    assert Datastore.read(memory.ds.root).evaluations() == {"2022-06-01": row} == read_rows(tmp_path, "fullmem")
+    view = record_path(tmp_path, "fullmem")
+    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_records(tmp_path) == []
+    write_json(view, {})  # the view lost (an old record, a crash between the two writes)
+    (problem,) = check_records(tmp_path, repair=True)
+    assert "2022-06-01 evaluated in the memory but not recorded" in problem.what and problem.repaired
+    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_records(tmp_path) == []
+    write_json(view, {"2022-06-01": row, "2022-06-02": row})
+    (problem,) = check_records(tmp_path)
+    assert "2022-06-02 recorded but not evaluated" in problem.what and not problem.repaired
+    # replacing the last day forgets its evaluation; the bare LM's record is its own truth
+    memory.ds.commit_day("2022-06-01", day, 5, "fullmem", force=True)
+    assert read_rows(tmp_path, "fullmem") == {}
+    write_row(tmp_path, "bare", row, None)
+    assert read_rows(tmp_path, "bare") == {"2022-06-01": row}
+
+
+def test_theta_history_is_kept_once(random_datastore, tmp_path):
+    """Θ's latest settings are the last of its history; an older manifest's copy of them is dropped."""
+    ds = random_datastore((5, 5))
+    first, second = ({"lam": lam, "temperature": 1.0, "date": d, "dir": f"theta/{d}"} for lam, d in
+                     ((0.2, "2022-06-01"), (0.3, "2022-06-02")))
+    ds.set_theta(first)
+    ds.set_theta(second)
+    ds.set_theta(second | {"lam": 0.4})  # the day calibrated again
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "theta" not in manifest and manifest["thetas"] == [first, second | {"lam": 0.4}]
+    assert ds.theta_at()["lam"] == 0.4 and ds.theta_at("2022-06-01") == first
+    write_json(tmp_path / "manifest.json", manifest | {"theta": first})  # as older versions wrote it
+    old = Datastore.read(tmp_path)
+    assert "theta" not in old.manifest and not old.reload() and old.theta_at()["lam"] == 0.4

@@ -1,0 +1,51 @@
+"""A day's LM pass on a Dask cluster: its articles split across the workers, each running the LM
+(loaded once per worker process) and writing its part of the feature store. Everything after it
+(memorize, commit, calibrate, evaluate) stays in the flow's process: one writer per memory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from monim.config import RunConfig
+from monim.features import balanced_parts
+from monim.stream import Day
+from tasks.learning import featurize, featurize_part, featurized, logger
+
+PARTS_PER_WORKER = 2  # a little slack for uneven articles and workers
+
+
+def workers(address: str) -> int:
+    """How many workers the cluster at `address` has now."""
+    from distributed import Client
+
+    with Client(address, timeout=60) as client:
+        return len(client.scheduler_info()["workers"])
+
+
+@flow(name="monim-featurize-cluster")
+def featurize_on_cluster(cfg: RunConfig, day: Day) -> dict:
+    """Run the LM over the day's articles on the cluster's workers, into the work directory's feature store."""
+    started = time.perf_counter()
+    cfg = cfg.model_copy(update={"workdir": str(Path(cfg.workdir).resolve())})  # the workers' cwd is not ours
+    n = PARTS_PER_WORKER * workers(cfg.cluster)
+    futures = [featurize_part.submit(cfg, part, f"{day.date}-{split}-p{i}")
+               for split, docs in featurized(cfg, day).items() for i, part in enumerate(balanced_parts(docs, n))]
+    parts = [f.result() for f in futures]
+    tokens, seconds = sum(p["tokens"] for p in parts), time.perf_counter() - started
+    used = sorted({p["worker"] for p in parts if p["tokens"]})
+    if tokens:
+        logger().info("%s: %d workers ran the LM over %d tokens in %.0f s (%.0f tokens/s)", day.date, len(used),
+                      tokens, seconds, tokens / seconds)
+    return {"tokens": tokens, "seconds": seconds, "workers": len(used)}
+
+
+def featurize_day(cfg: RunConfig, day: Day) -> dict:
+    """The day's LM pass: on `cfg.cluster`'s workers when it names one, else in this process."""
+    if not cfg.cluster:
+        return featurize(cfg, day)
+    from prefect_dask import DaskTaskRunner  # only with a cluster: dask.distributed takes a while to import
+
+    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=cfg.cluster))(cfg, day)

@@ -1,0 +1,56 @@
+"""Run records: each run's evaluated days (date -> the day's row of metrics), where a stream resumes.
+
+A memory's manifest holds the row of every day it evaluated (the truth); `runs/<name>.json` is a
+view of those rows, rewritten from the manifest after each day (and by `monim fsck --repair`). It
+is the only record of the bare LM, which has no memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from monim.atomic import write_json
+from monim.datastore import Datastore
+from monim.memory import Memory
+
+
+def record_path(workdir: str | Path, name: str) -> Path:
+    return Path(workdir) / "runs" / f"{name}.json"
+
+
+def run_lock(workdir: str | Path, name: str) -> Path:
+    """The lock a run's stream holds while it learns (one stream per run at a time)."""
+    return Path(workdir) / "runs" / f".{name}.lock"
+
+
+def memory_root(workdir: str | Path, name: str) -> Path:
+    return Path(workdir) / "memories" / name
+
+
+def run_names(workdir: str | Path) -> list[str]:
+    """Every run of the work directory: those with a memory, and the bare LM's if recorded."""
+    runs = {p.stem for p in (Path(workdir) / "runs").glob("*.json")}
+    return sorted(runs | {p.parent.name for p in (Path(workdir) / "memories").glob("*/manifest.json")})
+
+
+def read_rows(workdir: str | Path, name: str) -> dict[str, dict]:
+    """The run's evaluated days: from its memory's manifest, else (the bare LM) from its record."""
+    root = memory_root(workdir, name)
+    if (root / "manifest.json").exists():
+        return Datastore.read(root).evaluations()
+    path = record_path(workdir, name)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_row(workdir: str | Path, name: str, row: dict, memory: Memory | None) -> None:
+    """Record an evaluated day: in the memory's manifest (under its write lock), then in the view."""
+    if memory is None:
+        rows = read_rows(workdir, name) | {row["date"]: row}
+    else:
+        with memory.writing():
+            memory.ds.record_evaluation(row["date"], row)
+            rows = memory.ds.evaluations()
+    path = record_path(workdir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, rows)

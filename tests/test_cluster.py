@@ -1,0 +1,50 @@
+"""A day's LM pass on a local 2-worker Dask cluster: the memory and metrics equal the one-process run's."""
+
+import numpy as np
+import pytest
+
+DAYS = ("1987-03-02", "1987-03-03")
+
+
+def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(prefect, tiny_model_dir, tmp_path):
+    from distributed import LocalCluster
+
+    from flows.stream import learn_stream
+    from monim.config import RunConfig
+    from monim.datastore import Datastore
+    from monim.stream import DEMO_STREAM
+
+    base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=6, policy="fullmem")
+    alone = learn_stream(RunConfig(workdir=str(tmp_path / "one"), **base), *DAYS)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        spread = learn_stream(RunConfig(workdir=str(tmp_path / "two"), cluster=cluster.scheduler_address, **base), *DAYS)
+    assert [r["featurize_workers"] for r in alone] == [1, 1] and [r["featurize_workers"] for r in spread] == [2, 2]
+    assert [r["tokens_featurized"] for r in spread] == [r["tokens_featurized"] for r in alone]
+    parts = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "two" / "features").glob(f"*/{DAYS[0]}-train-p*"))
+    assert parts == [f"{DAYS[0]}-train-p{i}" for i in range(4)]  # 2 parts per worker
+    for a, b in zip(alone, spread):
+        assert (b["entries"], b["tokens_seen"]) == (a["entries"], a["tokens_seen"])
+        assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-3) and b["ppl_lm"] == pytest.approx(a["ppl_lm"], rel=1e-3)
+    one, two = (Datastore.read(tmp_path / w / "memories" / "fullmem") for w in ("one", "two"))
+    np.testing.assert_array_equal(two.array("values"), one.array("values"))
+    np.testing.assert_array_equal(two.array("positions"), one.array("positions"))
+    np.testing.assert_allclose(two.array("keys").astype(np.float32), one.array("keys").astype(np.float32), atol=2e-2)
+
+
+def test_balanced_parts_put_each_article_on_the_lightest_part():
+    from monim.features import balanced_parts
+    from monim.stream import Document
+
+    docs = [Document(str(n), "1987-03-02", "x" * n) for n in (1, 10, 2, 9, 1)]
+    parts = balanced_parts(docs, 2)
+    assert [[len(d.text) for d in p] for p in parts] == [[10, 1, 1], [9, 2]]  # sizes 12 and 11
+    assert len(balanced_parts(docs[:1], 4)) == 1 and balanced_parts([], 3) == []
+
+
+def test_a_cluster_needs_the_feature_store():
+    from pydantic import ValidationError
+
+    from monim.config import RunConfig
+
+    with pytest.raises(ValidationError, match="cluster needs the feature store"):
+        RunConfig(cluster="tcp://127.0.0.1:8786", feature_store=False)
