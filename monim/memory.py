@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -172,6 +173,8 @@ class Memory:
         index takes no lock: readers score with it many times a day."""
         if self.index.current(self.ds) and not retrain:
             return self.index.sync(self.ds)
+        if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
+            return self.index.sync(self.ds, retrain, save=False)
         try:
             with hold(self.ds.root / ".lock", wait=False):
                 return self.index.sync(self.ds, retrain)

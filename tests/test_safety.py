@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +204,22 @@ def test_theta_history_is_kept_once(random_datastore, tmp_path):
     write_json(tmp_path / "manifest.json", manifest | {"theta": first})  # as older versions wrote it
     old = Datastore.read(tmp_path)
     assert "theta" not in old.manifest and not old.reload() and old.theta_at()["lam"] == 0.4
+
+
+def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny, tmp_path, monkeypatch):
+    """No lock file, no index saved: the memory folder is not writable (access(2) says so)."""
+    import monim.memory
+    from monim.memory import Memory
+
+    root = tmp_path / "m"
+    n = 40
+    keys = np.random.default_rng(0).standard_normal((n, tiny.hidden_size)).astype(np.float16)
+    Datastore.for_lm(root, tiny).commit_day("2022-06-01", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n,
+                                                                  np.arange(n, dtype=np.int32)), n, "fullmem")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    monkeypatch.setattr(monim.memory.os, "access", lambda path, mode: Path(path) != root)
+    memory = Memory(root, tiny)
+    memory.sync()
+    assert memory.index.ntotal == n and sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    _, values = memory.neighbors(keys[:3].astype(np.float32), k=1)
+    np.testing.assert_array_equal(values[:, 0], [0, 1, 2])  # each key finds itself
