@@ -15,6 +15,7 @@ from monim.index import IndexConfig
 from monim.lm import LM
 from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
+from monim.records import memory_root
 from monim.stream import DEMO_STREAM
 
 BARE = "bare"  # the LM without memory, evaluated alongside the policies
@@ -77,7 +78,7 @@ class RunConfig(BaseModel):
 
     @property
     def memory_dir(self) -> Path:
-        return Path(self.workdir) / "memories" / self.name
+        return memory_root(self.workdir, self.name)
 
     def make_policy(self) -> Policy:
         return make_policy(self.policy, **self.policy_params)
