@@ -141,7 +141,7 @@ def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
 
 
 def test_ivfpq_for_large_memories_grows_incrementally_and_retrains(tmp_path):
-    cfg = IndexConfig(exact_below=2000, code_bytes=4, nprobe=8, retrain_growth=2.0, max_nlist=16)
+    cfg = IndexConfig(exact_below=2000, codec="pq", code_bytes=4, nprobe=8, retrain_growth=2.0, max_nlist=16)
     ds = Datastore(tmp_path, "m", D, "tok")
     ds.commit_day("2022-06-01", entries(1500), 1500, "fullmem")
     index = MemoryIndex(tmp_path, D, cfg)

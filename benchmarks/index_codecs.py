@@ -1,0 +1,81 @@
+"""The index codecs on a real memory: PPL of LM + memory with exact search, the fast-scan codes and
+the paper's IVF-PQ codes, on the same memory and the same held-out articles, with add and search time.
+
+A FullMem memory learns every training article of the first --days weekdays of the dense Reuters
+stream (the real LM, ~100k tokens a day); its index is rebuilt with each codec in turn; the
+next day's first --eval-docs training articles (never memorized) are scored with each, under the
+same constant λ and temperature. Search time is the evaluation's kNN time (k = 1024).
+Usage: python benchmarks/index_codecs.py [--days 2] [--eval-docs 40]
+"""
+
+import argparse
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from rich.console import Console
+from rich.table import Table
+
+from monim.evaluate import evaluate
+from monim.features import Features
+from monim.index import IndexConfig
+from monim.lm import load_lm
+from monim.memory import Memory, memorize_day
+from monim.policies import make_policy
+from monim.scoring import ScoreConfig
+from monim.stream import iter_days, list_dates, open_source
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+EXACT = 1 << 40  # exact_below: never IVF
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--source", default=str(DATA / "news" / "reuters21578.jsonl.gz"))
+    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(1987, 3, 2))
+    ap.add_argument("--days", type=int, default=2)
+    ap.add_argument("--eval-docs", type=int, default=40)
+    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs-work")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs.json")
+    args = ap.parse_args()
+    lm = load_lm()
+    features = Features(lm, ScoreConfig(), args.workdir / "features")
+    dates = [d for d in list_dates(args.source, args.start) if d.weekday() < 5]
+    learn, held = dates[: args.days], dates[args.days]
+    memory = Memory(args.workdir / "fullmem", lm, IndexConfig(exact_below=EXACT), use_calibrator=False)
+    for day in iter_days(open_source(args.source), learn[0], learn[-1]):
+        if day.date in learn:
+            memorize_day(memory, day, make_policy("fullmem"), features)
+    docs = next(iter_days(open_source(args.source), held, held)).train[: args.eval_docs]
+    rows = []
+    for label, cfg in [("exact", IndexConfig(exact_below=EXACT)), ("fastscan", IndexConfig(exact_below=0, codec="fastscan")),
+                       ("pq", IndexConfig(exact_below=0, codec="pq"))]:
+        view = Memory(args.workdir / "fullmem", lm, cfg, use_calibrator=False)
+        started = time.perf_counter()
+        view.sync(retrain=True)
+        build = time.perf_counter() - started
+        view.search_seconds = 0.0
+        result = evaluate(lm, docs, view, features, f"{held}-eval")
+        rows.append({"index": label, "entries": len(view), "build_s": build, "search_s": view.search_seconds,
+                     "ppl": result["ppl"], "ppl_lm": result["ppl_lm"], "tokens": result["tokens"],
+                     "codec": view.index.meta.get("codec", "exact"), "nlist": view.index.meta.get("nlist", 0)})
+        print(json.dumps(rows[-1]), flush=True)
+    exact = rows[0]["ppl"]
+    table = Table(title=f"Index codecs on a real FullMem memory ({rows[0]['entries']:,} entries, Reuters "
+                        f"{learn[0]}..{learn[-1]}), {rows[0]['tokens']:,} held-out tokens of {held}; LM alone {rows[0]['ppl_lm']:.3f}")
+    for col in ("index", "nlist", "build s", "search s", "PPL", "vs exact"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["index"], str(r["nlist"]), f"{r['build_s']:.1f}", f"{r['search_s']:.1f}", f"{r['ppl']:.3f}",
+                      f"{r['ppl'] / exact - 1:+.2%}")
+    Console(width=130).print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
