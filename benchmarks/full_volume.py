@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=None, help="rows per forward pass (default: 8 on a CPU, 64 on a GPU)")
     ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
     ap.add_argument("--report", action="store_true", help="Only write the report of the days already learned.")
     args = ap.parse_args()

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.lm import load_lm
-from monim.scoring import ScoreConfig, score_tokens
+from monim.scoring import ScoreConfig, fit_window, score_tokens
 from monim.stream import read_day
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,11 +39,12 @@ def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
         picked.append(s)
         n += len(s[1])
     flat = torch.tensor([t for _, toks, _ in picked for t in toks][: n // 512 * 512]).view(-1, 512)
+    rows = fit_window(lm, cfg).batch_size
     with torch.inference_mode():
         lm.forward(flat[:1, :64])
         t = time.perf_counter()
-        for i in range(0, len(flat), cfg.batch_size):
-            lm.forward(flat[i : i + cfg.batch_size].to(lm.device))
+        for i in range(0, len(flat), rows):
+            lm.forward(flat[i : i + rows].to(lm.device))
         body = flat.numel() / (time.perf_counter() - t)
     t = time.perf_counter()
     scored = sum(len(b) for b in score_tokens(lm, picked, cfg))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monim.calibrator import CalibratorConfig
 from monim.features import Features
 from monim.index import IndexConfig
-from monim.lm import LM
+from monim.lm import DTYPE_CHOICES, LM
 from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.policies import Policy, make_policy, policy_params
 from monim.records import memory_root
@@ -37,8 +38,11 @@ class RunConfig(BaseModel):
     calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
     stride: int = Field(512, ge=1, description="Tokens scored per window.")
     context: int = Field(512, ge=0, description="Tokens of left context per window.")
-    context_mode: str = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
-    batch_size: int = Field(8, ge=1)
+    context_mode: Literal[CONTEXT_MODES] = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
+    batch_size: int | None = Field(None, ge=1, description="Rows of up to stride + context tokens per forward "
+                                   "pass; empty: 8 on a CPU, 64 on a GPU.")
+    dtype: Literal[DTYPE_CHOICES] = Field("auto", description="The LM's weights: float32, bfloat16 or float16; auto: bfloat16 on a GPU, "
+                       "float32 on a CPU (where bfloat16 runs ~2x slower).")
     feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
     feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
     cluster: str | None = Field(None, description="Address of a Dask scheduler (tcp://host:8786) whose workers run the "
@@ -46,13 +50,6 @@ class RunConfig(BaseModel):
     k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
     nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
     exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly.")
-
-    @field_validator("context_mode")
-    @classmethod
-    def _known_mode(cls, mode: str) -> str:
-        if mode not in CONTEXT_MODES:
-            raise ValueError(f"must be one of {', '.join(CONTEXT_MODES)}")
-        return mode
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:

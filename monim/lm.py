@@ -43,6 +43,7 @@ DECODER_BLOCKS = {
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
 
 
 def cache_dir() -> Path:
@@ -73,6 +74,10 @@ class LM:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
 
     @cached_property
     def fingerprint(self) -> str:
@@ -146,8 +151,9 @@ def convert_gguf(gguf: Path) -> Path:
     return out
 
 
-def load_lm(name_or_path: str | None = None, dtype: str = "float32", device: str | None = None) -> LM:
-    """Load an LM: a packaged alias (default SmolLM2-135M), a .gguf file, a local dir or a hub name."""
+def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | None = None) -> LM:
+    """Load an LM: a packaged alias (default SmolLM2-135M), a .gguf file, a local dir or a hub name;
+    on a GPU when there is one."""
     spec = name_or_path or DEFAULT_MODEL
     if spec in PACKAGED_GGUF:
         path: str | Path = convert_gguf(packaged_gguf(spec))
@@ -157,9 +163,11 @@ def load_lm(name_or_path: str | None = None, dtype: str = "float32", device: str
         path = convert_gguf(Path(spec))
     else:
         path = spec  # a local directory, or a Hugging Face hub name (needs a network)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()

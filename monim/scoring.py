@@ -20,6 +20,9 @@ from monim.lm import LM
 from monim.stream import Document
 
 CONTEXT_MODES = ("carry", "document", "recompute")
+# device type -> (rows per forward pass, tokens per vocabulary projection) where the config leaves them open:
+# a GPU needs large batches to be busy; a CPU runs as fast with 8 rows and keeps the logits small
+DEVICE_BATCH = {"cpu": (8, 256), "cuda": (64, 4096)}
 
 
 @dataclass
@@ -30,8 +33,8 @@ class ScoreConfig:
 
     stride: int = 512
     context: int = 512
-    batch_size: int = 8
-    head_chunk: int = 256  # tokens projected to the vocabulary at once (bounds logits memory)
+    batch_size: int | None = None  # rows per forward pass; None: the device's (DEVICE_BATCH)
+    head_chunk: int | None = None  # tokens projected to the vocabulary at once (bounds logits memory); None: the device's
     context_mode: str = "carry"
     sink: int = 4  # carried context keeps the document's first tokens too (the model's attention sink)
 
@@ -110,7 +113,9 @@ def blocks(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> list[Span]:
 def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
     """The config fitted to the model: context + stride shrunk (context first) to its maximum
     positions; a model that cannot carry context (no rotary positions, or a KV cache that cannot
-    be cut to its last entries) recomputes the windows."""
+    be cut to its last entries) recomputes the windows; batch and head chunk left open are the device's."""
+    rows, chunk = DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])
+    cfg = replace(cfg, batch_size=cfg.batch_size or rows, head_chunk=cfg.head_chunk or chunk)
     limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
     if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and stepwise(lm)):
         cfg = replace(cfg, context_mode="recompute")

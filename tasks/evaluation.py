@@ -70,7 +70,7 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
         cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
         if not cells:
             continue
-        out[period] = _cells(evaluate_many(lm_for(cfg.model), docs, cells, features_for(cfg), f"period-{period}"))
+        out[period] = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), docs, cells, features_for(cfg), f"period-{period}"))
         logger().info("%s: %d test articles, PPL by run and day: %s", period, len(docs),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in out[period].items()})
     return out
@@ -81,7 +81,7 @@ def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) ->
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     doc = text_document(e.text, e.text_chars)
     cfg = configs[0]
-    results = _cells(evaluate_many(lm_for(cfg.model), [doc], _memories(configs, days), features_for(cfg), f"text-{doc.id}"))
+    results = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), [doc], _memories(configs, days), features_for(cfg), f"text-{doc.id}"))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
@@ -96,7 +96,7 @@ def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalC
     memories = {name: m for (name, _), m in _memories(configs, [last]).items()}
     out: dict[str, dict] = {}
     for k in e.shots:
-        for name, metrics in answer_questions(lm_for(configs[0].model), questions, memories, k, pool).items():
+        for name, metrics in answer_questions(lm_for(configs[0].model, configs[0].dtype), questions, memories, k, pool).items():
             out.setdefault(name, {})[k] = metrics
         logger().info("QA %d-shot on %d questions: %s", k, len(questions), {n: round(r[k]["qa_accuracy"], 3) for n, r in out.items()})
     return out

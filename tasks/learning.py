@@ -38,13 +38,13 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 @functools.lru_cache(maxsize=2)
-def lm_for(model: str | None) -> LM:
+def lm_for(model: str | None, dtype: str = "auto") -> LM:
     """The LM, loaded once per process (flows run many days in one process)."""
-    return load_lm(model)
+    return load_lm(model, dtype)
 
 
 def memory_for(cfg: RunConfig) -> Memory:
-    return Memory(cfg.memory_dir, lm_for(cfg.model), cfg.index_config(), cfg.calibrator_config(), cfg.calibrated)
+    return Memory(cfg.memory_dir, lm_for(cfg.model, cfg.dtype), cfg.index_config(), cfg.calibrator_config(), cfg.calibrated)
 
 
 _FEATURES: dict[tuple, Features] = {}
@@ -52,7 +52,7 @@ _FEATURES: dict[tuple, Features] = {}
 
 def features_for(cfg: RunConfig) -> Features:
     """The run's feature store (one object per process: it remembers what the store holds)."""
-    f = cfg.features(lm_for(cfg.model))
+    f = cfg.features(lm_for(cfg.model, cfg.dtype))
     return _FEATURES.setdefault((cfg.model, astuple(f.cfg), f.store, f.max_bytes), f)
 
 
@@ -166,7 +166,7 @@ def _evaluation_key(context, parameters: dict) -> str:
 def evaluate(cfg: RunConfig, date: str, memory_state: str, day: Day, memory: Memory | None) -> dict:
     """Test PPL and next-word accuracy, bare LM and LM + memory (None: the bare LM), on the day's test articles."""
     started = time.perf_counter()
-    metrics = evaluate_docs(lm_for(cfg.model), day.test, memory, features_for(cfg), f"{date}-test")
+    metrics = evaluate_docs(lm_for(cfg.model, cfg.dtype), day.test, memory, features_for(cfg), f"{date}-test")
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", cfg.name, date, metrics["ppl"],
                   metrics["ppl_lm"], metrics["accuracy"])
     return metrics | {"evaluate_seconds": time.perf_counter() - started}

@@ -10,6 +10,7 @@ from monim.evaluate import EvalConfig
 @pytest.mark.parametrize("fields, where", [
     ({"polcy": "fullmem"}, "polcy"),  # a typo is an error, not a silently ignored setting
     ({"context_mode": "sliding"}, "context_mode"),
+    ({"dtype": "fp8"}, "dtype"),
     ({"max_docs": 0}, "max_docs"),
     ({"policy": "lru"}, "unknown policy 'lru'"),
     ({"policy": "fullmem", "policy_params": {"rate": 0.5}}, "do not fit fullmem"),

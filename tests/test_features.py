@@ -109,3 +109,20 @@ def test_gc_keeps_the_newest_days_and_fits_the_cap(tiny, tmp_path):
     fresh = Features(tiny, CFG, tmp_path)
     list(fresh.scores([Document("d2", DAYS[0], "Story number 2 about grain exports and shipping.")], "again"))
     assert fresh.computed > 0  # its features were deleted: scored again
+
+
+def test_features_of_another_dtype_live_in_their_own_folder(tiny_model_dir, tmp_path):
+    """A CPU loads fp32 (bf16 is slower there); bf16 features (a GPU's default) never mix with fp32 ones,
+    and fp32 folders keep the names they had before the dtype was part of the settings."""
+    import hashlib
+    import json
+
+    path = str(tiny_model_dir("llama"))
+    fp32, bf16 = load_lm(path), load_lm(path, dtype="bfloat16")
+    assert (fp32.dtype, bf16.dtype) == ("float32", "bfloat16")
+    old = {"model": path, "vocab": fp32.fingerprint, "stride": 48, "context": 32, "context_mode": "carry"}
+    name = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    assert Features(fp32, CFG, tmp_path).folder == tmp_path / name
+    assert Features(bf16, CFG, tmp_path).folder != tmp_path / name
+    with pytest.raises(ValueError, match="dtype"):
+        load_lm(path, dtype="fp8")

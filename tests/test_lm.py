@@ -122,8 +122,10 @@ def test_window_fits_the_models_positions(tiny_model_dir):
     from monim.scoring import fit_window
 
     lm = load_lm(str(tiny_model_dir("gpt2")))
-    assert fit_window(lm, ScoreConfig(stride=512, context=512)) == ScoreConfig(stride=256, context=0, context_mode="recompute")
-    assert fit_window(lm, ScoreConfig(stride=200, context=512)) == ScoreConfig(stride=200, context=56, context_mode="recompute")
+    cpu = dict(batch_size=8, head_chunk=256)  # what a CPU gets where the config leaves them open
+    assert fit_window(lm, ScoreConfig(stride=512, context=512)) == ScoreConfig(stride=256, context=0, context_mode="recompute", **cpu)
+    assert fit_window(lm, ScoreConfig(stride=200, context=512)) == ScoreConfig(stride=200, context=56, context_mode="recompute", **cpu)
+    assert fit_window(lm, ScoreConfig(batch_size=3, head_chunk=5)).batch_size == 3  # set: kept
     long_doc = Document("long", dt.date(2022, 6, 1), TEXT * 12)
     n = len(lm.tokenizer(long_doc.text)["input_ids"])
     assert n > 600 and len(collect(lm, [long_doc], ScoreConfig())["target"]) == n - 1
