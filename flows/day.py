@@ -40,7 +40,7 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
             "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
-        } | theta | {f"seconds_{k}": v for k, v in seconds.items()}
+        } | stats["index"] | theta | {f"seconds_{k}": v for k, v in seconds.items()}
     row |= evaluate(cfg, date, state, day, memory and memory.at(date))  # as of the day, even when re-run later
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})

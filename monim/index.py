@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
+import psutil
 
 from monim.atomic import replacing, write_json
 from monim.datastore import Datastore
@@ -63,11 +63,16 @@ def pq_subquantizers(d: int, code_bytes: int) -> int:
     return max(m for m in range(1, code_bytes + 1) if d % m == 0)
 
 
+def searches_on_gpu(cfg: IndexConfig) -> bool:
+    """Whether searches run on a GPU: as set, else wherever FAISS sees one."""
+    return cfg.gpu if cfg.gpu is not None else faiss.get_num_gpus() > 0
+
+
 def resolve_codec(cfg: IndexConfig, d: int) -> str:
-    """The codec a new IVF index gets: "auto" is "pq" where FAISS sees a GPU, else "fastscan"
+    """The codec an IVF index gets: "auto" is "pq" where searches run on a GPU, else "fastscan"
     (which needs d divisible by its sub-vector size)."""
     if cfg.codec == "auto":
-        return "pq" if faiss.get_num_gpus() > 0 or d % cfg.fastscan_dims else "fastscan"
+        return "pq" if searches_on_gpu(cfg) or d % cfg.fastscan_dims else "fastscan"
     return cfg.codec
 
 
@@ -98,8 +103,8 @@ def index_bytes(root: Path | str) -> int:
 
 
 def free_ram() -> int:
-    """Bytes of RAM available now (Linux)."""
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Bytes of RAM available now, the page cache included."""
+    return psutil.virtual_memory().available
 
 
 def gpu_precomputed(index: faiss.Index, d: int) -> bool:
@@ -110,11 +115,12 @@ def gpu_precomputed(index: faiss.Index, d: int) -> bool:
     return isinstance(ivf, faiss.IndexIVFPQ) and d // ivf.pq.M not in GPU_SUBDIMS
 
 
-def gpu_options(index: faiss.Index, d: int):
-    """How an index goes to the GPU (faiss-gpu only): float16 lookup tables (64-byte codes exceed
-    shared memory in fp32), precomputed tables where needed."""
+def gpu_options(index: faiss.Index, d: int) -> faiss.GpuClonerOptions:
+    """How an index goes to the GPU: float16 lookup tables (`useFloat16`, which the cloner passes
+    on as IVF-PQ's useFloat16LookupTables: 64-byte codes exceed shared memory in fp32),
+    precomputed tables where needed."""
     options = faiss.GpuClonerOptions()
-    options.useFloat16LookupTables = True
+    options.useFloat16 = True
     options.usePrecomputed = gpu_precomputed(index, d)
     return options
 
@@ -130,18 +136,25 @@ class MemoryIndex:
         self.index: faiss.Index | None = None
         self.mapped = False  # the lists are read from disk as searched (a large "pq" index): read-only
         self._search_index: faiss.Index | None = None
+        self._load(mappable=True)
+
+    def _load(self, mappable: bool) -> None:
+        """Read the index and its meta (a large "pq" index mapped from disk if `mappable`); an
+        unreadable one is rebuilt from the keys on disk, one from two saves is synced by ids."""
         meta_path, index_path = self.dir / "meta.json", self.dir / "index.faiss"
-        if meta_path.exists() and index_path.exists():
-            try:
-                self.meta = json.loads(meta_path.read_text())
-                self.mapped = (self.meta.get("codec", "pq") == "pq" and self.meta.get("kind") == "ivfpq"
-                               and index_path.stat().st_size > self.cfg.map_above * free_ram())
-                self.index = faiss.read_index(str(index_path), faiss.IO_FLAG_MMAP if self.mapped else 0)
-            except (RuntimeError, ValueError) as e:  # a damaged file is rebuilt from the keys on disk
-                log.warning("rebuilding unreadable index %s: %s", index_path, e)
-                self.index, self.meta = None, {}
-            if self.index is not None and self.meta.get("ntotal", self.index.ntotal) != self.index.ntotal:
-                self.meta.pop("version")  # the files are from two saves (read while a writer saved): sync by ids
+        self.index, self.meta, self.mapped, self._search_index = None, {}, False, None
+        if not (meta_path.exists() and index_path.exists()):
+            return
+        try:
+            self.meta = json.loads(meta_path.read_text())
+            self.mapped = (mappable and self.meta.get("codec", "pq") == "pq" and self.meta.get("kind") == "ivfpq"
+                           and index_path.stat().st_size > self.cfg.map_above * free_ram())
+            self.index = faiss.read_index(str(index_path), faiss.IO_FLAG_MMAP if self.mapped else 0)
+        except (RuntimeError, ValueError) as e:
+            log.warning("rebuilding unreadable index %s: %s", index_path, e)
+            self.index, self.meta, self.mapped = None, {}, False
+        if self.index is not None and self.meta.get("ntotal", self.index.ntotal) != self.index.ntotal:
+            self.meta.pop("version")  # the files are from two saves (read while a writer saved): sync by ids
 
     @property
     def ntotal(self) -> int:
@@ -163,7 +176,7 @@ class MemoryIndex:
         if self.current(ds) and not retrain:
             return stats | {"seconds": 0.0}
         if self.mapped:  # mapped lists cannot change: read them into RAM
-            self.index, self.mapped, self._search_index = faiss.read_index(str(self.dir / "index.faiss")), False, None
+            self._load(mappable=False)
         n = len(ds)
         kind = "ivfpq" if n >= self.cfg.exact_below else "flat"
         stale = (
@@ -171,6 +184,7 @@ class MemoryIndex:
             or self.index is None
             or self.meta.get("kind") == "flat" and kind == "ivfpq"
             or self.meta.get("kind") == "ivfpq" and n >= self.cfg.retrain_growth * self.meta["trained_on"]
+            or self.meta.get("kind") == "ivfpq" == kind and self.meta.get("codec", "pq") != resolve_codec(self.cfg, self.d)
         )
         if stale:
             self._build(ds, kind)
@@ -197,8 +211,10 @@ class MemoryIndex:
 
     def probe_recall(self, ds: Datastore) -> float | None:
         """The share of the newest `probe` entries' 10 nearest entries (exact, among `probe_pool`
-        others sampled) that the index's k nearest among the same pool contain: it falls when new
-        keys are encoded badly (drift). None for a flat index or a memory too small to probe."""
+        others sampled) that the index finds among the same pool, searched as deep into the pool as a
+        search for k reached into the memory when the index was trained (k x pool / entries, at least
+        10; kept, so that growth alone moves nothing): it falls when new keys are encoded badly
+        (drift). None for a flat index or a memory too small to probe."""
         ids, p = ds.array("ids"), self.cfg.probe
         n_pool = min(self.cfg.probe_pool, len(ids) - p)
         if self.meta.get("kind") != "ivfpq" or not p or n_pool < 10 * p:
@@ -207,7 +223,8 @@ class MemoryIndex:
         queries = ds.keys_of(ids[-p:])
         truth = pool[faiss.knn(queries, ds.keys_of(pool), 10)[1]]
         params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBatch(pool), nprobe=self.cfg.nprobe)
-        found = self.index.search(queries, self.cfg.k, params=params)[1]
+        depth = self.meta.setdefault("probe_depth", max(10, -(-self.cfg.k * n_pool // len(ids))))
+        found = self.index.search(queries, depth, params=params)[1]
         return float(np.mean([np.isin(t, f).mean() for t, f in zip(truth, found)]))
 
     def _build(self, ds: Datastore, kind: str) -> None:
@@ -252,15 +269,14 @@ class MemoryIndex:
         put it there (not a fast-scan index, nor one larger than the GPU's memory)."""
         if self._search_index is None:
             self._search_index = self.index
-            use_gpu = self.cfg.gpu if self.cfg.gpu is not None else faiss.get_num_gpus() > 0
-            if use_gpu and self.meta.get("codec") != "fastscan":
+            if searches_on_gpu(self.cfg) and self.meta.get("codec") != "fastscan":
                 try:
                     self._search_index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, self.index,
                                                                 gpu_options(self.index, self.d))
                 except RuntimeError as e:
                     log.warning("searching %s on the CPU: %s", self.dir, e)
-            if self.meta.get("kind") == "ivfpq":
-                faiss.extract_index_ivf(self._search_index).nprobe = self.cfg.nprobe
+            if self.meta.get("kind") == "ivfpq":  # a GPU copy is no IndexIVF, but has nprobe itself
+                (faiss.try_extract_index_ivf(self._search_index) or self._search_index).nprobe = self.cfg.nprobe
         return self._search_index
 
     def _search_subset(self, q: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

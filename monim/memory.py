@@ -255,6 +255,7 @@ class DayStats:
     committed: bool  # False: the day was already in memory and nothing changed
     version: int  # the memory's version after the day
     seconds: dict = field(default_factory=dict)
+    index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -306,7 +307,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Fe
                        text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays())
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t
-        timer["index"] = memory.sync()["seconds"]
+        index = memory.sync()
+        timer["index"] = index.pop("seconds")
         timer["search"] = memory.search_seconds
         memrate = len(entries) / tokens_seen if tokens_seen else 0.0
-        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer)
+        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index)

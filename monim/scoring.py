@@ -22,7 +22,7 @@ from monim.stream import Document
 CONTEXT_MODES = ("carry", "document", "recompute")
 # device type -> (rows per forward pass, tokens per vocabulary projection) where the config leaves them open:
 # a GPU needs large batches to be busy; a CPU runs as fast with 8 rows and keeps the logits small
-DEVICE_BATCH = {"cpu": (8, 256), "cuda": (64, 4096)}
+DEVICE_BATCH = {"cpu": (8, 256), "cuda": (64, 1024)}
 
 
 @dataclass

@@ -53,7 +53,7 @@ _FEATURES: dict[tuple, Features] = {}
 def features_for(cfg: RunConfig) -> Features:
     """The run's feature store (one object per process: it remembers what the store holds)."""
     f = cfg.features(lm_for(cfg.model, cfg.dtype))
-    return _FEATURES.setdefault((cfg.model, astuple(f.cfg), f.store, f.max_bytes), f)
+    return _FEATURES.setdefault((cfg.model, f.lm.dtype, astuple(f.cfg), f.store, f.max_bytes), f)
 
 
 @contextmanager
@@ -119,11 +119,14 @@ def memorize(cfg: RunConfig, day: Day, memory: Memory) -> dict:
     with progress(f"{cfg.name}: memorizing {day.date}") as update:
         stats = memorize_day(memory, day, cfg.make_policy(), features_for(cfg), cfg.max_docs, cfg.seed, progress=update)
     if stats.committed:
-        logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%)", cfg.name, day.date, stats.stored,
-                      stats.tokens_seen, 100 * stats.memrate)
+        logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%); index: %s", cfg.name, day.date, stats.stored,
+                      stats.tokens_seen, 100 * stats.memrate, stats.index)
     else:
         logger().info("%s %s: already in memory, nothing changed", cfg.name, day.date)
-    return stats.as_dict() | {"entries": len(memory), "bytes": memory.bytes_on_disk(), "memrate_total": memory.ds.memrate}
+    # the index's health as a metric where its probe measured it (rebuilds, which depend on the process's history, are logged)
+    recall = stats.index.get("recall")
+    return stats.as_dict() | {"entries": len(memory), "bytes": memory.bytes_on_disk(), "memrate_total": memory.ds.memrate,
+                              "index": {} if recall is None else {"index_recall": recall}}
 
 
 @task(retries=1, cache_policy=NO_CACHE)
@@ -158,8 +161,11 @@ def calibrate(cfg: RunConfig, day: Day, memory: Memory) -> dict:
 
 
 def _evaluation_key(context, parameters: dict) -> str:
-    """Cache key: the day, the run's settings and the memory's state, never tensors."""
-    return f"monim-eval-{parameters['cfg'].fingerprint()}-{parameters['date']}-{parameters['memory_state']}"
+    """Cache key: the day, the run's settings (the LM's dtype as "auto" resolved it on this machine)
+    and the memory's state, never tensors."""
+    cfg = parameters["cfg"]
+    dtype = lm_for(cfg.model, cfg.dtype).dtype
+    return f"monim-eval-{cfg.fingerprint()}-{dtype}-{parameters['date']}-{parameters['memory_state']}"
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from monim.datastore import Datastore, Entries
-from monim.index import IndexConfig, MemoryIndex, gpu_precomputed, new_ivf, resolve_codec
+from monim.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf, resolve_codec
 
 D = 16
 
@@ -53,6 +53,28 @@ def test_codec_choice_and_gpu_settings():
     assert gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=64)), 576)
     assert not gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=48)), 576)
     assert not gpu_precomputed(new_ivf(576, 4, "fastscan", IndexConfig()), 576)
+    assert resolve_codec(IndexConfig(gpu=False), 576) == "fastscan"  # told to search on the CPU
+
+
+def test_gpu_clone_options_set_real_fields():
+    """SWIG takes any attribute name silently: a misspelt option would leave fp16 tables off and the
+    clone of 64-byte codes failing (to the CPU); these are the fields the cloner reads."""
+    if not hasattr(faiss, "GpuClonerOptions"):
+        pytest.skip("a FAISS build without GPU support")
+    options = gpu_options(new_ivf(576, 4, "pq", IndexConfig()), 576)
+    assert options.useFloat16 and options.usePrecomputed
+    assert not gpu_options(new_ivf(576, 4, "pq", IndexConfig(code_bytes=48)), 576).usePrecomputed
+
+
+def test_an_index_of_another_codec_is_rebuilt_at_the_next_change(tmp_path):
+    rng = np.random.default_rng(3)
+    ds = Datastore(tmp_path, "m", D, "tok")
+    commit(ds, 1, rng.standard_normal((3000, D)))
+    MemoryIndex(tmp_path, D, small_cfg(codec="pq")).sync(ds)  # built on a GPU machine, say
+    index = MemoryIndex(tmp_path, D, small_cfg(codec="fastscan"))
+    assert index.meta["codec"] == "pq" and index.sync(ds)["seconds"] == 0.0  # current: searched as it is
+    commit(ds, 2, rng.standard_normal((500, D)))
+    assert index.sync(ds)["rebuilt"] and index.meta["codec"] == "fastscan" and index.ntotal == 3500
 
 
 def test_probe_recall_falls_on_drifted_keys_and_retrains(tmp_path):

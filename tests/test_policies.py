@@ -69,6 +69,7 @@ def test_memorize_day_with_a_tiny_model(tiny_model_dir, tmp_path):
     n_tokens = sum(len(lm.tokenizer(d.text)["input_ids"]) - 1 for d in docs[:3])
     assert stats.committed and stats.tokens_seen == stats.stored == n_tokens and stats.memrate == 1.0
     assert len(memory) == memory.index.ntotal == n_tokens
+    assert stats.index == {"added": n_tokens, "removed": 0, "rebuilt": False}  # into the (empty) exact index made before scoring
     size = memory.bytes_on_disk()
     again = memorize_day(Memory(tmp_path, lm), day, make_policy("fullmem"))
     assert not again.committed and again.stored == n_tokens and Memory(tmp_path, lm).bytes_on_disk() == size
