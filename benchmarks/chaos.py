@@ -36,7 +36,10 @@ DEMO = REPO / "monim" / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 
 
 def learn(args, workdir: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    """`monim learn` as from a fresh shell (its own Prefect API), or with --prefect-api on that API
+    and this environment's Prefect home."""
+    drop = ("PREFECT_API_URL",) if args.prefect_api else ("PREFECT_HOME", "PREFECT_API_URL")
+    env = {k: v for k, v in os.environ.items() if k not in drop} | ({"PREFECT_API_URL": args.prefect_api} if args.prefect_api else {})
     cmd = [MONIM, "learn", "--source", str(args.source), "--start", args.start, "--end", args.end, "--policy", args.policy,
            "--workdir", str(workdir), "--max-docs", str(args.max_docs)] + (["--model", args.model] if args.model else [])
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -104,6 +107,8 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefect-api", default=None, help="A Prefect API URL for every command (default: each starts its own, "
+                    "as from a fresh shell)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
     args = ap.parse_args()
     console, rng = Console(), random.Random(args.seed)

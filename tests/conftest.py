@@ -109,6 +109,14 @@ def prefect():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api(prefect) -> str:
+    """The session's Prefect API URL, for `monim` commands to share (one starting its own costs 10-20 s)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
 SLOW_FIXTURES = {"smollm", "prefect", "data_dir"}  # the real LM, a Prefect server, the real data
 
 

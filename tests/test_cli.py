@@ -14,9 +14,23 @@ MONIM = str(Path(sys.executable).parent / "monim")
 DEMO = str(DEMO_STREAM)
 
 
-def monim(*args, check=True):
-    """Run the console script as from a fresh shell (no Prefect home or server of the test session)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+SHARED: dict[str, str] = {}  # the session's Prefect API and home, for the commands to share
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_prefect(prefect_api):
+    SHARED.update(PREFECT_API_URL=prefect_api, PREFECT_HOME=os.environ["PREFECT_HOME"])
+
+
+def fresh_env() -> dict:
+    """The environment of a fresh shell: no Prefect home or server of the test session."""
+    return {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+
+
+def monim(*args, check=True, own_api=False):
+    """Run the console script with the session's Prefect API (starting one per command costs 10-20 s),
+    or with `own_api` as from a fresh shell: the command starts its own."""
+    env = fresh_env() | ({} if own_api else SHARED)
     proc = subprocess.run([MONIM, *map(str, args)], capture_output=True, text=True, timeout=900, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"monim {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -94,9 +108,9 @@ def test_report_from_mlflow(learned, tmp_path):
 def test_compare_into_one_experiment(tiny_model_dir, tmp_path):
     out = last_json(monim("compare", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-02",
                           "--policies", "bare,fullmem", "--workdir", tmp_path, "--model", tiny_model_dir("gpt2"),
-                          "--max-docs", 1, "--json"))
+                          "--max-docs", 1, "--json", own_api=True))
     assert set(out["policies"]) == {"bare", "fullmem"} and out["policies"]["fullmem"]["memrate"] == 1.0
-    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "prefect").is_dir()
+    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "prefect").is_dir()  # a fresh shell's Prefect home
 
 
 def test_clear_errors(learned, tmp_path):
@@ -112,7 +126,7 @@ def test_clear_errors(learned, tmp_path):
 
 
 def test_run_demo_with_the_default_lm(tmp_path):
-    out = last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json"))
+    out = last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json", own_api=True))
     policies = out["policies"]
     assert set(policies) == {"fullmem", "monim-amt"}
     assert policies["fullmem"]["memrate"] == 1.0 and 0 < policies["monim-amt"]["memrate"] < 1
@@ -140,7 +154,7 @@ def test_two_writers_on_one_run_make_the_memory_of_one(learned, tmp_path):
     workdir, model, out = learned
     args = ["learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-03", "--policy", "fullmem",
             "--workdir", tmp_path, "--model", model, "--max-docs", 2]
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    env = fresh_env()  # each starts its own Prefect API in the one work directory, as two shells would
     procs = [subprocess.Popen([MONIM, *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for _ in range(2)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
@@ -162,7 +176,7 @@ def test_a_stopped_command_leaves_no_process_and_its_last_committed_day(how, tin
 
     import psutil
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    env = fresh_env()  # the command's own Prefect API, which must die with it
     proc = subprocess.Popen([MONIM, "learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-13",
                              "--policy", "fullmem", "--workdir", str(tmp_path), "--model", str(tiny_model_dir("gpt2")),
                              "--max-docs", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -204,7 +218,8 @@ def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(tiny_model_dir, tm
     out = tmp_path / "chaos.json"
     proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "chaos.py"), "--kills", "2",
                            "--policy", "fullmem", "--end", "1987-03-03", "--max-docs", "2", "--model",
-                           str(tiny_model_dir("gpt2")), "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           str(tiny_model_dir("gpt2")), "--out", str(out), "--prefect-api", SHARED["PREFECT_API_URL"]],
+                          capture_output=True, text=True, timeout=900)
     result = json.loads(out.read_text())
     assert proc.returncode == 0, (result["differ"], result["fsck"])
     assert result["identical"] and result["fsck_clean"] and result["kills"] == 2 and result["files_compared"] > 10
