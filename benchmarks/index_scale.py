@@ -103,7 +103,8 @@ def main() -> None:
     search_s = time.perf_counter() - started
     hits = [np.isin(e, f) for e, f in zip(exact_i, found)]
     n, index_bytes = len(ds), index.bytes_on_disk()
-    steady = [d for d in days if not d["rebuilt"] and d["kind"] == "ivfpq"]
+    # adds at the final list count (its cap, past 1M keys): what every later day costs per key
+    steady = [d for d in days if not d["rebuilt"] and d["kind"] == "ivfpq" and d["nlist"] == index.meta.get("nlist")]
     add_rate = np.median([d["add_keys_per_s"] for d in steady]) if steady else days[-1]["add_keys_per_s"]
     builds = [d for d in days if d["rebuilt"] and d["kind"] == "ivfpq"]
     result = {
