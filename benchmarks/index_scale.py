@@ -7,7 +7,7 @@ Keys are clustered like SmolLM2-135M's (576 dims; squared L2 to the nearest ~10,
 ~40, as measured on real memories) and their topics drift: day t draws from a sliding window of
 clusters. Recall is against an exact scan of every key in the same process (its speed is the
 baseline of the search speed-up).
-Usage: python benchmarks/index_scale.py [--n 5000000] [--day 500000] [--codec auto|fastscan|pq]
+Usage: python benchmarks/index_scale.py [--n 5000000] [--day 500000] [--codec pq|fastscan]
 """
 
 import argparse
@@ -67,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=5_000_000, help="keys in all")
     ap.add_argument("--day", type=int, default=500_000, help="keys committed per day")
-    ap.add_argument("--codec", default="auto", choices=["auto", "fastscan", "pq"])
+    ap.add_argument("--codec", default="pq", choices=["pq", "fastscan"])
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--work", type=Path, default=REPO / "benchmarks" / "results" / "index-scale-work")

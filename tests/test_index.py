@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from monim.datastore import Datastore, Entries
-from monim.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf, resolve_codec
+from monim.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf
 
 D = 16
 
@@ -44,16 +44,16 @@ def test_ivf_codecs_find_the_brute_force_neighbours_within_time_and_exclusions(t
 
 
 def test_codec_choice_and_gpu_settings():
-    assert resolve_codec(IndexConfig(), 576) == ("pq" if faiss.get_num_gpus() else "fastscan")
-    assert resolve_codec(IndexConfig(), 578) == "pq"  # no 4-dim sub-vectors: fast-scan cannot split it
+    assert IndexConfig().codec == "pq"  # the paper's: fast-scan's distances are too coarse for the kNN softmax
     with pytest.raises(ValueError, match="codec"):
         IndexConfig(codec="hnsw")
+    with pytest.raises(ValueError, match="divisible"):
+        new_ivf(578, 4, "fastscan", IndexConfig())  # no 4-dim sub-vectors
     # FAISS's GPU kernels take 1, 2, 3, 4, 6, 8, ... dims per sub-vector: the paper's 64 bytes over
     # 576 dims (9 each) need precomputed tables, 48 bytes (12 each) do not
     assert gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=64)), 576)
     assert not gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=48)), 576)
     assert not gpu_precomputed(new_ivf(576, 4, "fastscan", IndexConfig()), 576)
-    assert resolve_codec(IndexConfig(gpu=False), 576) == "fastscan"  # told to search on the CPU
 
 
 def test_gpu_clone_options_set_real_fields():
