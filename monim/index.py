@@ -69,10 +69,10 @@ def searches_on_gpu(cfg: IndexConfig) -> bool:
     return cfg.gpu if cfg.gpu is not None else faiss.get_num_gpus() > 0
 
 
-def new_ivf(d: int, nlist: int, codec: str, cfg: IndexConfig) -> faiss.IndexIVF:
-    """An untrained IVF index of `codec` (the constructors, not index_factory, which would add slow
-    polysemous training to "pq")."""
-    if codec == "fastscan":
+def new_ivf(d: int, nlist: int, cfg: IndexConfig) -> faiss.IndexIVF:
+    """An untrained IVF index of the config's codec (the constructors, not index_factory, which would
+    add slow polysemous training to "pq")."""
+    if cfg.codec == "fastscan":
         if d % cfg.fastscan_dims:
             raise ValueError(f"fastscan needs the key size {d} divisible by fastscan_dims={cfg.fastscan_dims}")
         return faiss.IndexIVFPQFastScan(faiss.IndexFlatL2(d), d, nlist, d // cfg.fastscan_dims, 4)
@@ -226,13 +226,13 @@ class MemoryIndex:
             self.index = faiss.IndexIDMap2(faiss.IndexFlatL2(self.d))
             self.meta = {"kind": "flat", "trained_on": 0}
         else:
-            nlist, codec = scaled_nlist(n, self.cfg.max_nlist), self.cfg.codec
-            index = new_ivf(self.d, nlist, codec, self.cfg)
+            nlist = scaled_nlist(n, self.cfg.max_nlist)
+            index = new_ivf(self.d, nlist, self.cfg)
             ids = ds.array("ids")
             sample = np.sort(np.random.default_rng(0).choice(ids, size=min(n, self.cfg.train_sample), replace=False))
             index.train(ds.keys_of(sample))  # the sampled rows only: a large memory's keys exceed RAM
             self.index = index
-            self.meta = {"kind": "ivfpq", "codec": codec, "trained_on": n, "nlist": nlist}
+            self.meta = {"kind": "ivfpq", "codec": self.cfg.codec, "trained_on": n, "nlist": nlist}
         self._add_ids(ds, ds.array("ids"))
         if kind == "ivfpq":
             recall = self.probe_recall(ds)

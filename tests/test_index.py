@@ -48,12 +48,12 @@ def test_codec_choice_and_gpu_settings():
     with pytest.raises(ValueError, match="codec"):
         IndexConfig(codec="hnsw")
     with pytest.raises(ValueError, match="divisible"):
-        new_ivf(578, 4, "fastscan", IndexConfig())  # no 4-dim sub-vectors
+        new_ivf(578, 4, IndexConfig(codec="fastscan"))  # no 4-dim sub-vectors
     # FAISS's GPU kernels take 1, 2, 3, 4, 6, 8, ... dims per sub-vector: the paper's 64 bytes over
     # 576 dims (9 each) need precomputed tables, 48 bytes (12 each) do not
-    assert gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=64)), 576)
-    assert not gpu_precomputed(new_ivf(576, 4, "pq", IndexConfig(code_bytes=48)), 576)
-    assert not gpu_precomputed(new_ivf(576, 4, "fastscan", IndexConfig()), 576)
+    assert gpu_precomputed(new_ivf(576, 4, IndexConfig(code_bytes=64)), 576)
+    assert not gpu_precomputed(new_ivf(576, 4, IndexConfig(code_bytes=48)), 576)
+    assert not gpu_precomputed(new_ivf(576, 4, IndexConfig(codec="fastscan")), 576)
 
 
 def test_gpu_clone_options_set_real_fields():
@@ -61,9 +61,9 @@ def test_gpu_clone_options_set_real_fields():
     clone of 64-byte codes failing (to the CPU); these are the fields the cloner reads."""
     if not hasattr(faiss, "GpuClonerOptions"):
         pytest.skip("a FAISS build without GPU support")
-    options = gpu_options(new_ivf(576, 4, "pq", IndexConfig()), 576)
+    options = gpu_options(new_ivf(576, 4, IndexConfig()), 576)
     assert options.useFloat16 and options.usePrecomputed
-    assert not gpu_options(new_ivf(576, 4, "pq", IndexConfig(code_bytes=48)), 576).usePrecomputed
+    assert not gpu_options(new_ivf(576, 4, IndexConfig(code_bytes=48)), 576).usePrecomputed
 
 
 def test_an_index_of_another_codec_is_rebuilt_at_the_next_change(tmp_path):
