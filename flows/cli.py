@@ -48,10 +48,14 @@ QA = typer.Option(None, "--qa", help="Multiple-choice questions (JSONL) for the 
 WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns the same run in this work directory: "
                     "wait for it, saying who it is (default), or fail at once.")
 SHOTS = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3.")
+HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN weight halves with every this many days "
+                         "of age (nothing is deleted).")
+MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
 
 
 def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optional[Path], text_chars: Optional[int],
-                text_every: int, qa: Optional[Path], shots: str) -> Optional[EvalConfig]:
+                text_every: int, qa: Optional[Path], shots: str, half_life: Optional[float] = None,
+                max_age: Optional[int] = None) -> Optional[EvalConfig]:
     """The evaluation suite's settings (None: nothing to measure), or a clear error."""
     from monim.evaluate import EvalConfig
 
@@ -60,10 +64,21 @@ def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optiona
             raise _fail(f"file not found: {path}")
     try:
         e = EvalConfig(period, period_docs, str(text) if text else None, text_chars, text_every,
-                       str(qa) if qa else None, tuple(int(k) for k in shots.split(",")))
+                       str(qa) if qa else None, tuple(int(k) for k in shots.split(",")), half_life=half_life,
+                       max_age=max_age)
     except ValueError as err:
         raise _fail(str(err))
     return e if e.period or e.text or e.qa else None
+
+
+def _recency(half_life: Optional[float], max_age: Optional[int]):
+    """The recency rule of --half-life and --max-age, or a clear error."""
+    from monim.recency import Recency
+
+    try:
+        return Recency(half_life, max_age)
+    except ValueError as e:
+        raise _fail(str(e))
 
 
 def _calibrator_params(skip: Optional[float], calibration: str = "train") -> dict:
@@ -205,8 +220,10 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
     console.print(_table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
                          _summary_rows(summary), SUMMARY_COLUMNS))
     console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
-                  f"{(workdir / 'mlflow.db').resolve()}  ·  see both with: monim ui --workdir {workdir}  ·  "
-                  f"report: {workdir / 'report' / 'report.md'}")
+                  f"{(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
+    console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
+    _print_links(workdir, "http://127.0.0.1:5000", "http://127.0.0.1:4200")
+    _print_next_steps(workdir, spec.model_copy(update={"policy": "monim-amt"}))
     _emit({"workdir": str(workdir), "policies": summary}, as_json)
 
 
@@ -219,7 +236,8 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
           constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
           period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
           text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
-          shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING,
+          shots: str = SHOTS, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+          tracking_uri: Optional[str] = TRACKING,
           feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
                                              help="Keep the LM's features in WORKDIR/features for other policies and "
                                                   "re-runs (off: nothing kept; for a single-policy production run)."),
@@ -231,7 +249,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
                        feature_store=feature_store, cluster=cluster)
     _check_source(source, start, end)
     _check_model(workdir, model)
-    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
+    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots, half_life, max_age)
     use_workdir(workdir)
     from flows.stream import learn_stream
 
@@ -250,7 +268,8 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
             period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
-            shots: str = SHOTS, tracking_uri: Optional[str] = TRACKING, cluster: Optional[str] = CLUSTER,
+            shots: str = SHOTS, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+            tracking_uri: Optional[str] = TRACKING, cluster: Optional[str] = CLUSTER,
             wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     spec = _run_config(source=source, workdir=str(workdir), model=model, max_docs=max_docs, calibrated=not constant_lam,
@@ -259,7 +278,7 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
         _run_config(policy=policy)
     _check_source(source, start, end)
     _check_model(workdir, model)
-    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots)
+    evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots, half_life, max_age)
     use_workdir(workdir)
     from flows.compare import compare_policies
 
@@ -281,7 +300,8 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
              qa: Optional[Path] = typer.Option(None, help="Multiple-choice questions (JSONL): qa_accuracy."),
              shots: int = typer.Option(0, help="Solved examples before each question."),
              policy: Optional[str] = typer.Option(None, help="Which memory (default: the only one, else monim-amt)."),
-             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, as_json: bool = AS_JSON) -> None:
+             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, half_life: Optional[float] = HALF_LIFE,
+             max_age: Optional[int] = MAX_AGE, as_json: bool = AS_JSON) -> None:
     """PPL and next-word accuracy of the LM alone and with a memory (optionally as of a past day) on
     a source's articles (overall and per period), a text file, and multiple-choice questions."""
     if source is None and text is None and qa is None:
@@ -306,7 +326,7 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
     lm = load_lm(Datastore.read(root).manifest["model"])
     features = Features(lm, ScoreConfig(), workdir / "features")  # the learning runs' features, where they fit
     memory = Memory(root, lm, calibrator_cfg=CalibratorConfig(skip_threshold=skip), use_calibrator=not constant_lam,
-                    as_of=_day(as_of))
+                    as_of=_day(as_of), recency=_recency(half_life, max_age))
     result: dict = {"policy": root.name, "as_of": memory.days[-1].date if memory.days else None, "entries": len(memory)}
     if qa is not None:  # read first: a bad file or an empty range fails before any scoring
         days = memory.days
@@ -333,6 +353,42 @@ def evaluate(workdir: Path = WORKDIR, as_of: Optional[str] = typer.Option(None, 
     console.print(_table(f"{root.name} as of {result['as_of']}", [result],
                          [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]))
     _emit(result, as_json)
+
+
+@app.command()
+def generate(prompt: str = typer.Option(..., "--prompt", help="The text to continue."), workdir: Path = WORKDIR,
+             policy: Optional[str] = typer.Option(None, help="Which memory (default: the only one, else monim-amt)."),
+             as_of: Optional[str] = typer.Option(None, "--as-of", help="Use the memory as it stood after this day."),
+             max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+             temperature: float = typer.Option(0.0, help="0: greedy; else sampled at this temperature."),
+             top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set of tokens with this much probability."),
+             seed: int = typer.Option(0), sources: bool = typer.Option(False, "--sources", help="List the memorized "
+                                                                        "articles behind each generated sentence."),
+             constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+             as_json: bool = AS_JSON) -> None:
+    """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
+    root = _memory_dir(workdir, policy)
+    from monim.datastore import Datastore
+    from monim.generate import GenerateConfig, generate as generate_text
+    from monim.lm import load_lm
+    from monim.memory import Memory
+
+    try:
+        cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed)
+    except ValueError as e:
+        raise _fail(str(e))
+    lm = load_lm(Datastore.read(root).manifest["model"])
+    memory = Memory(root, lm, use_calibrator=not constant_lam, as_of=_day(as_of), recency=_recency(half_life, max_age))
+    try:
+        gen = generate_text(lm, prompt, memory, cfg)
+    except ValueError as e:
+        raise _fail(str(e))
+    typer.echo(prompt + gen.text)
+    if sources:
+        for i, sentence in enumerate(gen.sentences, 1):
+            found = "; ".join(f"{s['date']} {s['doc_id']} \"{s['title']}\" ({s['weight']:.2f})" for s in sentence["sources"])
+            console.print(f"[{i}] {sentence['text'].strip()!r}\n    sources: {found or 'none (the LM alone)'}", highlight=False)
+    _emit({"policy": root.name, "as_of": memory.days[-1].date if memory.days else None} | gen.as_dict(), as_json)
 
 
 @app.command()
@@ -479,6 +535,66 @@ def serve(source: str = typer.Option(..., help="The news feed the daily run read
         servers.stop(procs)
 
 
+def _print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
+    from tasks.tracking import tracking_uri, ui_links
+
+    console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
+    for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):
+        console.print(f"  {what}: {url}", highlight=False, soft_wrap=True)
+
+
+def _print_next_steps(workdir: Path, spec: RunConfig) -> None:
+    """How to use the up-to-date model: generate with sources, serve its champion, query it."""
+    from tasks.registry import model_name
+    from tasks.tracking import tracking_uri
+
+    uri = tracking_uri(str(workdir))
+    console.print(
+        "\nAsk the up-to-date model (MoNIM-AMT's memory):\n"
+        f"  monim generate --workdir {workdir} --prompt 'The Bank of Japan said' --sources\n"
+        "Serve its champion version over HTTP, and query it:\n"
+        f"  MLFLOW_TRACKING_URI={uri} mlflow models serve -m 'models:/{model_name(spec)}@champion' "
+        "--env-manager local -h 127.0.0.1 -p 5001\n"
+        "  curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' "
+        "-d '{\"dataframe_records\": [{\"prompt\": \"The Bank of Japan said\"}], \"params\": {\"max_new_tokens\": 20}}'",
+        highlight=False, soft_wrap=True)
+
+
+def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn: Callable, *args) -> dict:
+    """A tasks.registry function on the memory's registered model, or a clear error."""
+    root = _memory_dir(workdir, policy)
+    use_workdir(workdir, api=False)
+    from tasks.tracking import tracking_uri
+
+    try:
+        return fn(tracking_uri(str(workdir), tracking), root, *args)
+    except ValueError as e:
+        raise _fail(str(e))
+
+
+@app.command()
+def promote(workdir: Path = WORKDIR, policy: Optional[str] = typer.Option(None), version: Optional[str] = typer.Option(
+            None, help="The version to serve (default: the newest)."), tracking_uri: Optional[str] = TRACKING,
+            as_json: bool = AS_JSON) -> None:
+    """Point the registered model's `champion` alias at a version by hand (`previous` keeps the old one)."""
+    from tasks.registry import promote as promote_version
+
+    result = _registry_call(workdir, policy, tracking_uri, promote_version, version)
+    console.print(f"{result['model']}: champion is version {result['champion']} (previous: {result['previous']})")
+    _emit(result, as_json)
+
+
+@app.command()
+def rollback(workdir: Path = WORKDIR, policy: Optional[str] = typer.Option(None), tracking_uri: Optional[str] = TRACKING,
+             as_json: bool = AS_JSON) -> None:
+    """Move `champion` back to the `previous` version."""
+    from tasks.registry import rollback as rollback_version
+
+    result = _registry_call(workdir, policy, tracking_uri, rollback_version)
+    console.print(f"{result['model']}: champion is version {result['champion']} again")
+    _emit(result, as_json)
+
+
 @app.command()
 def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_port: int = typer.Option(5000)) -> None:
     """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
@@ -488,7 +604,8 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200), mlflow_p
     try:
         procs.append(_started(servers.prefect_server, prefect_port))
         procs.append(_started(servers.mlflow_server, mlflow_port, workdir))
-        console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\nCtrl-C stops both.")
+        _print_links(workdir, f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}")
+        console.print("Ctrl-C stops both.")
         while all(p.poll() is None for p in procs):
             time.sleep(1)
     except KeyboardInterrupt:

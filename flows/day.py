@@ -1,4 +1,4 @@
-"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → log."""
+"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → register → log."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from prefect.runtime import flow_run
 from monim.config import BARE, RunConfig
 from flows.cluster import featurize_day
 from tasks.learning import calibrate, evaluate, ingest, memorize, memory_for, record_day, update_index
+from tasks.registry import register_day
 from tasks.tracking import log_day
 
 
@@ -42,6 +43,8 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | stats["index"] | theta | {f"seconds_{k}": v for k, v in seconds.items()}
     row |= evaluate(cfg, date, state, day, memory and memory.at(date))  # as of the day, even when re-run later
+    if run_id and memory is not None:
+        row |= register_day(cfg, day, memory.at(date), run_id, tracking_uri)
     if run_id:
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
     record_day(cfg, row, memory)

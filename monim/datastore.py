@@ -165,6 +165,11 @@ class Datastore:
     def shard_docs(self, name: str) -> list[str]:
         return json.loads((self.root / "shards" / name / "docs.json").read_text())
 
+    def shard_titles(self, name: str) -> list[str] | None:
+        """The headlines of a shard's documents (aligned with shard_docs), if they were stored."""
+        path = self.root / "shards" / name / "titles.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
     def array(self, name: str) -> np.ndarray:
         """One array over all committed entries, in commit order (keys come as fp16)."""
         parts = [self.shard(d.shard, name) for d in self.days]
@@ -181,15 +186,27 @@ class Datastore:
             self._values = table
         return self._values
 
-    def keys_of(self, ids: np.ndarray) -> np.ndarray:
-        """float32 keys of committed entry ids (any shape), read from the shards (exact, unlike PQ codes)."""
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where committed entry ids (any shape) are: the index of each one's day in `days` and its
+        row in that day's shard (both -1 for an id not held)."""
         flat = np.asarray(ids, np.int64).ravel()
-        out = np.empty((len(flat), self.identity["hidden_size"]), np.float32)
-        for d in self.days:
+        day, row = np.full(len(flat), -1, np.int64), np.full(len(flat), -1, np.int64)
+        for i, d in enumerate(self.days):
+            if not d.entries:
+                continue
             shard_ids = np.asarray(self.shard(d.shard, "ids"))
             rows = np.searchsorted(shard_ids, flat)  # ids grow within a shard
             here = (rows < len(shard_ids)) & (shard_ids[rows.clip(max=len(shard_ids) - 1)] == flat)
-            out[here] = self.shard(d.shard, "keys")[rows[here]]
+            day[here], row[here] = i, rows[here]
+        return day.reshape(np.shape(ids)), row.reshape(np.shape(ids))
+
+    def keys_of(self, ids: np.ndarray) -> np.ndarray:
+        """float32 keys of committed entry ids (any shape), read from the shards (exact, unlike PQ codes)."""
+        day, row = (a.ravel() for a in self.locate(ids))
+        out = np.empty((len(day), self.identity["hidden_size"]), np.float32)
+        for i in np.unique(day[day >= 0]):
+            here = day == i
+            out[here] = self.shard(self.days[i].shard, "keys")[row[here]]
         return out.reshape(*np.shape(ids), -1)
 
     @property
@@ -211,11 +228,13 @@ class Datastore:
     # --- writing ---------------------------------------------------------------------------
 
     def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
-                   params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None) -> bool:
+                   params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None,
+                   titles: dict[str, str] | None = None) -> bool:
         """Append one day's entries atomically; False (no change) if the day is already committed.
 
         With force, a committed day is replaced, but only if it is the last one. `text`: arrays
-        describing the day's training text (monim.lexical.day_counts), kept in the day's shard.
+        describing the day's training text (monim.lexical.day_counts), kept in the day's shard;
+        `titles`: the documents' headlines (doc id -> title), shown as sources.
         """
         date = str(date)
         days = list(self.manifest["days"])
@@ -243,7 +262,7 @@ class Datastore:
         }
         arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()} | (text or {})
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
-        sums = self._write_shard(name, arrays, docs)
+        sums = self._write_shard(name, arrays, docs, [titles.get(d, "") for d in docs] if titles else None)
         days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}, checksums=sums).__dict__)
         self._publish(days, next_id=next_id + len(entries))
         return True
@@ -299,15 +318,18 @@ class Datastore:
         keep = np.zeros(n, bool) if keep is None else keep
         arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES} | text
         name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
-        return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old))}
+        return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old), self.shard_titles(old))}
 
-    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str]) -> dict[str, str]:
+    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str],
+                     titles: list[str] | None = None) -> dict[str, str]:
         """Write a shard folder atomically; the sha256 of each of its files."""
         with replacing(self.root / "shards" / name) as tmp:
             tmp.mkdir()
             for key, arr in arrays.items():
                 np.save(tmp / f"{key}.npy", arr)
             (tmp / "docs.json").write_text(json.dumps(docs))
+            if titles is not None:
+                (tmp / "titles.json").write_text(json.dumps(titles))
             return {p.name: checksum(p) for p in sorted(tmp.iterdir())}
 
     def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True) -> None:

@@ -18,6 +18,7 @@ from monim.lm import LM
 from monim.features import Features, features_of
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
+from monim.recency import Recency
 from monim.stream import Document, iter_days, open_source
 
 PERIODS = ("month", "week")
@@ -35,11 +36,14 @@ class EvalConfig:
     qa: str | None = None  # multiple-choice questions (JSONL), answered with the final memory
     shots: tuple[int, ...] = (0,)  # solved examples before each question
     qa_days_after: int = 7  # questions dated up to this many days after the last learned day count
+    half_life: float | None = None  # recency (monim.recency): neighbours' kNN weight halves every half_life days of age
+    max_age: int | None = None  # recency: entries older than this many days are not searched
 
     def __post_init__(self) -> None:
         if self.period not in (None, *PERIODS):
             raise ValueError(f"period must be one of {PERIODS}, got {self.period!r}")
         self.shots = tuple(int(k) for k in self.shots)
+        self.recency = Recency(self.half_life, self.max_age)  # checks them
 
 
 def period_of(date: dt.date, by: str) -> str:

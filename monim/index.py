@@ -272,29 +272,32 @@ class MemoryIndex:
                 (faiss.try_extract_index_ivf(self._search_index) or self._search_index).nprobe = self.cfg.nprobe
         return self._search_index
 
-    def _search_subset(self, q: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Search only the entries with id < `below` (time travel) and not in `exclude` (an article's
-        own entries): exactly over those keys, read in place from the flat index, or in the IVF-PQ
-        index with an id selector."""
+    def _search_subset(self, q: np.ndarray, k: int, above: int, below: int | None,
+                       exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Search only the entries with `above` <= id < `below` (time travel; recency) and not in
+        `exclude` (an article's own entries): exactly over those keys, read in place from the flat
+        index, or in the IVF-PQ index with an id selector."""
         if self.meta.get("kind") == "ivfpq":
             # every selector stays referenced here: the C++ ones hold raw pointers to each other
             banned = faiss.IDSelectorBatch(exclude) if exclude is not None else None
             allowed = faiss.IDSelectorNot(banned) if banned is not None else None
-            window = faiss.IDSelectorRange(0, below) if below is not None else None
+            windowed = above > 0 or below is not None
+            window = faiss.IDSelectorRange(above, below if below is not None else 1 << 62) if windowed else None
             both = faiss.IDSelectorAnd(window, allowed) if window is not None and allowed is not None else None
             params = faiss.SearchParametersIVF(sel=both or window or allowed, nprobe=self.cfg.nprobe)
             return self.index.search(q, k, params=params)
         ids = faiss.vector_to_array(self.index.id_map)
         flat = faiss.downcast_index(self.index.index)
         xb = faiss.rev_swig_ptr(flat.get_xb(), self.index.ntotal * self.d).reshape(-1, self.d)
-        keep = np.ones(len(ids), bool) if below is None else ids < below
+        keep = (ids >= above) & (ids < (below if below is not None else np.iinfo(np.int64).max))
         if exclude is not None:
             keep &= ~np.isin(ids, exclude)
-        # ids grow with the days: the rows before the first left-out one are searched in place (a
-        # view), only the rows after it are copied (an article's own entries are among the last)
-        head = int(np.argmin(keep)) if not keep.all() else len(keep)
-        rest = head + np.flatnonzero(keep[head:])
-        parts = [(xb[:head], ids[:head])] * (head > 0) + [(xb[rest], ids[rest])] * (len(rest) > 0)
+        # ids grow with the days: the first run of kept rows is searched in place (a view), only the
+        # kept rows after it are copied (an article's own entries are among the last)
+        lo = int(np.argmax(keep)) if keep.any() else len(keep)
+        hi = lo + (int(np.argmin(keep[lo:])) if not keep[lo:].all() else len(keep) - lo)
+        rest = hi + np.flatnonzero(keep[hi:])
+        parts = [(xb[lo:hi], ids[lo:hi])] * (hi > lo) + [(xb[rest], ids[rest])] * (len(rest) > 0)
         out_d, out_i = np.full((len(q), k), np.inf, np.float32), np.full((len(q), k), -1, np.int64)
         if not parts:
             return out_d, out_i
@@ -307,17 +310,17 @@ class MemoryIndex:
         return out_d, out_i
 
     def search(self, queries: np.ndarray, k: int | None = None, below: int | None = None,
-               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               exclude: np.ndarray | None = None, above: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Squared L2 distances and entry ids of the k nearest keys (id -1 where fewer exist);
-        with `below`, only among the entries with id < below; never the ids in `exclude`."""
+        only among the entries with `above` <= id < `below` (where given); never the ids in `exclude`."""
         k = k or self.cfg.k
         n = len(queries)
         if self.ntotal == 0:
             return np.full((n, k), np.inf, np.float32), np.full((n, k), -1, np.int64)
         dist, ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
-        subset = below is not None or exclude is not None
+        subset = above > 0 or below is not None or exclude is not None
         for i in range(0, n, self.cfg.query_batch):
             q = np.ascontiguousarray(queries[i : i + self.cfg.query_batch], dtype=np.float32)
-            found = self._search_subset(q, k, below, exclude) if subset else self._searcher().search(q, k)
+            found = self._search_subset(q, k, above, below, exclude) if subset else self._searcher().search(q, k)
             dist[i : i + len(q)], ids[i : i + len(q)] = found
         return dist, ids

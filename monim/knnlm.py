@@ -12,9 +12,11 @@ LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7)
 TEMPERATURES = (0.3, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
 
 
-def knn_log_weights(dist: torch.Tensor, values: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(-d/T) over each row's neighbours; missing neighbours (value -1) get -inf."""
-    scores = (-dist.double() / temperature).masked_fill(values < 0, -math.inf)
+def knn_log_weights(dist: torch.Tensor, values: torch.Tensor, temperature: float,
+                    prior: torch.Tensor | None = None) -> torch.Tensor:
+    """log_softmax(-d/T + log prior) over each row's neighbours; missing neighbours (value -1) get -inf."""
+    scores = -dist.double() / temperature + (0.0 if prior is None else prior.double())
+    scores = scores.masked_fill(values < 0, -math.inf)
     logw = torch.log_softmax(scores, dim=-1)
     return torch.nan_to_num(logw, nan=-math.inf, neginf=-math.inf)  # NaN: a row with no neighbour
 
@@ -82,7 +84,7 @@ def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray 
     for i in range(0, len(batch), chunk):
         sl = slice(i, i + chunk)
         values = torch.from_numpy(batch.knn_values[sl]).long()
-        logw = knn_log_weights(torch.from_numpy(batch.knn_dist[sl]), values, interp.temperature)
+        logw = knn_log_weights(torch.from_numpy(batch.knn_dist[sl]), values, interp.temperature, _prior(batch, sl))
         probs = knn_full_probs(logw, values, vocab_size)
         target, top = torch.from_numpy(batch.target[sl]).long(), torch.from_numpy(batch.argmax[sl]).long()
         logp = interpolate(torch.from_numpy(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), lams[sl])
@@ -99,8 +101,12 @@ def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray 
 def target_knn_logprob(batch, temperature: float) -> torch.Tensor:
     """log p_kNN(target) for each token of a scored batch (target-only path)."""
     values = torch.from_numpy(batch.knn_values).long()
-    logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, temperature)
+    logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, temperature, _prior(batch, slice(None)))
     return knn_target_logprob(logw, values, torch.from_numpy(batch.target).long())
+
+
+def _prior(batch, rows: slice) -> torch.Tensor | None:
+    return None if batch.knn_prior is None else torch.from_numpy(batch.knn_prior[rows])
 
 
 def knn_logprobs_by_temperature(batch, temperatures=TEMPERATURES) -> np.ndarray:

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import datetime as dt
 import functools
+import hashlib
 import json
 import os
 import time
@@ -15,18 +16,22 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 
+from monim.atomic import checksum
 from monim.calibration import Sample, sample_path
 from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples
 from monim.datastore import Datastore, DayRecord, Entries
 from monim.dedup import Signatures, TwinIndex
 from monim.index import IndexConfig, MemoryIndex
-from monim.knnlm import Interpolation, ThetaScores, theta_scores
+from monim.knnlm import (Interpolation, ThetaScores, interpolate, knn_full_logprobs, knn_log_weights, row_lam,
+                         theta_scores)
 from monim.lexical import LexicalCounts, day_counts
 from monim.lm import LM
 from monim.lock import Locked, hold
 from monim.features import Features, features_of
-from monim.scoring import ScoreConfig, TokenScores, score
+from monim.recency import Recency
+from monim.scoring import Found, ScoreConfig, TokenScores, score
 from monim.policies import Policy, policy_params
 from monim.stream import Day, Document
 
@@ -43,8 +48,9 @@ class Memory:
 
     def __init__(self, root: Path | str, lm: LM, index_cfg: IndexConfig | None = None,
                  calibrator_cfg: CalibratorConfig | None = None, use_calibrator: bool = True,
-                 as_of: dt.date | str | None = None):
+                 as_of: dt.date | str | None = None, recency: Recency | None = None):
         self.lm = lm
+        self.recency = recency or Recency()
         self.ds = Datastore.for_lm(root, lm)
         self.index = MemoryIndex(root, lm.hidden_size, index_cfg)
         self.calibrator_cfg = calibrator_cfg or CalibratorConfig()
@@ -61,6 +67,12 @@ class Memory:
         view = copy.copy(self)
         view.as_of, view._lexical, view._twins, view.searched, view.skipped = str(as_of), None, None, 0, 0
         view.__dict__.pop("_below", None)
+        return view
+
+    def recent(self, recency: Recency) -> Memory:
+        """This memory read with a recency rule (monim.recency): a view sharing its datastore and index."""
+        view = copy.copy(self)
+        view.recency, view.searched, view.skipped = recency, 0, 0
         return view
 
     def __len__(self) -> int:
@@ -157,6 +169,16 @@ class Memory:
         """log P(target), max log P and top-1 of each token under Θ."""
         return theta_scores(batch, self.interpolation, len(self.lm.tokenizer), self.lam(batch))
 
+    def theta_logprobs(self, batch: TokenScores, lm_logp: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Θ's log P over the vocabulary [n, V] for the tokens of a searched batch, from the LM's
+        (`lm_logp` [n, V]); with each token's λ [n] and its neighbours' kNN weights [n, k]."""
+        values = torch.from_numpy(batch.knn_values).long()
+        prior = None if batch.knn_prior is None else torch.from_numpy(batch.knn_prior)
+        logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, self.interpolation.temperature, prior)
+        lam = row_lam(batch.knn_values, self.lam(batch))
+        logp = interpolate(lm_logp, knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
+        return logp, lam.numpy(), logw.exp().numpy()
+
     @contextmanager
     def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
         """Hold this memory's write lock (re-entrant; `monim.lock.hold`), the manifest re-read under it."""
@@ -181,25 +203,55 @@ class Memory:
         except Locked:
             return self.index.sync(self.ds, retrain, save=False)
 
-    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
-                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances and values of each key's k nearest entries (value -1: none), among the
-        entries up to `as_of` (or with id < `below`) and not in `exclude`. With `exact`, IVF-PQ's
-        candidates are re-ranked with the stored keys (its distances are approximate: a memorized
-        context does not sit at 0)."""
+    @property
+    def today(self) -> dt.date | None:
+        """The memory's last day (as of `as_of`): where the ages of its entries are counted from."""
+        days = self.days
+        return dt.date.fromisoformat(days[-1].date) if days else None
+
+    def _above(self) -> int:
+        """The first entry id the recency rule lets Θ search (0: all)."""
+        oldest = self.recency.oldest(self.today) if self.days else None
+        if oldest is None:
+            return 0
+        kept = [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
+        return int(self.ds.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
+
+    def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and ids of each key's k nearest entries (id -1: none), among the entries
+        up to `as_of` (or with id < `below`), within the recency rule's maximum age and not in
+        `exclude`. With `exact`, IVF-PQ's candidates are re-ranked with the stored keys (its
+        distances are approximate: a memorized context does not sit at 0)."""
         started = time.perf_counter()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
-        dist, ids = self.index.search(keys, k, below=below, exclude=exclude)
+        dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=self._above())
         if exact and self.index.meta.get("kind") == "ivfpq":
             dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
             order = np.argsort(dist, axis=1)
             dist, ids = np.take_along_axis(dist, order, 1).astype(np.float32), np.take_along_axis(ids, order, 1)
-        values = np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
         self.search_seconds += time.perf_counter() - started
-        return dist, values
+        return dist, ids
 
-    def search(self, batch: TokenScores, skip: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def values_of(self, ids: np.ndarray) -> np.ndarray:
+        """The value (next token) of each entry id; -1 for -1."""
+        return np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
+
+    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and values (-1: none) of each key's k nearest entries (see `nearest`)."""
+        dist, ids = self.nearest(keys, k, below, exclude, exact)
+        return dist, self.values_of(ids)
+
+    def ages(self, ids: np.ndarray) -> np.ndarray:
+        """Days between each entry's day and the memory's last day (0 for -1)."""
+        day, _ = self.ds.locate(ids)
+        ordinals = np.array([dt.date.fromisoformat(d.date).toordinal() for d in self.ds.days] + [0], np.int64)
+        today = self.today.toordinal() if self.days else 0
+        return np.where(day >= 0, today - ordinals[day], 0)
+
+    def search(self, batch: TokenScores, skip: bool = True) -> Found:
         """The LM's hook (monim.scoring.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
         calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
@@ -214,12 +266,12 @@ class Memory:
             first.knn_dist, first.knn_values = self.neighbors(keys, cfg.gate_k, exact=True)
             wanted = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
                       | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
-        dist, values = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int32)
+        dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
         if wanted.any():
-            dist[wanted], values[wanted] = self.neighbors(keys[wanted])
+            dist[wanted], ids[wanted] = self.nearest(keys[wanted])
         self.searched += int(wanted.sum())
         self.skipped += int((~wanted).sum())
-        return dist, values
+        return Found(dist, self.values_of(ids), ids, self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None)
 
     def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True,
               retrieve: bool | None = None) -> list[TokenScores]:
@@ -239,6 +291,15 @@ class Memory:
             removed = self.ds.forget(doc_ids, days)
             self.sync()
         return removed
+
+    def checksum(self) -> str:
+        """A hash of what Θ reads as of `as_of`: its days' shards (their files' own checksums), the
+        calibration and the calibrator file; it changes when any of them does (e.g. a forgotten article)."""
+        days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days]
+        folder = self.theta_dir()
+        calibrator = folder / "calibrator.pt" if folder else None
+        parts = [days, self.theta(), checksum(calibrator) if calibrator and calibrator.exists() else None]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def bytes_on_disk(self) -> int:
         return self.ds.bytes_on_disk() + self.index.bytes_on_disk()
@@ -304,7 +365,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Fe
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                       text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays())
+                       text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
+                       titles={d.id: d.title for d in docs})
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t
         index = memory.sync()

@@ -9,7 +9,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -60,6 +60,8 @@ class TokenScores:
     knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
     knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
     lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
+    knn_ids: np.ndarray | None = None  # int64 entry id of each neighbour, -1: none
+    knn_prior: np.ndarray | None = None  # float32 log prior weight of each neighbour (monim.recency), None: 0
     hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
 
     def __len__(self) -> int:
@@ -77,8 +79,17 @@ class TokenScores:
                               else getattr(self, f.name)[rows] for f in fields(TokenScores)})
 
 
-# tokens scored by the LM (no neighbours yet) -> (squared distances [n, k], values [n, k], -1 where none)
-Neighbors = Callable[[TokenScores], tuple[np.ndarray, np.ndarray]]
+class Found(NamedTuple):
+    """Each token's neighbours [n, k]: squared distances, values and entry ids (-1 where none), and
+    a log prior weight per neighbour (None: all equal)."""
+
+    dist: np.ndarray
+    values: np.ndarray
+    ids: np.ndarray
+    prior: np.ndarray | None = None
+
+
+Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighbours yet) -> their neighbours
 Sequence = tuple[str, list[int], int]  # id, token ids, first target position
 
 
@@ -179,7 +190,7 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
     """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
-    part.knn_dist, part.knn_values = neighbors(part)
+    part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior = neighbors(part)
     at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
     part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
 

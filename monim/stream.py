@@ -30,6 +30,7 @@ class Document:
     id: str
     date: dt.date
     text: str
+    title: str = ""  # the headline, where the record has one (shown as a source of generated text)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Fields:
     date: str = "date"
     text: str = "text"
     id: str = "id"
+    title: str = "title"  # optional
 
 
 Record = tuple[str, Document] | BadRecord
@@ -129,8 +131,9 @@ def to_document(row: dict, fields: Fields, where: str) -> Record:
     text = row.get(fields.text)
     if not isinstance(text, str) or not text.strip():
         return BadRecord(where, fields.text, "missing or empty text")
-    doc_id = row.get(fields.id)
-    return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text)
+    doc_id, title = row.get(fields.id), row.get(fields.title)
+    return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text,
+                           title=title.strip() if isinstance(title, str) else "")
 
 
 def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:

@@ -30,11 +30,11 @@ def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
     return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
 
 
-def _memories(configs: list[RunConfig], days: list[str]) -> dict[tuple[str, str], Memory | None]:
-    """Each run's memory as of each day (None for the bare LM)."""
+def _memories(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict[tuple[str, str], Memory | None]:
+    """Each run's memory as of each day, under the suite's recency rule (None for the bare LM)."""
     out = {}
     for cfg in configs:
-        memory = None if cfg.policy == BARE else memory_for(cfg)
+        memory = None if cfg.policy == BARE else memory_for(cfg).recent(e.recency)
         out |= {(cfg.name, day): memory and memory.at(day) for day in days}
     return out
 
@@ -64,7 +64,7 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
     cfg = configs[0]
     sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed, e.period_docs)
-    memories = _memories(configs, days)
+    memories = _memories(configs, days, e)
     out: dict[str, dict] = {}
     for period, docs in sets.items():
         cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
@@ -81,7 +81,7 @@ def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) ->
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     doc = text_document(e.text, e.text_chars)
     cfg = configs[0]
-    results = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), [doc], _memories(configs, days), features_for(cfg), f"text-{doc.id}"))
+    results = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), [doc], _memories(configs, days, e), features_for(cfg), f"text-{doc.id}"))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
@@ -93,7 +93,7 @@ def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalC
     until = dt.date.fromisoformat(last) + dt.timedelta(days=e.qa_days_after)
     questions = read_questions(e.qa, dt.date.fromisoformat(first), until)
     pool = read_questions(e.qa)
-    memories = {name: m for (name, _), m in _memories(configs, [last]).items()}
+    memories = {name: m for (name, _), m in _memories(configs, [last], e).items()}
     out: dict[str, dict] = {}
     for k in e.shots:
         for name, metrics in answer_questions(lm_for(configs[0].model, configs[0].dtype), questions, memories, k, pool).items():

@@ -191,3 +191,14 @@ def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
         metrics = {k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
         out[run.info.run_name] = {"tags": dict(run.data.tags), "params": dict(run.data.params), "metrics": metrics}
     return out
+
+
+def ui_links(uri: str, mlflow_url: str, prefect_url: str) -> list[tuple[str, str]]:
+    """Direct links into both UIs: the Prefect flow runs, each experiment's runs side by side and each
+    registered model's versions (MLflow 3's root opens on its GenAI view, where monim's runs are not)."""
+    c = client(uri)
+    out = [("Prefect flow runs", f"{prefect_url}/runs")]
+    out += [(f"MLflow runs of {e.name}", f"{mlflow_url}/#/experiments/{e.experiment_id}/runs")
+            for e in c.search_experiments() if e.name != "Default"]
+    out += [(f"model versions of {m.name}", f"{mlflow_url}/#/models/{m.name}") for m in c.search_registered_models()]
+    return out

@@ -150,3 +150,130 @@ def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
     rows = json.loads((workdir / "runs" / "fullmem.json").read_text())
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ppl"))
     assert history == sorted((r["step"], r["ppl"]) for r in rows.values())  # each day once, with the record's value
+
+
+MODEL_NAME = "monim-reuters-1987-03-02_03-13-monim-amt"
+
+
+def validation_ppl(lm, root, day, as_of) -> float:
+    """Θ's PPL on a day's validation articles with a memory as of a day, computed here."""
+    from monim.evaluate import evaluate
+    from monim.memory import Memory
+
+    return evaluate(lm, day.validation, Memory(root, lm, as_of=as_of))["ppl"]
+
+
+def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
+    import mlflow
+
+    from monim.lm import load_lm
+    from monim.memory import Memory
+    from monim.stream import Document
+
+    workdir, model, summary = compared
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    client, root, lm = MlflowClient(uri), workdir / "memories" / "monim-amt", load_lm(model)
+    versions = sorted(client.search_model_versions(f"name = '{MODEL_NAME}'"), key=lambda v: int(v.version))
+    assert [v.tags["monim.as_of"] for v in versions] == list(DAYS)  # one version a day, none added by re-runs
+    day2 = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0]
+    new, champion = validation_ppl(lm, root, day2, DAYS[1]), validation_ppl(lm, root, day2, DAYS[0])
+    assert float(versions[1].tags["gate_ppl"]) == pytest.approx(new, rel=1e-6)
+    assert float(versions[1].tags["gate_ppl_champion"]) == pytest.approx(champion, rel=1e-6)
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == ("2" if new <= champion else "1")
+    run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
+                             filter_string="attributes.run_name = 'monim-amt'")[0]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "gate_ppl")] == pytest.approx([new])
+    # a version references the memory, it holds no copy of it; loaded, it is Θ as of its day
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}/1")
+    assert served.model_config["memory"] == str(root.resolve()) and served.model_config["as_of"] == DAYS[0]
+    assert not list((workdir / "mlartifacts").rglob("*.npy"))
+    text = day2.test[0].text[:400]
+    answer = served.predict([{"text": text}])[0]
+    from monim.evaluate import evaluate
+
+    want = evaluate(lm, [Document("t", dt.date.min, text)], Memory(root, lm, as_of=DAYS[0]))
+    assert answer["ppl"] == pytest.approx(want["ppl"], rel=1e-6) and answer["ppl_lm"] == pytest.approx(want["ppl_lm"], rel=1e-6)
+    generated = served.predict([{"prompt": text[:60]}], params={"max_new_tokens": 5})[0]
+    assert len(generated["tokens"]) == 5 and len(generated["lams"]) == 5
+
+
+def test_a_changed_memory_is_refused(compared, tmp_path):
+    import shutil
+
+    from mlflow.exceptions import MlflowException
+
+    from monim.datastore import Datastore
+    from tasks.registry import open_memory
+
+    workdir, model, summary = compared
+    version = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_model_version(MODEL_NAME, "2")
+    import mlflow
+
+    config = mlflow.pyfunc.load_model(version.source).model_config
+    copy = tmp_path / "monim-amt"
+    shutil.copytree(workdir / "memories" / "monim-amt", copy)
+    assert len(open_memory(config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
+    ds = Datastore.read(copy)
+    assert ds.forget(doc_ids=[ds.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
+    with pytest.raises(MlflowException, match="has changed since this model version was registered"):
+        open_memory(config | {"memory": str(copy)})
+
+
+def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
+    import os
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from flows import servers
+
+    workdir, model, summary = compared
+    port = servers.free_port()
+    cmd = [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", f"models:/{MODEL_NAME}@champion",
+           "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",  # and its uvicorn on PATH, as in the venv
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = servers.start(cmd, f"http://127.0.0.1:{port}/ping", env=env)
+
+    def post(body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        status, out = post({"dataframe_records": [{"text": "Oil prices rose on Monday."}, {"prompt": "The bank said"}],
+                            "params": {"max_new_tokens": 4}})
+        assert status == 200, out
+        scored, generated = out["predictions"]
+        assert scored["ppl"] > 1 and scored["tokens"] == 5 and len(generated["tokens"]) == 4
+        for bad, says in (({"dataframe_records": [{"text": "  "}]}, "empty"),
+                          ({"dataframe_records": [{"txt": "hello"}]}, "'text' (to score)"),
+                          ({"dataframe_records": [{"text": "x" * 20_001}]}, "at most"),
+                          ({"dataframe_records": [{"prompt": "hi"}], "params": {"top_p": 0.0}}, "top_p")):
+            status, out = post(bad)
+            assert 400 <= status < 500 and says in out["message"], (bad, status, out)
+        assert proc.poll() is None  # still serving
+    finally:
+        servers.stop([proc])
+    assert os.path.exists(workdir / "mlflow.db")
+
+
+def test_promote_and_rollback_move_the_aliases_by_hand(compared):
+    from tasks.registry import aliases, promote, rollback
+
+    workdir, model, summary = compared
+    uri, root = f"sqlite:///{workdir / 'mlflow.db'}", workdir / "memories" / "monim-amt"
+    assert promote(uri, root, "1")["champion"] == "1"
+    assert promote(uri, root) == {"model": MODEL_NAME, "champion": "2", "previous": "1"}  # default: the newest
+    assert rollback(uri, root)["champion"] == "1"
+    listed = aliases(uri, root)
+    assert (listed["champion"], listed["previous"]) == ("1", None) and [v["as_of"] for v in listed["versions"]] == list(DAYS)
+    with pytest.raises(ValueError, match="no 'previous'"):
+        rollback(uri, root)
+    with pytest.raises(ValueError, match="no version 9"):
+        promote(uri, root, "9")

@@ -1,0 +1,136 @@
+"""Generation from Θ against an independent reference (the HF model run on the whole prefix, numpy
+neighbours), the real LM continuing a memorized article, and recency at query time."""
+
+import datetime as dt
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from monim.datastore import Entries
+from monim.generate import GenerateConfig, generate
+from monim.index import IndexConfig
+from monim.lm import load_lm
+from monim.memory import Memory, memorize_day
+from monim.policies import make_policy
+from monim.recency import Recency
+from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+
+K, LAM, T = 8, 0.4, 3.0
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_lm(str(tiny_model_dir("llama")))
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+
+
+def constant_theta(memory: Memory, lam: float, temperature: float) -> None:
+    """Θ's constant λ and T, set by hand (no calibration)."""
+    memory.ds.set_theta({"date": memory.ds.days[-1].date, "lam": lam, "temperature": temperature})
+
+
+def reference_step(lm, prefix: list[int], keys: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
+    """Θ's next-token log P after `prefix`, computed independently: the HF model on the whole prefix
+    (no cache), the key from a hook of its own, exact numpy neighbours, softmax(-d/T), the mixture."""
+    captured = {}
+    hook = lm.model.model.layers[-1].mlp.register_forward_pre_hook(lambda m, a: captured.update(key=a[0]))
+    try:
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([prefix])).logits[0, -1].double()
+    finally:
+        hook.remove()
+    p_lm = torch.softmax(logits, -1).numpy()
+    q = captured["key"][0, -1].to(torch.float16).double().numpy()
+    d = ((keys - q) ** 2).sum(1)
+    nn = np.argsort(d)[:K]
+    w = np.exp(-(d[nn] - d[nn].min()) / T)
+    p_knn = np.zeros(vocab)
+    np.add.at(p_knn, values[nn], w / w.sum())
+    return np.log((1 - LAM) * p_lm + LAM * p_knn)
+
+
+def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp_path):
+    memory = Memory(tmp_path, tiny, IndexConfig(k=K), use_calibrator=False)
+    memorize_day(memory, stream[0], make_policy("fullmem"), max_docs=2)
+    constant_theta(memory, LAM, T)
+    keys = memory.ds.array("keys").astype(np.float64)
+    values = memory.ds.array("values")
+    prompt = stream[0].train[0].text[:80]
+    for cfg in (GenerateConfig(max_new_tokens=6, keep_distributions=True),
+                GenerateConfig(max_new_tokens=6, temperature=0.9, top_p=0.8, seed=3, keep_distributions=True)):
+        gen = generate(tiny, prompt, memory, cfg)
+        assert len(gen.logprobs) == len(gen.tokens) == 6 and all(lam == LAM for lam in gen.lams)
+        prefix = tiny.tokenizer(prompt)["input_ids"]
+        for step, token in enumerate(gen.tokens):
+            want = reference_step(tiny, prefix, keys, values, len(gen.logprobs[step]))
+            np.testing.assert_allclose(np.exp(gen.logprobs[step]), np.exp(want), atol=2e-5)
+            if cfg.temperature == 0:
+                assert token == int(np.argmax(want))
+            prefix = prefix + [token]
+    # sources: the memorized training articles, with their day and title
+    sources = [s for sentence in gen.sentences for s in sentence["sources"]]
+    assert sources and {s["doc_id"] for s in sources} <= {d.id for d in stream[0].train[:2]}
+    assert {s["date"] for s in sources} == {"1987-03-02"} and all(s["title"] and s["weight"] > 0 for s in sources)
+    assert "".join(s["text"] for s in gen.sentences) == gen.text
+
+
+def test_bad_generation_requests_are_refused(tiny):
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny, "")
+    with pytest.raises(ValueError, match="positions"):
+        generate(tiny, "word " * 300)
+    with pytest.raises(ValueError, match="top_p"):
+        GenerateConfig(top_p=0)
+
+
+def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
+    """Entries of three days 10 days apart; a query's neighbours weighted 2^(-age/h) against numpy,
+    and a maximum age that leaves the oldest day out of the search."""
+    rng = np.random.default_rng(0)
+    d = tiny.hidden_size
+    memory = Memory(tmp_path, tiny, IndexConfig(k=6), use_calibrator=False)
+    keys = rng.standard_normal((3, 4, d)).astype(np.float16)
+    for i, date in enumerate(("2022-06-01", "2022-06-11", "2022-06-21")):
+        memory.ds.commit_day(date, Entries(keys[i], np.arange(4, dtype=np.int32) + 10 * i, [f"doc{i}"] * 4,
+                                           np.arange(4, dtype=np.int32)), 4, "fullmem")
+    memory.sync()
+    queries = keys.reshape(12, d)[[0, 5, 10]].astype(np.float32)
+    from monim.scoring import TokenScores
+
+    batch = TokenScores(np.array(["q"] * 3, object), *(np.zeros(3, np.int32),) * 3, *(np.zeros(3, np.float32),) * 3,
+                        np.zeros(3, np.int32), queries.astype(np.float16))
+    found = memory.recent(Recency(half_life=5.0)).search(batch)
+    day_of = found.ids // 4  # ids 0-3: the first day, 4-7: the second, 8-11: the third
+    np.testing.assert_allclose(found.prior, -math.log(2) / 5.0 * (20 - 10 * day_of), rtol=1e-6)
+    assert memory.search(batch).prior is None
+    recent = memory.recent(Recency(max_age=10)).search(batch)
+    assert set(recent.ids.ravel()) == set(range(4, 12))  # the first day (20 days old) is not searched
+    past = memory.at("2022-06-11").recent(Recency(max_age=0)).search(batch)
+    assert set(past.ids.ravel()) - {-1} == set(range(4, 8))  # ages count from the day it is read as of
+    with pytest.raises(ValueError, match="half_life"):
+        Recency(half_life=0)
+
+
+def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream, tmp_path):
+    """FullMem learns one article; from its first line, greedy Θ (λ = 0.5) writes its next 30 tokens
+    as they are, where the bare LM does not, and names the article as the source."""
+    doc = stream[0].train[0]
+    memory = Memory(tmp_path, smollm, use_calibrator=False)
+    memorize_day(memory, Day(stream[0].date, [doc], [], []), make_policy("fullmem"))
+    constant_theta(memory, 0.5, 1.0)
+    prompt = doc.text.split("\n")[0]
+    tokens = smollm.tokenizer(doc.text)["input_ids"]
+    start = len(smollm.tokenizer(prompt)["input_ids"])
+    assert tokens[:start] == smollm.tokenizer(prompt)["input_ids"]
+    cfg = GenerateConfig(max_new_tokens=30)
+    with_memory, bare = generate(smollm, prompt, memory, cfg), generate(smollm, prompt, None, cfg)
+    assert with_memory.tokens == tokens[start : start + 30]
+    assert bare.tokens[:10] != tokens[start : start + 10]
+    assert {s["doc_id"] for sentence in with_memory.sentences for s in sentence["sources"]} == {doc.id}
+    assert with_memory.sentences[0]["sources"][0]["title"] == doc.title == "STRONG EARTHQUAKE HITS NEW ZEALAND"
