@@ -10,6 +10,7 @@ champion's on the same validation articles; `previous` keeps the one it replaced
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -145,11 +146,15 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
               "calibrated": cfg.calibrated, "k": cfg.k, "nprobe": cfg.nprobe, "exact_below": cfg.exact_below,
               "checksum": memory.checksum()}
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(run_id=run_id):
+    # logged beside the run, not in it: in it, MLflow would log the config as run params (a new as_of a day)
+    mlflow.set_experiment(experiment_id=c.get_run(run_id).info.experiment_id)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "An input example was not provided")  # one would load the LM to check it
         info = mlflow.pyfunc.log_model(name=f"theta-{date}", python_model=MonimModel(), model_config=config,
                                        signature=SIGNATURE, pip_requirements=["monim"], registered_model_name=name)
     version = str(info.registered_model_version)
-    for key, value in {"monim.as_of": date, "monim.memory": config["memory"], "monim.checksum": config["checksum"]}.items():
+    for key, value in {"monim.as_of": date, "monim.memory": config["memory"], "monim.checksum": config["checksum"],
+                       "monim.run_id": run_id}.items():
         c.set_model_version_tag(name, version, key, value)
     champion = _alias(c, name, CHAMPION)
     gate = _gate(cfg, day, memory, champion) if champion is not None else {}

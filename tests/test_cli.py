@@ -133,9 +133,22 @@ def test_run_demo_with_the_default_lm(tmp_path):
     assert 5 < policies["fullmem"]["ppl_lm"] < 100
 
 
+def test_generate_with_sources_and_move_the_champion(learned):
+    workdir, model, out = learned
+    gen = last_json(monim("generate", "--workdir", workdir, "--prompt", "The company said", "--max-new-tokens", 5,
+                          "--sources", "--json"))
+    assert len(gen["tokens"]) == len(gen["lams"]) == 5 and gen["as_of"] == "1987-03-03"
+    assert all(s["date"] in ("1987-03-02", "1987-03-03") for sentence in gen["sentences"] for s in sentence["sources"])
+    bad = monim("generate", "--workdir", workdir, "--prompt", "x", "--max-age", -1, check=False)
+    assert bad.returncode == 2 and "max_age" in bad.stderr
+    assert last_json(monim("promote", "--workdir", workdir, "--version", 1, "--json"))["champion"] == "1"
+    assert last_json(monim("promote", "--workdir", workdir, "--version", 2, "--json"))["previous"] == "1"
+    assert last_json(monim("rollback", "--workdir", workdir, "--json"))["champion"] == "1"
+
+
 def test_help_lists_every_verb():
     out = monim("--help").stdout
-    for verb in ("run", "learn", "compare", "eval", "status", "forget", "serve", "ui"):
+    for verb in ("run", "learn", "compare", "eval", "status", "forget", "serve", "ui", "generate", "promote", "rollback"):
         assert verb in out
 
 
