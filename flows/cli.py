@@ -68,7 +68,11 @@ def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optiona
                        max_age=max_age)
     except ValueError as err:
         raise _fail(str(err))
-    return e if e.period or e.text or e.qa else None
+    if not (e.period or e.text or e.qa):
+        if e.recency.active:
+            raise _fail("--half-life and --max-age apply to the evaluation suite: give --period, --text or --qa too")
+        return None
+    return e
 
 
 def _recency(half_life: Optional[float], max_age: Optional[int]):

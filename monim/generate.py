@@ -35,10 +35,12 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.sources < 0:
+            raise ValueError(f"sources must be >= 0, got {self.sources}")
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Recency: news goes stale, so Θ may weigh neighbours by the age of their day at query time.
 
-Nothing is deleted: a half-life multiplies each neighbour's kNN weight by 2^(-age / half_life)
-(a log prior added to -d/T before the softmax), and a maximum age leaves the entries of older
-days out of the search. Ages count days from the memory's last day (or its `as_of` day).
+Nothing is deleted. A half-life adds log 2^(-age / half_life) to each neighbour's score -d/T
+before the softmax: among a token's neighbours, an older one weighs less than a newer one at the
+same distance (halving every half_life days), while λ, and so the memory's share against the LM, is
+unchanged. A maximum age leaves the entries of older days out of the search, so the LM (λ = 0 where
+no neighbour is left) answers alone. Ages count days from the memory's last day (or its `as_of` day).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Recency:
 
     def oldest(self, today: dt.date) -> dt.date | None:
         """The first day whose entries are searched (None: all)."""
-        return None if self.max_age is None else today - dt.timedelta(days=self.max_age)
+        return None if self.max_age is None else today - dt.timedelta(days=min(self.max_age, today.toordinal() - 1))
 
     def log_prior(self, ages: np.ndarray) -> np.ndarray | None:
         """log 2^(-age / half_life) per neighbour ([n, k] ages in days), or None without a half-life."""

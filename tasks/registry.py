@@ -10,6 +10,7 @@ champion's on the same validation articles; `previous` keeps the one it replaced
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -92,6 +93,8 @@ class MonimModel(mlflow.pyfunc.PythonModel):
         lm = self.memory.lm
         if field == "text":
             r = evaluate(lm, [Document(f"request-{i}", dt.date.min, value)], self.memory)
+            if not r["tokens"]:
+                raise _bad(f"row {i}: 'text' has a single token; a perplexity needs at least two")
             return {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
         try:
             return generate(lm, value, self.memory, cfg).as_dict()
@@ -104,11 +107,13 @@ def _versions(c, name: str) -> list:
 
 
 def _alias(c, name: str, alias: str):
-    """The version an alias points to, or None."""
+    """The version an alias points to, or None where the alias is not set."""
     try:
         return c.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
+    except MlflowException as e:
+        if e.error_code == "INVALID_PARAMETER_VALUE" and "not found" in e.message:
+            return None
+        raise
 
 
 def move_champion(c, name: str, version: str) -> dict:
@@ -118,51 +123,77 @@ def move_champion(c, name: str, version: str) -> dict:
     if old is not None and old != str(version):
         c.set_registered_model_alias(name, PREVIOUS, old)
     c.set_registered_model_alias(name, CHAMPION, str(version))
-    return {"champion": str(version), "previous": old}
+    kept = _alias(c, name, PREVIOUS)
+    return {"champion": str(version), "previous": None if kept is None else str(kept.version)}
+
+
+@one_at_a_time
+def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
+    """The version of Θ as of `date` of this memory with this checksum: found, or logged beside the
+    run (in it, MLflow would log the config as run params) and registered with its tags."""
+    c, name, root = client(uri), model_name(cfg), str(cfg.memory_dir.resolve())
+    if c.search_registered_models(f"name = '{name}'") == []:
+        c.create_registered_model(name, tags={"monim.policy": cfg.name},
+                                  description=f"Θ of {cfg.name} on {cfg.source}, one version per learned day")
+    for v in _versions(c, name):
+        if (v.tags.get("monim.as_of"), v.tags.get("monim.memory"), v.tags.get("monim.checksum")) == (date, root, checksum):
+            return str(v.version), False
+    config = {"memory": root, "as_of": date, "model": cfg.model, "dtype": cfg.dtype, "calibrated": cfg.calibrated,
+              "k": cfg.k, "nprobe": cfg.nprobe, "exact_below": cfg.exact_below, "checksum": checksum}
+    path = f"theta-{date}-{checksum}"
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():  # saved, then uploaded: no fluent state
+        warnings.filterwarnings("ignore", "An input example was not provided")  # one would load the LM to check it
+        mlflow.pyfunc.save_model(Path(tmp) / path, python_model=MonimModel(), model_config=config,
+                                 signature=SIGNATURE, pip_requirements=["monim"])
+        c.log_artifacts(run_id, str(Path(tmp) / path), path)
+    tags = {"monim.as_of": date, "monim.memory": root, "monim.checksum": checksum, "monim.run_id": run_id}
+    source = f"{c.get_run(run_id).info.artifact_uri}/{path}"  # where it lies: loadable without the tracking URI
+    return str(c.create_model_version(name, source, run_id=run_id, tags=tags).version), True
 
 
 def _gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
-    """PPL of the new version and of the champion on the day's validation articles (one LM pass)."""
-    champ = Memory(champion.tags["monim.memory"], memory.lm, memory.index.cfg, use_calibrator=cfg.calibrated,
-                   as_of=champion.tags["monim.as_of"])
+    """PPL of the new version and of the champion on the day's validation articles (one LM pass).
+    The validation articles are held out of calibration, though its early stopping reads them."""
+    root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
+    champ = (memory.at(as_of) if Path(root) == memory.ds.root.resolve()
+             else Memory(root, memory.lm, cfg.index_config(), cfg.calibrator_config(), cfg.calibrated, as_of=as_of))
     r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, features_for(cfg),
                       f"{day.date}-validation")
     return {"gate_tokens": r["new"]["tokens"], "gate_ppl": r["new"]["ppl"], "gate_ppl_champion": r["champion"]["ppl"]}
 
 
-@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
-def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str) -> dict:
-    """Register Θ as of a committed day as a new version (once per day), and move `champion` to it
-    if its validation PPL is not worse than the champion's; the gate's numbers are logged."""
-    c, name, date = client(uri), model_name(cfg), day.date.isoformat()
-    if c.search_registered_models(f"name = '{name}'") == []:
-        c.create_registered_model(name, tags={"monim.memory": str(cfg.memory_dir.resolve()), "monim.policy": cfg.name},
-                                  description=f"Θ of {cfg.name} on {cfg.source}, one version per learned day")
-    done = [v for v in _versions(c, name) if v.tags.get("monim.as_of") == date]
-    if done:
-        return {"model_version": int(done[0].version), "registered": 0}
-    config = {"memory": str(cfg.memory_dir.resolve()), "as_of": date, "model": cfg.model, "dtype": cfg.dtype,
-              "calibrated": cfg.calibrated, "k": cfg.k, "nprobe": cfg.nprobe, "exact_below": cfg.exact_below,
-              "checksum": memory.checksum()}
-    mlflow.set_tracking_uri(uri)
-    # logged beside the run, not in it: in it, MLflow would log the config as run params (a new as_of a day)
-    mlflow.set_experiment(experiment_id=c.get_run(run_id).info.experiment_id)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "An input example was not provided")  # one would load the LM to check it
-        info = mlflow.pyfunc.log_model(name=f"theta-{date}", python_model=MonimModel(), model_config=config,
-                                       signature=SIGNATURE, pip_requirements=["monim"], registered_model_name=name)
-    version = str(info.registered_model_version)
-    for key, value in {"monim.as_of": date, "monim.memory": config["memory"], "monim.checksum": config["checksum"],
-                       "monim.run_id": run_id}.items():
-        c.set_model_version_tag(name, version, key, value)
-    champion = _alias(c, name, CHAMPION)
-    gate = _gate(cfg, day, memory, champion) if champion is not None else {}
-    promoted = champion is None or not gate["gate_tokens"] or not gate["gate_ppl"] > gate["gate_ppl_champion"]
+def _settle(name: str, version: str, champion: str | None, gate: dict, uri: str) -> bool:
+    """Log the gate on the version and move `champion` to it if it passed, unless the champion moved
+    meanwhile (the gate then compared with another version)."""
+    c = client(uri)
     for key, value in gate.items():
         c.set_model_version_tag(name, version, key, str(value))
-    if promoted:
+    now = _alias(c, name, CHAMPION)
+    if (None if now is None else str(now.version)) != champion:
+        return False
+    if champion is None or not gate.get("gate_tokens") or not gate["gate_ppl"] > gate["gate_ppl_champion"]:
         move_champion(c, name, version)
+        return True
+    return False
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str) -> dict:
+    """Register Θ as of a committed day as a new version (once per day and memory state), and move
+    `champion` to it if its validation PPL is not worse than the champion's (never to an older day
+    than the champion's); the gate's numbers are logged."""
+    name, date = model_name(cfg), day.date.isoformat()
+    version, new = _new_version(cfg, date, memory.checksum(), run_id, uri)
+    if not new:
+        return {"model_version": int(version), "registered": 0}
+    champion = _alias(client(uri), name, CHAMPION)
+    if champion is not None and champion.tags.get("monim.as_of", "") > date:
+        logger().info("%s version %s (%s): not promoted; champion v%s is of a later day", name, version, date,
+                      champion.version)
+        return {"model_version": int(version), "registered": 1, "champion_moved": 0}
+    gate = _gate(cfg, day, memory, champion) if champion is not None else {}
+    promoted = _settle(name, version, None if champion is None else str(champion.version), gate, uri)
     logger().info("%s version %s (%s): %s%s", name, version, date, "champion" if promoted else "not promoted",
                   f"; validation PPL {gate['gate_ppl']:.2f} vs champion v{champion.version} {gate['gate_ppl_champion']:.2f}"
                   if gate else "")
@@ -170,8 +201,8 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
 
 
 def registered(uri: str, memory: Path) -> str:
-    """The registered model of a memory directory, or a clear error."""
-    found = client(uri).search_registered_models(f"tags.`monim.memory` = '{Path(memory).resolve()}'")
+    """The registered model of a memory directory's versions, or a clear error."""
+    found = client(uri).search_model_versions(f"tags.`monim.memory` = '{Path(memory).resolve()}'", max_results=1)
     if not found:
         raise ValueError(f"no registered model for {memory} at {uri} (a day is registered once learned with MLflow on)")
     return found[0].name
@@ -181,10 +212,10 @@ def promote(uri: str, memory: Path, version: str | None = None) -> dict:
     """Move `champion` by hand (default: to the newest version); `previous` keeps the one it replaces."""
     c, name = client(uri), registered(uri, memory)
     versions = [str(v.version) for v in _versions(c, name)]
-    version = version or versions[-1]
-    if str(version) not in versions:
+    version = str(version or versions[-1])
+    if version not in versions:
         raise ValueError(f"{name} has no version {version}; it has {', '.join(versions)}")
-    return {"model": name} | move_champion(c, name, str(version))
+    return {"model": name} | move_champion(c, name, version)
 
 
 def rollback(uri: str, memory: Path) -> dict:

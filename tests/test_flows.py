@@ -164,6 +164,8 @@ def validation_ppl(lm, root, day, as_of) -> float:
 
 
 def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
+    import os
+
     import mlflow
 
     from monim.lm import load_lm
@@ -175,17 +177,17 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
     client, root, lm = MlflowClient(uri), workdir / "memories" / "monim-amt", load_lm(model)
     versions = sorted(client.search_model_versions(f"name = '{MODEL_NAME}'"), key=lambda v: int(v.version))
     assert [v.tags["monim.as_of"] for v in versions] == list(DAYS)  # one version a day, none added by re-runs
+    assert "MLFLOW_TRACKING_URI" not in os.environ and mlflow.get_tracking_uri() != uri  # no process-wide state
     day2 = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0]
     new, champion = validation_ppl(lm, root, day2, DAYS[1]), validation_ppl(lm, root, day2, DAYS[0])
-    assert float(versions[1].tags["gate_ppl"]) == pytest.approx(new, rel=1e-6)
-    assert float(versions[1].tags["gate_ppl_champion"]) == pytest.approx(champion, rel=1e-6)
+    assert float(versions[1].tags["gate_ppl"]) == pytest.approx(new, rel=1e-4)
+    assert float(versions[1].tags["gate_ppl_champion"]) == pytest.approx(champion, rel=1e-4)
     assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == ("2" if new <= champion else "1")
     run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
                              filter_string="attributes.run_name = 'monim-amt'")[0]
     assert [m.value for m in client.get_metric_history(run.info.run_id, "gate_ppl")] == pytest.approx([new])
     # a version references the memory, it holds no copy of it; loaded, it is Θ as of its day
-    mlflow.set_tracking_uri(uri)
-    served = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}/1")
+    served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(MODEL_NAME, "1"))
     assert served.model_config["memory"] == str(root.resolve()) and served.model_config["as_of"] == DAYS[0]
     assert not list((workdir / "mlartifacts").rglob("*.npy"))
     text = day2.test[0].text[:400]
@@ -207,10 +209,10 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
     from tasks.registry import open_memory
 
     workdir, model, summary = compared
-    version = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_model_version(MODEL_NAME, "2")
     import mlflow
 
-    config = mlflow.pyfunc.load_model(version.source).model_config
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    config = mlflow.pyfunc.load_model(client.get_model_version_download_uri(MODEL_NAME, "2")).model_config
     copy = tmp_path / "monim-amt"
     shutil.copytree(workdir / "memories" / "monim-amt", copy)
     assert len(open_memory(config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
@@ -254,6 +256,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
         for bad, says in (({"dataframe_records": [{"text": "  "}]}, "empty"),
                           ({"dataframe_records": [{"txt": "hello"}]}, "'text' (to score)"),
                           ({"dataframe_records": [{"text": "x" * 20_001}]}, "at most"),
+                          ({"dataframe_records": [{"text": "Oil"}]}, "single token"),
                           ({"dataframe_records": [{"prompt": "hi"}], "params": {"top_p": 0.0}}, "top_p")):
             status, out = post(bad)
             assert 400 <= status < 500 and says in out["message"], (bad, status, out)

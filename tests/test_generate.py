@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from monim.datastore import Entries
-from monim.generate import GenerateConfig, generate
+from monim.generate import GenerateConfig, _choose, generate
 from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memory import Memory, memorize_day
@@ -87,6 +87,20 @@ def test_bad_generation_requests_are_refused(tiny):
         generate(tiny, "word " * 300)
     with pytest.raises(ValueError, match="top_p"):
         GenerateConfig(top_p=0)
+    with pytest.raises(ValueError, match="temperature"):
+        GenerateConfig(temperature=float("nan"))
+    with pytest.raises(ValueError, match="sources"):
+        GenerateConfig(sources=-1)
+
+
+def test_nucleus_sampling_draws_from_the_smallest_prefix_reaching_top_p():
+    """P = (0.5, 0.3, 0.15, 0.05), top_p 0.7: only the first two, in proportion 5:3."""
+    logp = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64).log()
+    rng = torch.Generator().manual_seed(0)
+    counts = np.bincount([_choose(logp, GenerateConfig(temperature=1.0, top_p=0.7), rng) for _ in range(2000)],
+                         minlength=4)
+    assert counts[0] == counts[2] == 0 and abs(counts[1] / 2000 - 0.625) < 0.04
+    assert _choose(logp, GenerateConfig(), rng) == 1  # greedy
 
 
 def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
@@ -94,7 +108,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
     and a maximum age that leaves the oldest day out of the search."""
     rng = np.random.default_rng(0)
     d = tiny.hidden_size
-    memory = Memory(tmp_path, tiny, IndexConfig(k=6), use_calibrator=False)
+    memory = Memory(tmp_path, tiny, IndexConfig(k=8), use_calibrator=False)
     keys = rng.standard_normal((3, 4, d)).astype(np.float16)
     for i, date in enumerate(("2022-06-01", "2022-06-11", "2022-06-21")):
         memory.ds.commit_day(date, Entries(keys[i], np.arange(4, dtype=np.int32) + 10 * i, [f"doc{i}"] * 4,
