@@ -199,11 +199,11 @@ def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
     return table
 
 
-SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "MB"]
+SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "MB", "s/day"]
 
 
 def _summary_rows(summary: dict[str, dict]) -> list[dict]:
-    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20} for p, s in summary.items()]
+    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20, "s/day": s["seconds_per_day"]} for p, s in summary.items()]
 
 
 @app.command()
@@ -234,7 +234,7 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
 @app.command()
 def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAME."),
           start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
-          policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt or kl."),
+          policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt, kl or greedy-merge."),
           workdir: Path = WORKDIR, model: Optional[str] = MODEL,
           max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
           constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,

@@ -29,7 +29,7 @@ class RunConfig(BaseModel):
 
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
-    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt or kl.")
+    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt, kl or greedy-merge.")
     policy_params: dict = Field(default_factory=dict, description="The policy's parameters, e.g. {\"rate\": 0.5} for randmem.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
     max_docs: int | None = Field(None, ge=1, description="Training articles taken per day; empty: all.")

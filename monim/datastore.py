@@ -6,7 +6,8 @@ Layout of a memory directory:
                            (`thetas`: each calibration's date, folder, λ, T, held-out NLL)
     shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
                            ids.npy (int64, stable entry ids), docs.npy (int32 index into
-                           docs.json), positions.npy (int32 token position in the document)
+                           docs.json), positions.npy (int32 token position in the document),
+                           weights.npy (int32, Greedy Merging only: how many entries each one stands for)
     index/                 the FAISS index over the keys (monim.index), rebuilt if stale
 Files not named by the manifest (left by a crash) are ignored and removed on the next commit.
 """
@@ -26,6 +27,7 @@ from monim.atomic import checksum, replacing, write_json
 
 FORMAT = 1
 DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.int32, "positions": np.int32}
+WEIGHTS = "weights"  # a per-entry array only some shards have (monim.merging)
 
 
 class MemoryMismatch(ValueError):
@@ -43,6 +45,10 @@ class Entries:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def take(self, keep: np.ndarray) -> Entries:
+        """The entries where `keep` is true."""
+        return Entries(self.keys[keep], self.values[keep], [d for d, k in zip(self.doc_ids, keep) if k], self.positions[keep])
 
     @classmethod
     def concat(cls, parts: list[Entries], hidden_size: int) -> Entries:
@@ -64,6 +70,7 @@ class DayRecord:
     policy: str
     params: dict = field(default_factory=dict)
     forgotten: int = 0
+    merged: int = 0  # entries absorbed by later days' entries (Greedy Merging)
     checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
     evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.records)
 
@@ -112,6 +119,7 @@ class Datastore:
                         "next_id": 0, "entries": 0, "days": [], "thetas": []}
         self.manifest = _upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
+        self._weights: np.ndarray | None = None
 
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
@@ -119,7 +127,8 @@ class Datastore:
         manifest = _upgrade(json.loads(path.read_text()), self.root) if path.exists() else self.manifest
         changed = manifest != self.manifest
         self.manifest = manifest
-        self._values = None if changed else self._values
+        if changed:
+            self._values = self._weights = None
         return changed
 
     @classmethod
@@ -186,6 +195,18 @@ class Datastore:
             self._values = table
         return self._values
 
+    def weights_by_id(self) -> np.ndarray | None:
+        """int32 weight of each entry id (1 where a shard keeps none), or None if no shard keeps weights."""
+        if self._weights is None:
+            kept = [d for d in self.days if self.has_array(d.shard, WEIGHTS)]
+            if not kept:
+                return None
+            table = np.ones(self.manifest["next_id"], dtype=np.int32)
+            for d in kept:
+                table[self.shard(d.shard, "ids")] = self.shard(d.shard, WEIGHTS)
+            self._weights = table
+        return self._weights
+
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where committed entry ids (any shape) are: the index of each one's day in `days` and its
         row in that day's shard (both -1 for an id not held)."""
@@ -229,12 +250,15 @@ class Datastore:
 
     def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
                    params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None,
-                   titles: dict[str, str] | None = None) -> bool:
+                   titles: dict[str, str] | None = None, weights: np.ndarray | None = None,
+                   merged: np.ndarray | None = None) -> bool:
         """Append one day's entries atomically; False (no change) if the day is already committed.
 
         With force, a committed day is replaced, but only if it is the last one. `text`: arrays
         describing the day's training text (monim.lexical.day_counts), kept in the day's shard;
-        `titles`: the documents' headlines (doc id -> title), shown as sources.
+        `titles`: the documents' headlines (doc id -> title), shown as sources. Greedy Merging:
+        `weights` of the entries, and the ids of older entries they absorbed (`merged`), removed
+        from their shards in the same commit.
         """
         date = str(date)
         days = list(self.manifest["days"])
@@ -261,6 +285,10 @@ class Datastore:
             "positions": entries.positions,
         }
         arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()} | (text or {})
+        if weights is not None:
+            arrays[WEIGHTS] = np.ascontiguousarray(weights, dtype=np.int32)
+        if merged is not None and len(merged):
+            days = [self._without(rec, merged) for rec in days]
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
         sums = self._write_shard(name, arrays, docs, [titles.get(d, "") for d in docs] if titles else None)
         days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}, checksums=sums).__dict__)
@@ -291,6 +319,16 @@ class Datastore:
             self._publish(new_days, next_id=self.manifest["next_id"])
         return removed
 
+    def _without(self, rec: dict, merged: np.ndarray) -> dict:
+        """A day's record with the merged entry ids removed from its shard (rewritten if any was there)."""
+        if not rec["entries"]:
+            return rec
+        keep = ~np.isin(self.shard(rec["shard"], "ids"), merged)
+        if keep.all():
+            return rec
+        rec = dict(rec, merged=rec.get("merged", 0) + int((~keep).sum()), entries=int(keep.sum()))
+        return rec | self._rewrite(rec, keep)
+
     def set_theta(self, theta: dict) -> None:
         """Record the semiparametric model's settings (λ, T, date, dir, ...) the next day will score
         with, and add them to Θ's history (a day calibrated again replaces its entry)."""
@@ -314,9 +352,10 @@ class Datastore:
         old = rec["shard"]
         n = len(self.shard(old, "values"))
         text = {} if keep is None else {p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
-                                        if p.stem not in DTYPES}
+                                        if p.stem not in DTYPES and p.stem != WEIGHTS}
         keep = np.zeros(n, bool) if keep is None else keep
-        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in DTYPES} | text
+        per_entry = [*DTYPES, WEIGHTS] if self.has_array(old, WEIGHTS) else list(DTYPES)
+        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in per_entry} | text
         name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
         return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old), self.shard_titles(old))}
 
@@ -344,7 +383,7 @@ class Datastore:
             manifest["thetas"] = [t for t in manifest["thetas"] if t["date"] != theta["date"]] + [theta]
         write_json(self.root / "manifest.json", manifest)
         self.manifest = manifest
-        self._values = None
+        self._values = self._weights = None
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:

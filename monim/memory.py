@@ -32,7 +32,8 @@ from monim.lock import Locked, hold
 from monim.features import Features, features_of
 from monim.recency import Recency
 from monim.scoring import Found, ScoreConfig, TokenScores, score
-from monim.policies import Policy, policy_params
+from monim.merging import greedy_merge
+from monim.policies import GreedyMerge, Policy, policy_params
 from monim.stream import Day, Document
 
 
@@ -271,7 +272,16 @@ class Memory:
             dist[wanted], ids[wanted] = self.nearest(keys[wanted])
         self.searched += int(wanted.sum())
         self.skipped += int((~wanted).sum())
-        return Found(dist, self.values_of(ids), ids, self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None)
+        return Found(dist, self.values_of(ids), ids, self.prior(ids))
+
+    def prior(self, ids: np.ndarray) -> np.ndarray | None:
+        """Each neighbour's log prior weight, added to -d/T: log(weight) of merged entries (Greedy
+        Merging) plus the recency rule's; None where neither applies."""
+        weights = self.ds.weights_by_id()
+        parts = [np.log(np.where(ids >= 0, weights[ids.clip(min=0)], 1)).astype(np.float32) if weights is not None else None,
+                 self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None]
+        parts = [p for p in parts if p is not None]
+        return sum(parts[1:], parts[0]) if parts else None
 
     def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True,
               retrieve: bool | None = None) -> list[TokenScores]:
@@ -362,11 +372,17 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Fe
             started = time.perf_counter()
             timer["policy"] += started - t
         entries = Entries.concat(parts, memory.lm.hidden_size)
+        weights = merged = None
+        if isinstance(policy, GreedyMerge):
+            t = time.perf_counter()
+            keep, weights, merged = greedy_merge(memory, entries, policy.k, rng)
+            entries = entries.take(keep)
+            timer["merge"] = time.perf_counter() - t
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
                        text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
-                       titles={d.id: d.title for d in docs})
+                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged)
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t
         index = memory.sync()

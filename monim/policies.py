@@ -1,4 +1,5 @@
-"""Memorization policies: which of a day's tokens enter memory (FullMem, RandMem, MoNIM, AMT, KL)."""
+"""Memorization policies: which of a day's tokens enter memory (FullMem, RandMem, MoNIM, AMT, KL,
+Greedy Merging)."""
 
 from __future__ import annotations
 
@@ -92,13 +93,25 @@ def key_surprisal(lm: LM, keys: np.ndarray, targets: np.ndarray, chunk: int = 25
     return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
 
 
-Policy = FullMem | RandMem | MoNIM | KL
+@dataclass
+class GreedyMerge:
+    """Store every token, then merge same-value neighbours into weighted entries (monim.merging)."""
+
+    k: int = 9
+    name = "greedy-merge"
+    uses_theta = False
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        return np.ones(len(batch), dtype=bool)
+
+
+Policy = FullMem | RandMem | MoNIM | KL | GreedyMerge
 
 
 def make_policy(name: str, **params) -> Policy:
-    """A policy by its name: fullmem, randmem, monim, monim-amt or kl."""
+    """A policy by its name: fullmem, randmem, monim, monim-amt, kl or greedy-merge."""
     makers = {"fullmem": FullMem, "randmem": RandMem, "monim": lambda **p: MoNIM(adaptive=False, **p),
-              "monim-amt": lambda **p: MoNIM(adaptive=True, **p), "kl": KL}
+              "monim-amt": lambda **p: MoNIM(adaptive=True, **p), "kl": KL, "greedy-merge": GreedyMerge}
     if name not in makers:
         raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(makers)}")
     return makers[name](**params)

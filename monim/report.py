@@ -15,12 +15,12 @@ import numpy as np
 from monim.evaluate import combine
 from monim.plots import bars, lines, panels
 
-ORDER = ["bare", "fullmem", "randmem", "monim", "monim-amt"]
-DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes")
+ORDER = ["bare", "fullmem", "randmem", "monim", "monim-amt", "greedy-merge"]
+DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn")
 
 
 def summarize(rows: list[dict]) -> dict:
-    """A run's totals: MemRate, test PPL and accuracy over all its days, entries and bytes."""
+    """A run's totals: MemRate, test PPL and accuracy over all its days, entries, bytes and seconds per day."""
     seen = sum(r.get("tokens_seen", 0) for r in rows)
     last = rows[-1] if rows else {}
     tests = combine(rows)
@@ -28,6 +28,7 @@ def summarize(rows: list[dict]) -> dict:
         "days": len(rows), "test_tokens": tests["tokens"], "ppl": tests["ppl"], "ppl_lm": tests["ppl_lm"],
         "accuracy": tests["accuracy"], "tokens_seen": seen, "entries": last.get("entries", 0),
         "memrate": last.get("entries", 0) / seen if seen else 0.0, "bytes": last.get("memory_bytes", 0),
+        "seconds_per_day": float(np.mean([r["seconds_learn"] for r in rows if "seconds_learn" in r] or [math.nan])),
     }
 
 
@@ -67,8 +68,9 @@ def _policies(runs: dict) -> str:
             continue
         s = summarize(days)
         rows.append([name, s["days"], f"{100 * s['memrate']:.1f}%", int(s["entries"]), s["ppl"], s["ppl_lm"],
-                     f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"], s["bytes"] / 2**20])
-    return _table(["policy", "days", "MemRate", "entries", "test PPL", "LM alone", "change", "next-word acc.", "MB"], rows)
+                     f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"], s["bytes"] / 2**20, s["seconds_per_day"]])
+    return _table(["policy", "days", "MemRate", "entries", "test PPL", "LM alone", "change", "next-word acc.", "MB",
+                   "s/day"], rows)
 
 
 def _growth(runs: dict, out: Path) -> str | None:
