@@ -163,7 +163,8 @@ def render_report(runs: dict[str, dict], out: Path | str, title: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     sections = [
         ("Policies: test perplexity and MemRate", "Token-weighted over every day's test articles, each scored "
-         "with the memory as it stood after that day.", _policies(runs)),
+         "with the memory as it stood after that day. s/day: a day's learning (memorize, index, calibrate) "
+         "beyond the LM's pass over its text, which every policy shares.", _policies(runs)),
         ("Memory growth", "", _growth(runs, out)),
         ("Forgetting matrix", "PPL on each period's test articles with the memory as of the end of that period "
          "and of each later one (read back from the same memory, no copies).", _matrix(runs, out)),
