@@ -51,6 +51,22 @@ SHOTS = typer.Option("0", "--shots", help="Comma-separated numbers of solved exa
 HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN weight halves with every this many days "
                          "of age (nothing is deleted).")
 MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
+TRAIN_TOKENS = typer.Option(4096, "--train-tokens", help="Parametric learners (finetune, mix-review, recadam): training "
+                            "tokens per day, first articles first (0: all; a CPU trains ~100 tokens/s).")
+LR = typer.Option(3e-5, "--lr", help="Parametric learners: Adam's learning rate.")
+REVIEW = typer.Option(None, "--review-text", help="Mix-Review's general-domain text (default: the forgetting probe's "
+                      "--text, from after its --text-chars on, so the probe never sees what was reviewed).")
+
+
+def _learner_params(train_tokens: int, lr: float, review: Optional[Path], text: Optional[Path],
+                    text_chars: Optional[int]) -> dict:
+    """The parametric learners' settings; Mix-Review reviews text the forgetting probe does not read."""
+    params: dict = {"max_tokens": train_tokens or None, "lr": lr}
+    if review is not None:
+        params["review"] = str(review)
+    elif text is not None and text_chars:
+        params |= {"review": str(text), "review_from": text_chars}
+    return params
 
 
 def _evaluation(period: Optional[str], period_docs: Optional[int], text: Optional[Path], text_chars: Optional[int],
@@ -234,13 +250,15 @@ def run(days: int = typer.Option(4, help="Days of the bundled Reuters stream."),
 @app.command()
 def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAME."),
           start: Optional[str] = typer.Option(None), end: Optional[str] = typer.Option(None),
-          policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt, kl or greedy-merge."),
+          policy: str = typer.Option("monim-amt", help="fullmem, randmem, monim, monim-amt, kl, greedy-merge, or a "
+                                     "parametric learner: finetune, mix-review, recadam."),
           workdir: Path = WORKDIR, model: Optional[str] = MODEL,
           max_docs: Optional[int] = typer.Option(None, help="Cap on training articles per day."),
           constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, calibration: str = CALIBRATION,
           period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
           text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
           shots: str = SHOTS, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+          train_tokens: int = TRAIN_TOKENS, lr: float = LR, review: Optional[Path] = REVIEW,
           tracking_uri: Optional[str] = TRACKING,
           feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
                                              help="Keep the LM's features in WORKDIR/features for other policies and "
@@ -250,6 +268,7 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     run the evaluation suite on it if asked)."""
     spec = _run_config(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
                        calibrated=not constant_lam, calibrator_params=_calibrator_params(skip, calibration),
+                       learner_params=_learner_params(train_tokens, lr, review, text, text_chars),
                        feature_store=feature_store, cluster=cluster)
     _check_source(source, start, end)
     _check_model(workdir, model)
@@ -273,13 +292,15 @@ def compare(source: str = typer.Option(...), start: Optional[str] = typer.Option
             period: Optional[str] = PERIOD, period_docs: Optional[int] = PERIOD_DOCS, text: Optional[Path] = TEXT,
             text_chars: Optional[int] = TEXT_CHARS, text_every: int = TEXT_EVERY, qa: Optional[Path] = QA,
             shots: str = SHOTS, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+            train_tokens: int = TRAIN_TOKENS, lr: float = LR, review: Optional[Path] = REVIEW,
             tracking_uri: Optional[str] = TRACKING, cluster: Optional[str] = CLUSTER,
             wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     spec = _run_config(source=source, workdir=str(workdir), model=model, max_docs=max_docs, calibrated=not constant_lam,
-                       calibrator_params=_calibrator_params(skip, calibration), cluster=cluster)
+                       calibrator_params=_calibrator_params(skip, calibration), cluster=cluster,
+                       learner_params=_learner_params(train_tokens, lr, review, text, text_chars))
     for policy in policies.split(","):
-        _run_config(policy=policy)
+        _run_config(**spec.model_dump() | {"policy": policy})
     _check_source(source, start, end)
     _check_model(workdir, model)
     evaluation = _evaluation(period, period_docs, text, text_chars, text_every, qa, shots, half_life, max_age)

@@ -1,4 +1,5 @@
-"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → register → log."""
+"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → register → log
+(a parametric learner trains its weights where a memory policy memorizes)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from monim.config import BARE, RunConfig
+from monim.parametric import Weights
 from flows.cluster import featurize_day
-from tasks.learning import calibrate, evaluate, ingest, memorize, memory_for, record_day, update_index
+from tasks.learning import calibrate, evaluate, ingest, memorize, memory_for, record_day, train, update_index
 from tasks.registry import register_day
 from tasks.tracking import log_day
 
@@ -32,7 +34,12 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
             "featurize_workers": lm_pass.get("workers", 1)}
     memory, state = None, "v0"
-    if cfg.policy != BARE:
+    if cfg.parametric:
+        trained = train(cfg, day, step)
+        state = f"w-{date}"
+        row |= {k: trained[k] for k in ("tokens_trained", "review_tokens", "steps", "train_loss")} | {
+            "tokens_seen": trained["tokens_trained"], "memory_bytes": Weights(cfg.weights_dir).bytes_on_disk()}
+    elif cfg.policy != BARE:
         memory = memory_for(cfg)
         stats = memorize(cfg, day, memory)
         index = update_index(memory)

@@ -15,6 +15,7 @@ from monim.features import Features
 from monim.index import IndexConfig
 from monim.lm import DTYPE_CHOICES, LM
 from monim.scoring import CONTEXT_MODES, ScoreConfig
+from monim.parametric import METHODS as PARAMETRIC, Learner
 from monim.policies import Policy, make_policy, policy_params
 from monim.records import memory_root
 from monim.stream import DEMO_STREAM
@@ -29,8 +30,11 @@ class RunConfig(BaseModel):
 
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
-    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt, kl or greedy-merge.")
+    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt, kl, greedy-merge, or a "
+                        "parametric learner: finetune, mix-review, recadam.")
     policy_params: dict = Field(default_factory=dict, description="The policy's parameters, e.g. {\"rate\": 0.5} for randmem.")
+    learner_params: dict = Field(default_factory=dict, description="monim.parametric.Learner fields for the parametric "
+                                 "learners, e.g. {\"max_tokens\": 4096, \"lr\": 3e-5}.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
     max_docs: int | None = Field(None, ge=1, description="Training articles taken per day; empty: all.")
     seed: int = 0
@@ -53,7 +57,12 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:
-        if self.policy != BARE:
+        if self.parametric:
+            try:
+                self.learner()
+            except TypeError as e:
+                raise ValueError(f"learner_params: {e}") from None
+        elif self.policy != BARE:
             try:
                 self.make_policy()
             except TypeError as e:
@@ -71,7 +80,20 @@ class RunConfig(BaseModel):
     @property
     def name(self) -> str:
         """The run's name: the policy ('-const' when Θ uses the constant λ), or 'bare' for the LM alone."""
-        return self.policy if self.calibrated or self.policy == BARE else f"{self.policy}-const"
+        return self.policy if self.calibrated or self.policy == BARE or self.parametric else f"{self.policy}-const"
+
+    @property
+    def parametric(self) -> bool:
+        """A parametric learner: it trains the LM's weights each day and keeps no memory."""
+        return self.policy in PARAMETRIC
+
+    @property
+    def weights_dir(self) -> Path:
+        """Where a parametric learner keeps each day's weights."""
+        return Path(self.workdir) / "weights" / self.name
+
+    def learner(self) -> Learner:
+        return Learner(method=self.policy, seed=self.seed, **self.learner_params)
 
     @property
     def memory_dir(self) -> Path:
@@ -97,12 +119,15 @@ class RunConfig(BaseModel):
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = self.model_dump(exclude={"policy_params", "calibrator_params", "cluster"})
-        if self.policy != BARE:
+        out = self.model_dump(exclude={"policy_params", "calibrator_params", "learner_params", "cluster"})
+        if self.parametric:
+            out |= {f"learner.{k}": v for k, v in asdict(self.learner()).items()}
+        elif self.policy != BARE:
             out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
             out |= {f"calibrator.{k}": v for k, v in asdict(self.calibrator_config()).items()}
         return out
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""
-        return hashlib.sha256(self.model_dump_json(exclude={"cluster"}).encode()).hexdigest()[:12]
+        ignored = {"cluster"} if self.parametric else {"cluster", "learner_params"}  # memory runs ignore learner_params
+        return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]

@@ -15,7 +15,7 @@ import numpy as np
 from monim.evaluate import combine
 from monim.plots import bars, lines, panels
 
-ORDER = ["bare", "fullmem", "randmem", "monim", "monim-amt", "greedy-merge"]
+ORDER = ["bare", "fullmem", "randmem", "monim", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]
 DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn")
 
 
@@ -67,10 +67,12 @@ def _policies(runs: dict) -> str:
         if not days:
             continue
         s = summarize(days)
-        rows.append([name, s["days"], f"{100 * s['memrate']:.1f}%", int(s["entries"]), s["ppl"], s["ppl_lm"],
-                     f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"], s["bytes"] / 2**20, s["seconds_per_day"]])
+        memory = any("entries" in r for r in days)  # a parametric learner keeps weights, not entries
+        rows.append([name, s["days"], f"{100 * s['memrate']:.1f}%" if memory else "–", int(s["entries"]) if memory else "–",
+                     s["ppl"], s["ppl_lm"], f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"],
+                     s["bytes"] / 2**20, s["bytes"] / 2**20 / s["days"], s["seconds_per_day"]])
     return _table(["policy", "days", "MemRate", "entries", "test PPL", "LM alone", "change", "next-word acc.", "MB",
-                   "s/day"], rows)
+                   "MB/day", "s/day"], rows)
 
 
 def _growth(runs: dict, out: Path) -> str | None:
@@ -163,8 +165,9 @@ def render_report(runs: dict[str, dict], out: Path | str, title: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     sections = [
         ("Policies: test perplexity and MemRate", "Token-weighted over every day's test articles, each scored "
-         "with the memory as it stood after that day. s/day: a day's learning (memorize, index, calibrate) "
-         "beyond the LM's pass over its text, which every policy shares.", _policies(runs)),
+         "with the memory (or a parametric learner's weights) as it stood after that day. MB: what the run keeps "
+         "on disk (a parametric learner: a copy of the weights per day); s/day: a day's learning (memorize, index, "
+         "calibrate; or train) beyond the LM's pass over its text, which every policy shares.", _policies(runs)),
         ("Memory growth", "", _growth(runs, out)),
         ("Forgetting matrix", "PPL on each period's test articles with the memory as of the end of that period "
          "and of each later one (read back from the same memory, no copies).", _matrix(runs, out)),

@@ -1,21 +1,26 @@
 """Tasks of the evaluation suite: per-period PPL as of each period's end, the forgetting probe, QA.
 
-Each task evaluates every run at once (memories read as of past days, without copies), so the LM
-scores each text once; results are cached on the memories' state and the suite's settings.
+Each task evaluates every memory at once (read as of past days, without copies), so the frozen LM
+scores each text once; a parametric learner's weights of each day score it on their own. Results
+are cached on the runs' state and the suite's settings.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Iterator
 
 from prefect import task
 
 from monim.config import BARE, RunConfig
 from monim.evaluate import EvalConfig, evaluate_many, period_of, period_sets, text_document
-from monim.memory import Memory
+from monim.features import Features
+from monim.lm import LM
+from monim.parametric import Weights
+from monim.scoring import ScoreConfig
 from monim.qa import answer_questions, read_questions
-from tasks.learning import features_for, lm_for, logger, memory_for
+from tasks.learning import features_for, lm_for, logger, memory_for, scorer
 
 
 def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
@@ -30,13 +35,20 @@ def checkpoint_days(dates: list[str], ecfg: EvalConfig) -> dict[str, list[str]]:
     return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
 
 
-def _memories(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict[tuple[str, str], Memory | None]:
-    """Each run's memory as of each day, under the suite's recency rule (None for the bare LM)."""
-    out = {}
+def _views(configs: list[RunConfig], days: list[str], e: EvalConfig) -> Iterator[tuple[LM, Features | ScoreConfig, dict]]:
+    """Who scores what, as (LM, how to score, {(run, day): memory or None}): the frozen LM once for
+    every memory run as of each day, under the suite's recency rule (None: the bare LM); then each
+    parametric run's weights as of each day, loaded one at a time."""
+    frozen = {}
     for cfg in configs:
-        memory = None if cfg.policy == BARE else memory_for(cfg).recent(e.recency)
-        out |= {(cfg.name, day): memory and memory.at(day) for day in days}
-    return out
+        if not cfg.parametric:
+            memory = None if cfg.policy == BARE else memory_for(cfg).recent(e.recency)
+            frozen |= {(cfg.name, day): memory and memory.at(day) for day in days}
+    if frozen:
+        yield lm_for(configs[0].model, configs[0].dtype), features_for(configs[0]), frozen
+    for cfg in (c for c in configs if c.parametric):
+        for day in days:
+            yield *scorer(cfg, day), {(cfg.name, day): None}
 
 
 def _suite_key(context, parameters: dict) -> str:
@@ -45,6 +57,8 @@ def _suite_key(context, parameters: dict) -> str:
     for cfg in parameters["configs"]:
         manifest = cfg.memory_dir / "manifest.json"
         version = json.loads(manifest.read_text()).get("version") if manifest.exists() else 0
+        if cfg.parametric:
+            version = Weights(cfg.weights_dir).days()[-1:]
         states.append(f"{cfg.fingerprint()}:{version}")
     rest = {k: v for k, v in parameters.items() if k != "configs"}
     return f"monim-{context.task.name}-" + json.dumps([states, rest], sort_keys=True, default=str)
@@ -64,13 +78,17 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
     cfg = configs[0]
     sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed, e.period_docs)
-    memories = _memories(configs, days, e)
+    results: dict[str, dict] = {}
+    for lm, scoring, memories in _views(configs, days, e):
+        for period, docs in sets.items():
+            cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
+            if cells:
+                results.setdefault(period, {}).update(evaluate_many(lm, docs, cells, scoring, f"period-{period}"))
     out: dict[str, dict] = {}
     for period, docs in sets.items():
-        cells = {key: m for key, m in memories.items() if period_of(dt.date.fromisoformat(key[1]), e.period) >= period}
-        if not cells:
+        if period not in results:
             continue
-        out[period] = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), docs, cells, features_for(cfg), f"period-{period}"))
+        out[period] = _cells(results[period])
         logger().info("%s: %d test articles, PPL by run and day: %s", period, len(docs),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in out[period].items()})
     return out
@@ -80,8 +98,10 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
 def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     doc = text_document(e.text, e.text_chars)
-    cfg = configs[0]
-    results = _cells(evaluate_many(lm_for(cfg.model, cfg.dtype), [doc], _memories(configs, days, e), features_for(cfg), f"text-{doc.id}"))
+    cells: dict = {}
+    for lm, scoring, memories in _views(configs, days, e):
+        cells |= evaluate_many(lm, [doc], memories, scoring, f"text-{doc.id}")
+    results = _cells(cells)
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
@@ -93,10 +113,11 @@ def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalC
     until = dt.date.fromisoformat(last) + dt.timedelta(days=e.qa_days_after)
     questions = read_questions(e.qa, dt.date.fromisoformat(first), until)
     pool = read_questions(e.qa)
-    memories = {name: m for (name, _), m in _memories(configs, [last], e).items()}
     out: dict[str, dict] = {}
     for k in e.shots:
-        for name, metrics in answer_questions(lm_for(configs[0].model, configs[0].dtype), questions, memories, k, pool).items():
-            out.setdefault(name, {})[k] = metrics
+        for lm, _, memories in _views(configs, [last], e):
+            named = {name: m for (name, _), m in memories.items()}
+            for name, metrics in answer_questions(lm, questions, named, k, pool).items():
+                out.setdefault(name, {})[k] = metrics
         logger().info("QA %d-shot on %d questions: %s", k, len(questions), {n: round(r[k]["qa_accuracy"], 3) for n, r in out.items()})
     return out

@@ -1,4 +1,5 @@
-"""Tasks of one streaming day: ingest, memorize, update the index, calibrate, evaluate."""
+"""Tasks of one streaming day: ingest, memorize, update the index, calibrate, evaluate; or, for a
+parametric learner, train the weights."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
 from monim.calibration import calibrate as calibrate_memory
 from monim.memory import Memory, memorize_day
+from monim.parametric import Weights, load_day, train_day, trained_copy
 from monim import records
 from monim.stream import SPLITS, Day, Document, read_day
 from monim.features import Features
+from monim.scoring import ScoreConfig
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
@@ -41,6 +44,36 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
 def lm_for(model: str | None, dtype: str = "auto") -> LM:
     """The LM, loaded once per process (flows run many days in one process)."""
     return load_lm(model, dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _trainable(model: str | None, dtype: str) -> LM:
+    """The one copy of the LM whose weights a parametric learner trains or a day's weights are loaded into."""
+    return trained_copy(lm_for(model, dtype))
+
+
+_LOADED: dict[int, tuple[str, str | None]] = {}  # id(LM) -> (weights folder, day) it holds
+
+
+def lm_at(cfg: RunConfig, date: str | None) -> LM:
+    """The LM of a parametric run as its weights stood after `date` (None, or before its first day:
+    the pretrained weights), loaded into the process's trainable copy when it holds other weights."""
+    lm = _trainable(cfg.model, cfg.dtype)
+    weights = Weights(cfg.weights_dir)
+    day = None if date is None else weights.latest(before=(dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat())
+    if _LOADED.get(id(lm)) != (str(weights.root), day):
+        _LOADED.pop(id(lm), None)
+        load_day(lm, weights, day, lm_for(cfg.model, cfg.dtype))
+        _LOADED[id(lm)] = (str(weights.root), day)
+    return lm
+
+
+def scorer(cfg: RunConfig, date: str | None) -> tuple[LM, Features | ScoreConfig]:
+    """What run `cfg` predicts with as of `date`, and how to score with it: the frozen LM through the
+    feature store, or a parametric learner's weights of that day (scored live: nothing to share)."""
+    if cfg.parametric:
+        return lm_at(cfg, date), cfg.score_config()
+    return lm_for(cfg.model, cfg.dtype), features_for(cfg)
 
 
 def memory_for(cfg: RunConfig) -> Memory:
@@ -130,6 +163,28 @@ def memorize(cfg: RunConfig, day: Day, memory: Memory) -> dict:
 
 
 @task(retries=1, cache_policy=NO_CACHE)
+def train(cfg: RunConfig, day: Day, index: int) -> dict:
+    """A parametric learner's day: train the previous day's weights on the day's training articles
+    (the stream's `index`-th day, for Mix-Review's decay) and commit them (a trained day is kept as it is)."""
+    weights, date = Weights(cfg.weights_dir), day.date.isoformat()
+    if date in weights.days():
+        logger().info("%s %s: already trained, nothing changed", cfg.name, date)
+        return weights.meta(date)
+    learner = cfg.learner()
+    previous = weights.latest(before=date)
+    lm = lm_at(cfg, previous)
+    pretrained = lm_for(cfg.model, cfg.dtype).model.state_dict() if learner.method == "recadam" else None
+    step = weights.meta(previous)["step"] if previous else 0
+    _LOADED.pop(id(lm), None)  # its weights change now: reloaded at the next lm_at if training fails
+    stats = train_day(lm, day.train[: cfg.max_docs], learner, index, step, pretrained)
+    weights.save(date, lm.model, stats | {"date": date, "from": previous})
+    _LOADED[id(lm)] = (str(weights.root), date)
+    logger().info("%s %s: trained on %d tokens (+%d review) in %d steps, loss %.3f, %.0f s", cfg.name, date,
+                  stats["tokens_trained"], stats["review_tokens"], stats["steps"], stats["train_loss"], stats["seconds_train"])
+    return weights.meta(date)
+
+
+@task(retries=1, cache_policy=NO_CACHE)
 def update_index(memory: Memory) -> dict:
     """Bring the FAISS index up to the committed memory (a stale or missing index is rebuilt)."""
     stats = memory.sync()
@@ -173,6 +228,10 @@ def evaluate(cfg: RunConfig, date: str, memory_state: str, day: Day, memory: Mem
     """Test PPL and next-word accuracy, bare LM and LM + memory (None: the bare LM), on the day's test articles."""
     started = time.perf_counter()
     metrics = evaluate_docs(lm_for(cfg.model, cfg.dtype), day.test, memory, features_for(cfg), f"{date}-test")
+    if cfg.parametric:  # Θ is the day's weights; "LM alone" stays the pretrained LM's, as for every run
+        lm, scoring = scorer(cfg, date)
+        trained = evaluate_docs(lm, day.test, None, scoring, f"{date}-test")
+        metrics |= {k: trained[k] for k in ("ppl", "accuracy", "ppl_novel")}
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", cfg.name, date, metrics["ppl"],
                   metrics["ppl_lm"], metrics["accuracy"])
     return metrics | {"evaluate_seconds": time.perf_counter() - started}
