@@ -160,9 +160,12 @@ def _sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[di
     """The generated text cut into sentences, each with the `top` memorized articles that carried
     the most kNN weight over its tokens."""
     spans, start = [], 0
-    for i, t in enumerate(tokens):
-        piece = lm.tokenizer.decode([t])
-        if piece.rstrip(" ").endswith(SENTENCE_END) or "\n\n" in piece or i == len(tokens) - 1:
+    pieces = [lm.tokenizer.decode([t]) for t in tokens]
+    for i, piece in enumerate(pieces):
+        after = pieces[i + 1][:1] if i + 1 < len(pieces) else " "
+        # a mark ends a sentence only before a space: "2.277" does not (an abbreviation like "U.S. x" still does)
+        ends = piece.rstrip().endswith(SENTENCE_END) and (piece[-1:].isspace() or after.isspace())
+        if ends or "\n\n" in piece or i == len(tokens) - 1:
             spans.append((start, i + 1))
             start = i + 1
     everything = sorted({e for c in credit for e in c})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from monim.datastore import Entries
-from monim.generate import GenerateConfig, _choose, generate
+from monim.generate import GenerateConfig, _choose, _sentences, generate
 from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memory import Memory, memorize_day
@@ -148,3 +148,11 @@ def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream,
     assert bare.tokens[:10] != tokens[start : start + 10]
     assert {s["doc_id"] for sentence in with_memory.sentences for s in sentence["sources"]} == {doc.id}
     assert with_memory.sentences[0]["sources"][0]["title"] == doc.title == "STRONG EARTHQUAKE HITS NEW ZEALAND"
+
+
+def test_sentences_end_at_a_mark_before_a_space_not_inside_a_number(tiny):
+    text = "Exports rose to 2.277 billion dlrs in the U.S. market. Imports fell!\nThe yen"
+    tokens = tiny.tokenizer(text)["input_ids"]
+    sentences = _sentences(tiny, None, tokens, [{}] * len(tokens), 3)
+    assert [s["text"] for s in sentences] == ["Exports rose to 2.277 billion dlrs in the U.S.", " market.", " Imports fell!",
+                                              "\nThe yen"]
