@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import faiss
 import numpy as np
 import torch
 
@@ -210,13 +211,33 @@ class Memory:
         days = self.days
         return dt.date.fromisoformat(days[-1].date) if days else None
 
+    def _recent_days(self) -> list | None:
+        """The days (with entries) within the recency rule's maximum age; None: every day."""
+        oldest = self.recency.oldest(self.today) if self.days else None
+        return None if oldest is None else [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
+
     def _above(self) -> int:
         """The first entry id the recency rule lets Θ search (0: all)."""
-        oldest = self.recency.oldest(self.today) if self.days else None
-        if oldest is None:
+        kept = self._recent_days()
+        if kept is None:
             return 0
-        kept = [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
         return int(self.ds.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
+
+    def _search_recent(self, keys: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search over the entries within the maximum age, from their stored keys: an IVF-PQ
+        index probes its nprobe lists, where a narrow window may hold few of them or none."""
+        kept = self._recent_days()
+        ids = np.concatenate([self.ds.shard(d.shard, "ids") for d in kept] or [np.zeros(0, np.int64)])
+        keep = np.ones(len(ids), bool) if below is None else ids < below
+        if exclude is not None:
+            keep &= ~np.isin(ids, exclude)
+        dist, found = np.full((len(keys), k), np.inf, np.float32), np.full((len(keys), k), -1, np.int64)
+        if keep.any():
+            xb = np.concatenate([self.ds.shard(d.shard, "keys") for d in kept])[keep].astype(np.float32)
+            n = min(k, len(xb))
+            dist[:, :n], rows = faiss.knn(np.ascontiguousarray(keys, dtype=np.float32), xb, n)
+            found[:, :n] = ids[keep][rows]
+        return dist, found
 
     def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +248,11 @@ class Memory:
         started = time.perf_counter()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
-        dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=self._above())
+        above = self._above()
+        if above and self.index.meta.get("kind") == "ivfpq" and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below:
+            dist, ids = self._search_recent(keys, k or self.index.cfg.k, below, exclude)
+        else:
+            dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=above)
         if exact and self.index.meta.get("kind") == "ivfpq":
             dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
             order = np.argsort(dist, axis=1)

@@ -131,6 +131,30 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
         Recency(half_life=0)
 
 
+def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
+    """IVF-PQ probes nprobe of its lists, which may hold few of a recent window's entries: within
+    a maximum age the window's stored keys are searched exactly (numpy reference)."""
+    rng = np.random.default_rng(1)
+    d = tiny.hidden_size
+    memory = Memory(tmp_path, tiny, IndexConfig(k=16, exact_below=1500, code_bytes=4, nprobe=1), use_calibrator=False)
+    days = ("2022-06-01", "2022-06-05", "2022-06-06")
+    keys = [rng.standard_normal((n, d)).astype(np.float16) for n in (1600, 40, 30)]
+    for date, k in zip(days, keys):
+        memory.ds.commit_day(date, Entries(k, rng.integers(0, 100, len(k)).astype(np.int32), ["doc"] * len(k),
+                                           np.arange(len(k), dtype=np.int32)), len(k), "fullmem")
+    memory.sync()
+    assert memory.index.meta["kind"] == "ivfpq"
+    queries = rng.standard_normal((5, d)).astype(np.float32)
+    dist, ids = memory.recent(Recency(max_age=1)).nearest(queries, 16)
+    window = np.concatenate(keys[1:]).astype(np.float32)  # ids 1600..1669, the last two days
+    want = ((queries[:, None] - window[None]) ** 2).sum(-1)
+    order = np.argsort(want, 1)[:, :16]
+    np.testing.assert_array_equal(ids, 1600 + order)
+    np.testing.assert_allclose(dist, np.take_along_axis(want, order, 1), rtol=1e-4)
+    dist, ids = memory.recent(Recency(max_age=0)).nearest(queries, 64)  # fewer entries than k: the rest is -1
+    assert set(ids[ids >= 0]) == set(range(1640, 1670)) and (ids[:, 30:] == -1).all() and np.isinf(dist[:, 30:]).all()
+
+
 def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream, tmp_path):
     """FullMem learns one article; from its first line, greedy Θ (λ = 0.5) writes its next 30 tokens
     as they are, where the bare LM does not, and names the article as the source."""
