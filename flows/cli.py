@@ -281,7 +281,8 @@ def learn(source: str = typer.Option(..., help="JSONL/News Crawl file, or hf:NAM
     name = spec.name
     console.print(_table(f"{name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                         "entries", "ppl_lm", "ppl", "accuracy"]))
-    _emit(_status_of(workdir / "memories" / name) | {"policy": name, "rows": rows}, as_json)
+    root = workdir / "memories" / name  # the bare LM and a parametric learner keep no memory
+    _emit((_status_of(root) if (root / "manifest.json").exists() else {}) | {"policy": name, "rows": rows}, as_json)
 
 
 @app.command()

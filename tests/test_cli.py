@@ -125,6 +125,16 @@ def test_clear_errors(learned, tmp_path):
     assert proc.returncode == 2 and "unknown policy 'lru'" in proc.stderr
 
 
+def test_learn_with_a_parametric_learner(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")
+    out = last_json(monim("learn", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-02", "--policy", "finetune",
+                          "--workdir", tmp_path, "--model", model, "--max-docs", 2, "--train-tokens", 48, "--json"))
+    assert out["policy"] == "finetune" and [r["tokens_trained"] for r in out["rows"]] == [48]
+    assert (tmp_path / "weights" / "finetune" / "1987-03-02" / "model.safetensors").is_file()
+    proc = monim("learn", "--source", DEMO, "--policy", "mix-review", "--workdir", tmp_path, check=False)
+    assert proc.returncode == 2 and "mix-review needs general-domain text" in proc.stderr
+
+
 def test_run_demo_with_the_default_lm(tmp_path):
     out = last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json", own_api=True))
     policies = out["policies"]
