@@ -93,6 +93,8 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
               pretrained: dict[str, torch.Tensor] | None = None) -> dict:
     """Train lm.model in place on the documents (plus review text); returns what it did, with the
     stream's optimizer step count after the day."""
+    if learner.method == "recadam" and pretrained is None:
+        raise ValueError("recadam pulls toward the pretrained weights: pass them")
     started = time.perf_counter()
     rng = np.random.default_rng([learner.seed, day_index])
     torch.manual_seed(learner.seed + day_index)
@@ -117,7 +119,7 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
                 for group in optimizer.param_groups:
                     group["lr"] = learner.lr * lam
                 optimizer.step()
-                if pretrained is not None and learner.method == "recadam":
+                if learner.method == "recadam":
                     with torch.no_grad():
                         for name, p in model.named_parameters():
                             p.sub_(learner.lr * (1 - lam) * learner.pretrain_coef * (p - pretrained[name]))
