@@ -8,6 +8,7 @@ are cached on the runs' state and the suite's settings.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from typing import Iterator
 
@@ -61,7 +62,9 @@ def _suite_key(context, parameters: dict) -> str:
             version = Weights(cfg.weights_dir).days()[-1:]
         states.append(f"{cfg.fingerprint()}:{version}")
     rest = {k: v for k, v in parameters.items() if k != "configs"}
-    return f"monim-{context.task.name}-" + json.dumps([states, rest], sort_keys=True, default=str)
+    # hashed: the key names a file, and seven runs' states with the suite's settings pass 255 characters
+    key = json.dumps([states, rest], sort_keys=True, default=str)
+    return f"monim-{context.task.name}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
 def _cells(results: dict) -> dict[str, dict[str, dict]]:

@@ -115,3 +115,20 @@ def test_checkpoint_days():
     assert at["periods"] == ["2022-06-05", "2022-06-12", "2022-06-15"]  # ISO weeks end on Sundays
     assert at["text"] == ["2022-06-07", "2022-06-15"] and at["qa"] == ["2022-06-15"]  # every 7th learned day, and the last
     assert checkpoint_days(days, EvalConfig(period="month"))["periods"] == ["2022-06-15"]
+
+
+def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
+    """Prefect stores a cached result under its key: seven runs' states and the suite's settings
+    once made a name over 255 characters, and the results were not kept."""
+    from types import SimpleNamespace
+
+    from monim.evaluate import EvalConfig
+    from tasks.evaluation import _suite_key
+
+    policies = ["bare", "fullmem", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]
+    configs = [RunConfig(policy=p, workdir=str(tmp_path), learner_params={"review": __file__}) for p in policies]
+    e = EvalConfig(period="week", text=__file__, text_chars=20_000, qa=__file__)
+    context = SimpleNamespace(task=SimpleNamespace(name="period_perplexity"))
+    key = _suite_key(context, {"configs": configs, "days": ["2022-06-05", "2022-06-07"], "e": e})
+    assert key.startswith("monim-period_perplexity-") and len(key) < 100
+    assert key != _suite_key(context, {"configs": configs[:-1], "days": ["2022-06-05", "2022-06-07"], "e": e})
