@@ -2,6 +2,7 @@
 the day's weights committed atomically, and the flows running them like any policy."""
 
 import datetime as dt
+import json
 import math
 
 import numpy as np
@@ -141,7 +142,12 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     run = RunConfig(source=str(DEMO_STREAM), workdir=str(tmp_path / "work"), model=model, max_docs=2,
                     learner_params={"max_tokens": 64, "block": 32, "lr": 1e-3, "review": str(text), "review_from": 2000})
     days = ("1987-03-02", "1987-03-03")
-    evaluation = EvalConfig(period="week", text=str(text), text_chars=2000, qa=None)
+    quiz = tmp_path / "quiz.jsonl"
+    quiz.write_text("\n".join(json.dumps({"id": f"q{i}", "date": "1987-03-04", "question": q, "choices": c, "answer": [0],
+                                          "source": ""}) for i, (q, c) in enumerate([
+        ("Which currency did the Bank of Japan support?", ["the dollar", "the peso", "the rand", "the krona"]),
+        ("What did oil prices do?", ["rose", "vanished", "sang", "froze"])])))
+    evaluation = EvalConfig(period="week", text=str(text), text_chars=2000, qa=str(quiz))
     summary = compare_policies(run, *days, ["bare", "finetune", "mix-review", "recadam"], evaluation=evaluation)
     for name in ("finetune", "mix-review", "recadam"):
         weights = Weights(tmp_path / "work" / "weights" / name)
@@ -162,6 +168,7 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "work" / "weights").rglob("*.safetensors")} == before
     # the suite measured them like any run, and the report has their rows and cost columns
     runs = fetch_runs(tracking_uri(str(tmp_path / "work")), experiment_name(str(DEMO_STREAM)))
-    assert {"ppl_text", "ppl_period/1987-W10"} <= set(runs["recadam"]["metrics"])
+    assert {"ppl_text", "ppl_period/1987-W10", "qa_accuracy_0shot"} <= set(runs["recadam"]["metrics"])
+    assert runs["finetune"]["metrics"]["qa_n"][-1][1] == 2
     report = (tmp_path / "work" / "report" / "report.md").read_text()
     assert "| finetune | 2 | – | – |" in report and "MB/day" in report
