@@ -165,6 +165,11 @@ class Weights:
         days = [d for d in self.days() if before is None or d < before]
         return days[-1] if days else None
 
+    def as_of(self, date: str) -> str | None:
+        """The day whose weights stood after `date`: the newest committed day up to it."""
+        days = [d for d in self.days() if d <= date]
+        return days[-1] if days else None
+
     def meta(self, date: str) -> dict:
         return json.loads((self.root / date / "meta.json").read_text())
 

@@ -60,7 +60,7 @@ def lm_at(cfg: RunConfig, date: str | None) -> LM:
     the pretrained weights), loaded into the process's trainable copy when it holds other weights."""
     lm = _trainable(cfg.model, cfg.dtype)
     weights = Weights(cfg.weights_dir)
-    day = None if date is None else weights.latest(before=(dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat())
+    day = None if date is None else weights.as_of(date)
     if _LOADED.get(id(lm)) != (str(weights.root), day):
         _LOADED.pop(id(lm), None)
         load_day(lm, weights, day, lm_for(cfg.model, cfg.dtype))

@@ -104,6 +104,7 @@ def test_weights_round_trip_and_a_stray_is_no_day(tiny, tmp_path):
     (tmp_path / "w" / ".tmp-1234-2022-06-02").mkdir()
     assert weights.days() == ["2022-06-01"] and weights.latest() == "2022-06-01"
     assert weights.latest(before="2022-06-01") is None and weights.meta("2022-06-01") == {"step": 1}
+    assert weights.as_of("2022-06-03") == "2022-06-01" and weights.as_of("2022-05-31") is None
     back = trained_copy(tiny)
     load_day(back, weights, "2022-06-01", tiny)
     for (name, a), b in zip(lm.model.state_dict().items(), back.model.state_dict().values()):
