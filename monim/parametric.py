@@ -37,7 +37,7 @@ WEIGHTS = "model.safetensors"
 
 @dataclass
 class Learner:
-    """How a parametric baseline trains each day (the defaults are the ones the report states)."""
+    """How a parametric baseline trains each day (docs/results states the settings its report ran)."""
 
     method: str = "finetune"
     lr: float = 1e-4  # chosen on validation articles (benchmarks/learner_lr.py): 16.44 PPL, 3e-5 16.61, 3e-4 17.54
