@@ -35,14 +35,21 @@ MONIM = str(Path(sys.executable).parent / "monim")
 DEMO = REPO / "monim" / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 
 
-def learn(args, workdir: Path) -> subprocess.Popen:
+def learn(args, workdir: Path, log: Path) -> subprocess.Popen:
     """`monim learn` as from a fresh shell (its own Prefect API), or with --prefect-api on that API
-    and this environment's Prefect home."""
+    and this environment's Prefect home; its output goes to `log`."""
     drop = ("PREFECT_API_URL",) if args.prefect_api else ("PREFECT_HOME", "PREFECT_API_URL")
     env = {k: v for k, v in os.environ.items() if k not in drop} | ({"PREFECT_API_URL": args.prefect_api} if args.prefect_api else {})
     cmd = [MONIM, "learn", "--source", str(args.source), "--start", args.start, "--end", args.end, "--policy", args.policy,
            "--workdir", str(workdir), "--max-docs", str(args.max_docs)] + (["--model", args.model] if args.model else [])
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("w") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, log: Path, what: str, timeout: float | None = None) -> None:
+    """Wait for a run that must succeed; if it fails, exit with the end of its output."""
+    if proc.wait(timeout=timeout):
+        sys.exit(f"{what} failed (exit {proc.returncode}); the end of its output:\n{log.read_text()[-4000:]}")
 
 
 def committed_days(workdir: Path, policy: str) -> int:
@@ -115,21 +122,24 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="monim-chaos-"))
     t = time.perf_counter()
     reference = root / "reference"
-    assert learn(args, reference).wait() == 0, "the uninterrupted run failed"
+    logs = root / "logs"
+    logs.mkdir()
+    finish(learn(args, reference, logs / "reference.log"), logs / "reference.log", "the uninterrupted run")
     alone = time.perf_counter() - t
     kills, t = [], time.perf_counter()
     while len(kills) < args.kills:
-        proc = learn(args, root / "chaos")
+        log = logs / f"kill-{len(kills) + 1}.log"
+        proc = learn(args, root / "chaos", log)
         delay = rng.uniform(3, max(6.0, alone / 3))  # a resumed run's start-up (Prefect API, LM) is part of it
-        try:
-            proc.wait(timeout=delay)  # it finished before its kill: the rest of the kills land on a finished stream
+        try:  # finished before its kill: the rest of the kills land on a finished stream
+            finish(proc, log, f"run {len(kills) + 1}", timeout=delay)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         kills.append({"after_s": round(delay, 1), "days_committed": committed_days(root / "chaos", args.policy),
                       "finished": proc.returncode == 0})
         console.print(f"kill {len(kills)}: after {delay:.1f} s, {kills[-1]['days_committed']} days committed")
-    assert learn(args, root / "chaos").wait() == 0, "the resumed run failed"
+    finish(learn(args, root / "chaos", logs / "resumed.log"), logs / "resumed.log", "the resumed run")
     chaotic = time.perf_counter() - t
     fsck = subprocess.run([MONIM, "fsck", "--workdir", str(root / "chaos"), "--json"], capture_output=True, text=True)
     want, got = fingerprint(reference / "memories" / args.policy), fingerprint(root / "chaos" / "memories" / args.policy)

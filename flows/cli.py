@@ -489,14 +489,31 @@ def _memory_dir(workdir: Path, policy: Optional[str]) -> Path:
     return found[0] if len(found) == 1 else next((p for p in found if p.name == "monim-amt"), found[0])
 
 
+def _weights_of(root: Path) -> dict:
+    from monim.parametric import Weights
+
+    weights = Weights(root)
+    metas = [weights.meta(d) for d in weights.days()]
+    return {"days": len(metas), "last_day": metas[-1]["date"] if metas else None, "bytes": weights.bytes_on_disk(),
+            "tokens_trained": sum(m["tokens_trained"] for m in metas), "steps": metas[-1]["step"] if metas else 0}
+
+
 @app.command()
 def status(workdir: Path = WORKDIR, policy: Optional[str] = typer.Option(None), as_json: bool = AS_JSON) -> None:
-    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories."""
-    root = _memory_dir(workdir, policy)
+    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, and the
+    days, tokens trained and bytes of its parametric learners' weights."""
+    weights = {p.name: _weights_of(p) for p in sorted((workdir / "weights").glob("*")) if p.is_dir()}
     memories = {root.name: _status_of(root) for root in _memories(workdir)}
-    console.print(_table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
-                         ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
-    _emit(memories[root.name] | {"policy": root.name, "memories": memories}, as_json)
+    chosen = {}
+    if memories or not weights:
+        root = _memory_dir(workdir, policy)
+        chosen = memories[root.name] | {"policy": root.name}
+        console.print(_table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
+                             ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
+    if weights:
+        console.print(_table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
+                             ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))
+    _emit(chosen | {"memories": memories, "weights": weights}, as_json)
 
 
 @app.command()

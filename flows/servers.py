@@ -15,7 +15,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from monim.atomic import create_once
 from monim.lock import hold
+from tasks.tracking import new_store
 
 BIN = Path(sys.executable).parent
 
@@ -90,8 +92,10 @@ def prefect_api(attempts: int = 3) -> str:
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
     """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
+    db = (workdir / "mlflow.db").resolve()
+    create_once(db, new_store)
     return start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                  "--backend-store-uri", f"sqlite:///{(workdir / 'mlflow.db').resolve()}",
+                  "--backend-store-uri", f"sqlite:///{db}",
                   "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
                  f"http://127.0.0.1:{port}/health")
 

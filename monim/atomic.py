@@ -12,7 +12,7 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 TMP = ".tmp-"
 
@@ -64,6 +64,25 @@ def replacing(path: Path | str) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+def create_once(path: Path, make: Callable[[Path], None]) -> None:
+    """If `path` does not exist, `make` it aside and link it into place whole; if another process
+    made it meanwhile, theirs stays (a rename would replace what it may already have written)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP}{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        make(tmp)
+        _fsync_tree(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_json(path: Path | str, obj, indent: int | None = 1) -> None:

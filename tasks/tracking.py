@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim import records
+from monim.atomic import create_once
 from monim.config import RunConfig
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
@@ -46,9 +47,20 @@ def one_at_a_time(fn):
 
 
 def client(uri: str):
+    """An MlflowClient; a local SQLite store is first created whole, if it does not exist yet."""
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("sqlite:///"):
+        create_once(Path(uri.removeprefix("sqlite:///")), new_store)
     return MlflowClient(tracking_uri=uri)
+
+
+def new_store(db: Path) -> None:
+    """An MLflow SQLite store with its whole schema. MLflow migrates a new file in dozens of steps,
+    and one killed between them leaves a file no later run can open."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(f"sqlite:///{db}", (db.parent / "mlartifacts").as_uri()).engine.dispose()
 
 
 def experiment_id(uri: str, name: str, workdir: str) -> str:

@@ -131,6 +131,10 @@ def test_learn_with_a_parametric_learner(tiny_model_dir, tmp_path):
                           "--workdir", tmp_path, "--model", model, "--max-docs", 2, "--train-tokens", 48, "--json"))
     assert out["policy"] == "finetune" and [r["tokens_trained"] for r in out["rows"]] == [48]
     assert (tmp_path / "weights" / "finetune" / "1987-03-02" / "model.safetensors").is_file()
+    status = last_json(monim("status", "--workdir", tmp_path, "--json"))
+    weights = status["weights"]["finetune"]
+    assert status["memories"] == {} and weights["days"] == 1 and weights["tokens_trained"] == 48 and weights["steps"] == 1
+    assert weights["bytes"] == sum(p.stat().st_size for p in (tmp_path / "weights").rglob("*") if p.is_file())
     proc = monim("learn", "--source", DEMO, "--policy", "mix-review", "--workdir", tmp_path, check=False)
     assert proc.returncode == 2 and "mix-review needs general-domain text" in proc.stderr
 
@@ -243,6 +247,7 @@ def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(tiny_model_dir, tm
                            "--policy", "fullmem", "--end", "1987-03-03", "--max-docs", "2", "--model",
                            str(tiny_model_dir("gpt2")), "--out", str(out), "--prefect-api", SHARED["PREFECT_API_URL"]],
                           capture_output=True, text=True, timeout=900)
+    assert out.exists(), proc.stderr[-6000:]
     result = json.loads(out.read_text())
     assert proc.returncode == 0, (result["differ"], result["fsck"])
     assert result["identical"] and result["fsck_clean"] and result["kills"] == 2 and result["files_compared"] > 10

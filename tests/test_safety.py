@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.atomic import DiskFull, replacing, write_json
+from monim.atomic import DiskFull, is_stray, replacing, write_json
 from monim.datastore import Datastore, Entries
 from monim.lock import Locked, hold
 
@@ -34,6 +34,42 @@ def test_a_failed_write_leaves_what_was_there(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("interrupted")
     assert json.loads(path.read_text()) == {"day": 1} and os.listdir(tmp_path) == ["state.json"]
+
+
+KILL_MID_SCHEMA = """
+import os, signal, sys
+import sqlalchemy
+@sqlalchemy.event.listens_for(sqlalchemy.engine.Engine, "after_cursor_execute")
+def kill_in_the_first_table_rebuild(conn, cursor, statement, *args):
+    if statement.lstrip().startswith("CREATE TABLE _alembic_tmp_"):
+        os.kill(os.getpid(), signal.SIGKILL)
+uri = "sqlite:///" + sys.argv[2]
+if sys.argv[1] == "monim":
+    from tasks.tracking import client
+    client(uri)
+else:
+    from mlflow.tracking import MlflowClient
+    MlflowClient(tracking_uri=uri).search_experiments()
+"""
+
+
+@pytest.mark.parametrize("maker", ["mlflow", "monim"])
+def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
+    """MLflow alone leaves a half-made SQLite store that no later run opens; monim's is whole or absent."""
+    db = tmp_path / "mlflow.db"
+    killed = subprocess.run([sys.executable, "-c", KILL_MID_SCHEMA, maker, str(db)], cwd=Path(__file__).parents[1])
+    assert killed.returncode == -9
+    if maker == "mlflow":
+        assert db.exists()
+        with pytest.raises(Exception, match="OperationalError"):
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+        return
+    assert not db.exists() and all(is_stray(p) for p in tmp_path.iterdir())
+    from tasks.tracking import client
+
+    assert [e.name for e in client(f"sqlite:///{db}").search_experiments()] == ["Default"]
 
 
 def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monkeypatch):
