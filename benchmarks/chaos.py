@@ -49,7 +49,8 @@ def learn(args, workdir: Path, log: Path) -> subprocess.Popen:
 def finish(proc: subprocess.Popen, log: Path, what: str, timeout: float | None = None) -> None:
     """Wait for a run that must succeed; if it fails, exit with the end of its output."""
     if proc.wait(timeout=timeout):
-        sys.exit(f"{what} failed (exit {proc.returncode}); the end of its output:\n{log.read_text()[-4000:]}")
+        sys.exit(f"{what} failed (exit {proc.returncode}); kept for a look: {log.parent.parent}. The end of its "
+                 f"output:\n{log.read_text()[-4000:]}")
 
 
 def committed_days(workdir: Path, policy: str) -> int:

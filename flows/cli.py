@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -208,9 +209,9 @@ def _status_of(root: Path) -> dict:
 
 
 def _table(title: str, rows: list[dict], columns: list[str]) -> Table:
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # fits 80 columns
     for col in columns:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="left" if col == columns[0] else "right")
     for r in rows:
         table.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
     return table

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from monim.atomic import create_once
 from monim.lock import hold
-from tasks.tracking import new_store
 
 BIN = Path(sys.executable).parent
 
@@ -92,6 +91,8 @@ def prefect_api(attempts: int = 3) -> str:
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
     """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
+    from tasks.tracking import new_store  # not at the top: Prefect is imported after use_workdir sets its home
+
     db = (workdir / "mlflow.db").resolve()
     create_once(db, new_store)
     return start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

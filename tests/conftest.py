@@ -1,5 +1,6 @@
 """Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, the real LM."""
 
+import atexit
 import importlib.util
 import os
 import shutil
@@ -12,6 +13,7 @@ import monim  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
 
 # Prefect keeps its state in a throwaway home for the test session, set before it is imported.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="monim-test-prefect-")
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 import tasks  # noqa: E402,F401  (the rest of Prefect's and MLflow's environment)

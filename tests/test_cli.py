@@ -166,6 +166,14 @@ def test_help_lists_every_verb():
         assert verb in out
 
 
+def test_the_cli_imports_prefect_only_after_it_sets_prefects_home():
+    """Prefect reads its settings at import: imported before use_workdir, it would start its own
+    temporary server (one no kill of monim stops) and keep state outside the work directory."""
+    code = "import sys, flows.cli; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parents[1]).stdout.strip() == "[]"
+
+
 def memory_arrays(workdir, name="fullmem"):
     from monim.datastore import Datastore
 
