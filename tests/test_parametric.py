@@ -155,6 +155,9 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
         assert weights.days() == list(days) and weights.meta(days[1])["from"] == days[0]
         assert summary[name]["tokens_seen"] == 2 * 64 and summary[name]["days"] == 2
     assert Weights(tmp_path / "work" / "weights" / "mix-review").meta(days[0])["review_tokens"] == 64
+    # without a memory, the frozen LM ran over the test articles alone
+    assert sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "work" / "features").glob("*/*")) == [
+        "1987-03-02-test", "1987-03-03-test", "text-general.txt"]
     # each day's test PPL is the day's weights', computed here independently
     tok = AutoTokenizer.from_pretrained(model)
     ref = AutoModelForCausalLM.from_pretrained(model).eval()
