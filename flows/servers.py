@@ -15,7 +15,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from monim.atomic import create_once
 from monim.lock import hold
 
 BIN = Path(sys.executable).parent
@@ -91,12 +90,12 @@ def prefect_api(attempts: int = 3) -> str:
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
     """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
-    from tasks.tracking import new_store  # not at the top: Prefect is imported after use_workdir sets its home
+    from tasks.tracking import ensure_store  # not at the top: Prefect is imported after use_workdir sets its home
 
-    db = (workdir / "mlflow.db").resolve()
-    create_once(db, new_store)
+    store = f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
+    ensure_store(store)
     return start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                  "--backend-store-uri", f"sqlite:///{db}",
+                  "--backend-store-uri", store,
                   "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
                  f"http://127.0.0.1:{port}/health")
 

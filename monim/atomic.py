@@ -43,13 +43,18 @@ def _fsync_tree(path: Path) -> None:
             fsync_dir(p)
 
 
+def _aside(path: Path) -> Path:
+    """A fresh `.tmp-` name beside `path`, in its folder (made if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(f"{TMP}{uuid.uuid4().hex[:8]}-{path.name}")
+
+
 @contextmanager
 def replacing(path: Path | str) -> Iterator[Path]:
     """A temporary path beside `path` (same suffix) to write a file or folder to; when the block
     ends without error it is flushed and renamed to `path`, else removed (ENOSPC raises DiskFull)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP}{uuid.uuid4().hex[:8]}-{path.name}")
+    tmp = _aside(path)
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -71,8 +76,7 @@ def create_once(path: Path, make: Callable[[Path], None]) -> None:
     made it meanwhile, theirs stays (a rename would replace what it may already have written)."""
     if path.exists():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP}{uuid.uuid4().hex[:8]}-{path.name}")
+    tmp = _aside(path)
     try:
         make(tmp)
         _fsync_tree(tmp)

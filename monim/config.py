@@ -80,7 +80,12 @@ class RunConfig(BaseModel):
     @property
     def name(self) -> str:
         """The run's name: the policy ('-const' when Θ uses the constant λ), or 'bare' for the LM alone."""
-        return self.policy if self.calibrated or self.policy == BARE or self.parametric else f"{self.policy}-const"
+        return self.policy if self.calibrated or not self.has_memory else f"{self.policy}-const"
+
+    @property
+    def has_memory(self) -> bool:
+        """A memory policy; the bare LM and the parametric learners keep none."""
+        return self.policy != BARE and not self.parametric
 
     @property
     def parametric(self) -> bool:

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from tqdm.auto import tqdm
 
-from monim.config import BARE, RunConfig
+from monim.config import RunConfig
 from monim.evaluate import evaluate as evaluate_docs
 from monim.lm import LM, load_lm
 from monim.calibration import calibrate as calibrate_memory
@@ -121,7 +121,7 @@ def ingest(cfg: RunConfig, date: str) -> Day:
 def featurized(cfg: RunConfig, day: Day) -> dict[str, list[Document]]:
     """The articles of a day the LM runs over, by split (the training articles the run takes). A run
     without a memory (the bare LM, a learner) needs the frozen LM on the test articles only."""
-    splits = ("test",) if cfg.parametric or cfg.policy == BARE else SPLITS
+    splits = SPLITS if cfg.has_memory else ("test",)
     return {split: day.train[: cfg.max_docs] if split == "train" else day.split(split) for split in splits}
 
 

@@ -38,29 +38,35 @@ def one_at_a_time(fn):
 
     @functools.wraps(fn)
     def locked(*args, **kwargs):
-        uri = inspect.signature(fn).bind(*args, **kwargs).arguments["uri"]
-        path = Path(uri.removeprefix("sqlite:///")).with_suffix(".lock") if uri.startswith("sqlite:///") else None
-        with hold(path, say=logger().info) if path else nullcontext():
+        db = sqlite_file(inspect.signature(fn).bind(*args, **kwargs).arguments["uri"])
+        with hold(db.with_suffix(".lock"), say=logger().info) if db else nullcontext():
             return fn(*args, **kwargs)
 
     return locked
 
 
-def client(uri: str):
-    """An MlflowClient; a local SQLite store is first created whole, if it does not exist yet."""
-    from mlflow.tracking import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        create_once(Path(uri.removeprefix("sqlite:///")), new_store)
-    return MlflowClient(tracking_uri=uri)
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a local SQLite store's URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
-def new_store(db: Path) -> None:
-    """An MLflow SQLite store with its whole schema. MLflow migrates a new file in dozens of steps,
-    and one killed between them leaves a file no later run can open."""
+def ensure_store(uri: str) -> None:
+    """Create a local SQLite store with its whole schema, if it does not exist yet. MLflow migrates a
+    new file in dozens of steps, and one killed between them leaves a file no later run can open."""
+    if (db := sqlite_file(uri)) is None:
+        return
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    SqlAlchemyStore(f"sqlite:///{db}", (db.parent / "mlartifacts").as_uri()).engine.dispose()
+    artifacts = (db.parent / "mlartifacts").as_uri()
+    create_once(db, lambda tmp: SqlAlchemyStore(f"sqlite:///{tmp}", artifacts).engine.dispose())
+
+
+def client(uri: str):
+    """An MlflowClient (a local SQLite store is created whole first)."""
+    from mlflow.tracking import MlflowClient
+
+    ensure_store(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(uri: str, name: str, workdir: str) -> str:
