@@ -51,8 +51,8 @@ class Features:
     def folder(self) -> Path:
         """The store's folder for this model and these window settings."""
         cfg = fit_window(self.lm, self.cfg)
-        settings = {"model": self.lm.name, "vocab": self.lm.fingerprint, "stride": cfg.stride, "context": cfg.context,
-                    "context_mode": cfg.context_mode}
+        settings = {"model": self.lm.name, "vocab": self.lm.fingerprint, "weights": self.lm.weights, "stride": cfg.stride,
+                    "context": cfg.context, "context_mode": cfg.context_mode}
         if self.lm.dtype != "float32":  # folders of float32 features keep the names they had before dtypes
             settings["dtype"] = self.lm.dtype
         return Path(self.store) / hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]

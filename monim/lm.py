@@ -85,6 +85,22 @@ class LM:
         vocab = sorted(self.tokenizer.get_vocab().items())
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
+    @cached_property
+    def weights(self) -> str:
+        """A hash of the weights as loaded: of the checkpoint's files where it came from a local
+        folder (remembered by their size and time), else of the tensors themselves."""
+        folder = Path(str(getattr(self.model, "name_or_path", "")))
+        files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin")) if folder.is_dir() else []
+        h = hashlib.sha256()
+        if files:
+            for f in files:
+                h.update(f"{f.name}:{file_digest(f)}".encode())
+        else:
+            for name, t in sorted(self.model.state_dict().items()):
+                h.update(name.encode())
+                h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past: Cache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final hidden states (after the last norm) and keys, both [batch, seq, d]; `past` (a KV cache)
@@ -98,6 +114,25 @@ class LM:
         logits = self.model.get_output_embeddings()(hidden).float()
         cap = getattr(self.model.config, "final_logit_softcapping", None)
         return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, remembered in the cache by its path, size and modification time."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    memo = cache_dir() / "digests" / key
+    if memo.is_file():
+        return memo.read_text()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(h.hexdigest())
+    except OSError:  # a read-only cache: computed again next time
+        pass
+    return h.hexdigest()
 
 
 def last_mlp(model: PreTrainedModel) -> torch.nn.Module:

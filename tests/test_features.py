@@ -111,18 +111,21 @@ def test_gc_keeps_the_newest_days_and_fits_the_cap(tiny, tmp_path):
     assert fresh.computed > 0  # its features were deleted: scored again
 
 
-def test_features_of_another_dtype_live_in_their_own_folder(tiny_model_dir, tmp_path):
+def test_features_of_another_dtype_or_other_weights_live_in_their_own_folder(tiny_model_dir, tmp_path):
     """A CPU loads fp32 (bf16 is slower there); bf16 features (a GPU's default) never mix with fp32 ones,
-    and fp32 folders keep the names they had before the dtype was part of the settings."""
-    import hashlib
-    import json
+    nor features of other weights at the same model path (a checkpoint replaced in place)."""
+    import torch
 
     path = str(tiny_model_dir("llama"))
     fp32, bf16 = load_lm(path), load_lm(path, dtype="bfloat16")
     assert (fp32.dtype, bf16.dtype) == ("float32", "bfloat16")
-    old = {"model": path, "vocab": fp32.fingerprint, "stride": 48, "context": 32, "context_mode": "carry"}
-    name = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
-    assert Features(fp32, CFG, tmp_path).folder == tmp_path / name
-    assert Features(bf16, CFG, tmp_path).folder != tmp_path / name
+    assert Features(fp32, CFG, tmp_path).folder != Features(bf16, CFG, tmp_path).folder
+    assert Features(load_lm(path), CFG, tmp_path).folder == Features(fp32, CFG, tmp_path).folder
+    changed = load_lm(path)
+    with torch.no_grad():
+        next(changed.model.parameters())[0, 0] += 1.0
+    changed.model.name_or_path = ""  # the tensors themselves are hashed, not the unchanged file
+    assert changed.weights != fp32.weights
+    assert Features(changed, CFG, tmp_path).folder != Features(fp32, CFG, tmp_path).folder
     with pytest.raises(ValueError, match="dtype"):
         load_lm(path, dtype="fp8")
