@@ -29,8 +29,10 @@ from monim.evaluate import searched, theta_of
 from monim.lm import load_lm
 from monim.features import Features
 from monim.scoring import ScoreConfig
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.stream import Document
 from news_days import REPO, first_days, parser
 
@@ -81,7 +83,7 @@ def main() -> None:
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     runs = {name: RUNS[name] for name in args.runs.split(",")}
-    memories = {name: Memory(args.workdir / name.replace("/", "-"), lm, calibrator_cfg=CalibratorConfig(source=source))
+    memories = {name: Memory(args.workdir / name.replace("/", "-"), lm, Settings(calibrator=CalibratorConfig(source=source)))
                 for name, (_, source) in runs.items()}
     days = first_days(args)
     for day in days:

@@ -30,8 +30,10 @@ from monim.index import IndexConfig
 from monim.knnlm import Interpolation, perplexity, theta_scores
 from monim.lm import load_lm
 from monim.scoring import ScoreConfig
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from news_days import first_days, parser
 
 def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
@@ -72,7 +74,7 @@ def main() -> None:
         params = {"rate": results["policies"]["monim-amt"]["memrate"]} if name == "randmem" and "monim-amt" in memories else {}
         policy = make_policy(name, **params)
         label = name if calibrated else f"{name}-const"
-        memory = Memory(work / label, lm, IndexConfig(), CalibratorConfig(skip_threshold=args.skip), calibrated)
+        memory = Memory(work / label, lm, Settings(calibrated=calibrated, calibrator=CalibratorConfig(skip_threshold=args.skip)))
         cal_seconds = []
         for day in days:
             stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)

@@ -24,11 +24,14 @@ from rich.console import Console
 
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
-from monim.evaluate import evaluate_many, period_of, text_document
+from monim.evaluate import evaluate_many
+from monim.suite import period_of, text_document
 from monim.features import Features
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.qa import answer_questions, read_questions
 from monim.scoring import ScoreConfig
 from monim.stream import list_dates, read_day
@@ -179,7 +182,7 @@ def main() -> None:
         return
     lm = load_lm(args.model)
     features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.workdir / "features")
-    memories = {name: Memory(args.workdir / name, lm, calibrator_cfg=CalibratorConfig()) for name in POLICIES}
+    memories = {name: Memory(args.workdir / name, lm, Settings(calibrator=CalibratorConfig())) for name in POLICIES}
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
     for date in dates:

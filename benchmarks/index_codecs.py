@@ -22,8 +22,10 @@ from monim.evaluate import evaluate
 from monim.features import Features
 from monim.index import IndexConfig
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.scoring import ScoreConfig
 from monim.stream import iter_days, list_dates, open_source
 
@@ -45,7 +47,7 @@ def main() -> None:
     features = Features(lm, ScoreConfig(), args.workdir / "features")
     dates = [d for d in list_dates(args.source, args.start) if d.weekday() < 5]
     learn, held = dates[: args.days], dates[args.days]
-    memory = Memory(args.workdir / "fullmem", lm, IndexConfig(exact_below=EXACT), use_calibrator=False)
+    memory = Memory(args.workdir / "fullmem", lm, Settings(calibrated=False, index=IndexConfig(exact_below=EXACT)))
     for day in iter_days(open_source(args.source), learn[0], learn[-1]):
         if day.date in learn:
             memorize_day(memory, day, make_policy("fullmem"), features)
@@ -53,7 +55,7 @@ def main() -> None:
     rows = []
     for label, cfg in [("exact", IndexConfig(exact_below=EXACT)), ("fastscan", IndexConfig(exact_below=0, codec="fastscan")),
                        ("pq", IndexConfig(exact_below=0, codec="pq"))]:
-        view = Memory(args.workdir / "fullmem", lm, cfg, use_calibrator=False)
+        view = Memory(args.workdir / "fullmem", lm, Settings(calibrated=False, index=cfg))
         started = time.perf_counter()
         view.sync(retrain=True)
         build = time.perf_counter() - started

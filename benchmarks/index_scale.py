@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
-    ds = Datastore(args.work, "synthetic", D, "synthetic")
+    ds = Datastore(args.work, {"model": "synthetic", "hidden_size": D, "tokenizer": "synthetic"})
     index = MemoryIndex(args.work, D, IndexConfig(k=args.k, codec=args.codec))
     keys = Keys()
     days = []

@@ -22,8 +22,10 @@ from monim.knnlm import perplexity, tune_interpolation
 from monim.lm import load_lm
 from monim.scoring import ScoreConfig, score
 from monim.calibration import calibrate
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from news_days import first_days, parser
 
 def main() -> None:
@@ -54,7 +56,7 @@ def main() -> None:
     for policy in policies:
         if policy is None:  # RandMem at MoNIM's cumulative rate
             policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"], seed=0)
-        memory = Memory(work / policy.name, lm, index_cfg, use_calibrator=False)  # constant λ: see calibrator.py
+        memory = Memory(work / policy.name, lm, Settings(calibrated=False, index=index_cfg))  # constant λ: see calibrator.py
         rows = []
         for day, bare in zip(days, bare_seconds):
             stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)

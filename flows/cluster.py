@@ -12,7 +12,7 @@ from prefect import flow
 from monim.config import RunConfig
 from monim.features import balanced_parts
 from monim.stream import Day
-from tasks.learning import featurize, featurize_part, featurized, logger
+from tasks.learning import featurize, featurize_part, logger
 
 PARTS_PER_WORKER = 2  # a little slack for uneven articles and workers
 
@@ -26,13 +26,13 @@ def workers(address: str) -> int:
 
 
 @flow(name="monim-featurize-cluster")
-def featurize_on_cluster(cfg: RunConfig, day: Day) -> dict:
+def featurize_on_cluster(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> dict:
     """Run the LM over the day's articles on the cluster's workers, into the work directory's feature store."""
     started = time.perf_counter()
     cfg = cfg.model_copy(update={"workdir": str(Path(cfg.workdir).resolve())})  # the workers' cwd is not ours
     n = PARTS_PER_WORKER * workers(cfg.cluster)
     futures = [featurize_part.submit(cfg, part, f"{day.date}-{split}-p{i}")
-               for split, docs in featurized(cfg, day).items() for i, part in enumerate(balanced_parts(docs, n))]
+               for split in splits for i, part in enumerate(balanced_parts(day.split(split), n))]
     parts = [f.result() for f in futures]
     tokens, seconds = sum(p["tokens"] for p in parts), time.perf_counter() - started
     used = sorted({p["worker"] for p in parts if p["tokens"]})
@@ -42,10 +42,10 @@ def featurize_on_cluster(cfg: RunConfig, day: Day) -> dict:
     return {"tokens": tokens, "seconds": seconds, "workers": len(used)}
 
 
-def featurize_day(cfg: RunConfig, day: Day) -> dict:
-    """The day's LM pass: on `cfg.cluster`'s workers when it names one, else in this process."""
+def featurize_day(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> dict:
+    """The day's LM pass over these splits: on `cfg.cluster`'s workers when it names one, else in this process."""
     if not cfg.cluster:
-        return featurize(cfg, day)
+        return featurize(cfg, day, splits)
     from prefect_dask import DaskTaskRunner  # only with a cluster: dask.distributed takes a while to import
 
-    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=cfg.cluster))(cfg, day)
+    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=cfg.cluster))(cfg, day, splits)

@@ -10,13 +10,11 @@ from prefect.artifacts import create_table_artifact
 from flows.evaluate import evaluate_runs
 from flows.report import report_runs
 from flows.stream import learn_stream
+from monim import catalogue
 from monim.config import RunConfig
-from monim.evaluate import EvalConfig
+from monim.suite import EvalConfig
 from monim.report import summarize
 from tasks.tracking import experiment_name, tracking_uri as resolve_tracking_uri
-
-POLICIES = ["bare", "fullmem", "randmem", "monim", "monim-amt"]
-
 
 @flow(name="monim-compare")
 def compare_policies(run: RunConfig, start: str | None = None, end: str | None = None, policies: list[str] | None = None,
@@ -25,15 +23,11 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
     """Run each policy over the same days with the run's settings (RandMem stores at MoNIM's rate
     when MoNIM runs too), run the evaluation suite over them, and write the report. `wait`: as in
     learn_stream."""
-    policies = policies or POLICIES
-    order = sorted(policies, key=lambda p: p != "monim-amt" and p != "monim")  # MoNIM first, for RandMem's rate
+    policies = policies or list(catalogue.COMPARED)
     summary: dict[str, dict] = {}
     runs: dict[str, RunConfig] = {}
-    for policy in order:
-        params = {}
-        if policy == "randmem":
-            monim = summary.get("monim-amt") or summary.get("monim")
-            params = {"rate": round(monim["memrate"], 4)} if monim else {}
+    for policy in catalogue.learning_order(policies):
+        params = catalogue.followed_params(policy, {p: s["memrate"] for p, s in summary.items()})
         runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
         summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, tracking_uri, wait=wait))
     table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()} for p in policies]

@@ -1,5 +1,5 @@
-"""One streaming day: ingest → LM features → memorize → index update → calibrate → evaluate → register → log
-(a parametric learner trains its weights where a memory policy memorizes)."""
+"""One streaming day: ingest → LM features → learn (memorize and calibrate, or train) → evaluate →
+register → log."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from monim.config import BARE, RunConfig
-from monim.parametric import Weights
+from monim.config import RunConfig
 from flows.cluster import featurize_day
-from tasks.learning import calibrate, evaluate, ingest, memorize, memory_for, record_day, train, update_index
-from tasks.registry import register_day
+from tasks.learning import ingest, record_day
+from tasks.runs import evaluate, run_for
 from tasks.tracking import log_day
 
 
@@ -24,41 +23,23 @@ def _run_name() -> str:
 
 @flow(name="monim-day", flow_run_name=_run_name)
 def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
-    """Learn one day of news into the run's memory, evaluate it, and log the day's metrics.
+    """Learn one day of news into the run (its memory or its weights), evaluate it, and log the day's metrics.
 
-    The day is read once and the memory opened once; every task is handed both."""
+    The day is read once and handed to every task."""
+    run = run_for(cfg)
     day = ingest(cfg, date)
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
-    lm_pass = featurize_day(cfg, day)
+    lm_pass = featurize_day(cfg, day, run.splits)
     started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
     row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
             "featurize_workers": lm_pass.get("workers", 1)}
-    memory, state = None, "v0"
-    if cfg.parametric:
-        trained = train(cfg, day, step)
-        state = f"w-{date}"
-        row |= {k: trained[k] for k in ("tokens_trained", "review_tokens", "steps", "train_loss")} | {
-            "tokens_seen": trained["tokens_trained"], "memory_bytes": Weights(cfg.weights_dir).bytes_on_disk()}
-    elif cfg.policy != BARE:
-        memory = memory_for(cfg)
-        stats = memorize(cfg, day, memory)
-        index = update_index(memory)
-        theta = calibrate(cfg, day, memory)
-        seconds = stats.pop("seconds") | {"index_update": index["seconds"]}
-        pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
-        state = f"v{stats['version']}-{theta.pop('theta')}"
-        row |= {
-            "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
-            "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
-            "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
-        } | stats["index"] | theta | {f"seconds_{k}": v for k, v in seconds.items()}
+    row |= run.learn(day, step)
     row["seconds_learn"] = time.perf_counter() - started
-    row |= evaluate(cfg, date, state, day, memory and memory.at(date))  # as of the day, even when re-run later
-    if run_id and memory is not None:
-        row |= register_day(cfg, day, memory.at(date), run_id, tracking_uri)
+    row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
     if run_id:
+        row |= run.register(day, run_id, tracking_uri)
         log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
-    record_day(cfg, row, memory)
+    record_day(cfg, row, run.memory)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
                           description=f"{cfg.name}, {date}")
     return row

@@ -9,10 +9,10 @@ from typing import Callable
 from prefect import flow
 
 from monim.config import RunConfig
-from monim.evaluate import EvalConfig, period_of
-from tasks.evaluation import checkpoint_days, period_perplexity, question_answering, text_perplexity
+from monim.suite import EvalConfig, period_of
+from tasks.evaluation import period_perplexity, question_answering, text_perplexity
 from tasks.learning import recorded_days
-from tasks.tracking import experiment_name, log_points, metric_steps, open_run, tracking_uri as resolve_tracking_uri
+from tasks.tracking import experiment_name, log_points, metric_steps, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:
@@ -35,38 +35,37 @@ def evaluate_runs(configs: list[RunConfig], start: str | None = None, end: str |
     if not days:
         return {}
     source, workdir = configs[0].source, configs[0].workdir
-    origin = dt.date.fromisoformat(min(d for c in configs for d in recorded_days(c)))
-
-    def step(day: str) -> int:
-        return (dt.date.fromisoformat(day) - origin).days
-
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    run_ids = {c.name: open_run(c, experiment or experiment_name(source), uri, origin.isoformat())
-               for c in configs}
+    opened = {c.name: open_run(c, experiment or experiment_name(source), uri) for c in configs}
+    run_ids = {name: run_id for name, (run_id, _) in opened.items()}
+    origins = {name: origin for name, (_, origin) in opened.items()}
 
     def missing(candidates: list[str], key: Callable[[str], str]) -> tuple[list[str], list[RunConfig]]:
         """The days some run has not measured yet, and those runs (logged measures are not retaken)."""
         keys = sorted({key(d) for d in candidates})
         logged = {name: metric_steps(run_id, uri, keys) for name, run_id in run_ids.items()}
-        lacking = {name: [d for d in candidates if step(d) not in logged[name].get(key(d), [])] for name in logged}
+        lacking = {name: [d for d in candidates if step_of(origins[name], d) not in logged[name].get(key(d), [])]
+                   for name in logged}
         return sorted({d for ds in lacking.values() for d in ds}), [c for c in configs if lacking[c.name]]
 
-    at = checkpoint_days(days, e)
+    at = e.checkpoints(days)
     points: dict[str, list] = {name: [] for name in run_ids}
     out = {}
     if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}"))[0]:
         out["periods"] = period_perplexity(todo[1], source, days[0], days[-1], todo[0], e)
         for period, runs in out["periods"].items():
             for name, cells in runs.items():
-                points[name] += [(f"{m}_period/{period}", step(d), r[m]) for d, r in cells.items() for m in ("ppl", "accuracy")]
+                points[name] += [(f"{m}_period/{period}", step_of(origins[name], d), r[m]) for d, r in cells.items()
+                                 for m in ("ppl", "accuracy")]
     if e.text and (todo := missing(at["text"], lambda d: "ppl_text"))[0]:
         out["text"] = text_perplexity(todo[1], todo[0], e)
         for name, cells in out["text"].items():
-            points[name] += [(k, step(d), r[src]) for d, r in cells.items() for k, src in (("ppl_text", "ppl"), ("ppl_text_lm", "ppl_lm"))]
+            points[name] += [(k, step_of(origins[name], d), r[src]) for d, r in cells.items()
+                             for k, src in (("ppl_text", "ppl"), ("ppl_text_lm", "ppl_lm"))]
     if e.qa and (todo := missing(at["qa"], lambda d: f"qa_accuracy_{e.shots[-1]}shot"))[0]:
         out["qa"] = question_answering(todo[1], days[0], days[-1], e)
         for name, by_shots in out["qa"].items():
-            points[name] += [(f"{m}_{k}shot" if m != "qa_n" else m, step(days[-1]), v)
+            points[name] += [(f"{m}_{k}shot" if m != "qa_n" else m, step_of(origins[name], days[-1]), v)
                              for k, r in by_shots.items() for m, v in r.items()]
     for name, run_id in run_ids.items():
         log_points(run_id, uri, points[name])

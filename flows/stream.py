@@ -10,11 +10,11 @@ from prefect import flow
 from flows.day import learn_day
 from flows.evaluate import evaluate_runs
 from monim.config import RunConfig
-from monim.evaluate import EvalConfig
+from monim.suite import EvalConfig
 from monim.lock import hold
 from monim.stream import list_dates
 from tasks.learning import logger, recorded_days, run_lock
-from tasks.tracking import experiment_name, log_summary, open_run, tracking_uri as resolve_tracking_uri
+from tasks.tracking import experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:
@@ -36,10 +36,9 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
         todo = [d for d in dates if d not in done]
         logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
-        origin = dt.date.fromisoformat(min([*done, *dates] or ["9999-12-31"]))
-        run_id = open_run(run, experiment or experiment_name(run.source), uri, origin.isoformat())
+        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri)
         for date in todo:
-            learn_day(run, date, run_id, uri, step=(dt.date.fromisoformat(date) - origin).days)
+            learn_day(run, date, run_id, uri, step=step_of(origin, date))
         rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
         if todo:
             log_summary(run_id, uri, rows)

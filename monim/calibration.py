@@ -30,8 +30,8 @@ import torch
 from monim.calibrator import CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.atomic import replacing, write_json
 from monim.knnlm import TEMPERATURES, interpolate, knn_logprobs_by_temperature, tune_grid
-from monim.features import Features, features_of
-from monim.scoring import ScoreConfig, TokenScores
+from monim.features import Features
+from monim.scoring import TokenScores
 from monim.stream import Day, Document
 
 if TYPE_CHECKING:
@@ -91,12 +91,12 @@ def sample_path(memory: Memory, date: str) -> Path:
     return memory.ds.root / "calibration" / f"{date}.npz"
 
 
-def day_sample(memory: Memory, day: Day, cfg: ScoreConfig | Features | None) -> TokenScores | None:
+def day_sample(memory: Memory, day: Day, features: Features | None) -> TokenScores | None:
     """The day's sample kept by memorization, or (a day memorized without one) scored again."""
     path = sample_path(memory, day.date.isoformat())
     if path.exists():
         return Sample.load(path)
-    features = features_of(memory.lm, cfg)
+    features = features or memory.features()
     sample = Sample.of(day.train, [len(t) for t in features.tokenize(day.train)], memory.calibrator_cfg)
     for batch in features.scores([d for d in day.train if d.id in sample.doc_ids], f"{day.date}-train"):
         sample.add(batch)
@@ -125,14 +125,14 @@ def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: st
     return examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch))
 
 
-def held_out_examples(memory: Memory, docs: list[Document], cfg: ScoreConfig | Features | None, every: int | None,
+def held_out_examples(memory: Memory, docs: list[Document], features: Features | None, every: int | None,
                       name: str = "validation") -> Examples | None:
     """Examples of validation articles searched in today's memory: all held out, or (every = n)
     one article in n by id (the paper's scheme, where the rest is trained on)."""
     parts = []
     memory.sync()
     search = functools.partial(memory.search, skip=False) if len(memory) else None
-    for batch in features_of(memory.lm, cfg).scores(docs, name, search):
+    for batch in (features or memory.features()).scores(docs, name, search):
         held = np.array([every is None or _held_out(d, every) for d in batch.doc_id], dtype=bool)
         parts.append(examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch), held))
     return Examples.concat(parts) if parts else None
@@ -163,7 +163,7 @@ def held_out_nll(ex: Examples, lam: float, temperature: float) -> dict:
     return {"tokens": len(held), "lm": float(-lm.mean()) if len(lm) else float("nan"), "constant": constant}
 
 
-def calibrate(memory: Memory, day: Day, cfg: ScoreConfig | Features | None = None, force: bool = False) -> dict:
+def calibrate(memory: Memory, day: Day, features: Features | None = None, force: bool = False) -> dict:
     """Add the day's examples to the calibration set, tune the constant (λ, T) on its training part
     and train the calibrator (early stopping on its held-out part); tomorrow's Θ uses them, or the
     LM alone if Θ is worse than the LM on the held-out tokens. Re-running a calibrated day changes
@@ -182,8 +182,8 @@ def calibrate(memory: Memory, day: Day, cfg: ScoreConfig | Features | None = Non
         root = memory.ds.root
         validation = day.validation[: ccfg.docs_per_day]
         paper = ccfg.source == "validation"
-        parts = [held_out_examples(memory, validation, cfg, ccfg.holdout if paper else None, f"{date}-validation")]
-        if not paper and (sample := day_sample(memory, day, cfg)) is not None:
+        parts = [held_out_examples(memory, validation, features, ccfg.holdout if paper else None, f"{date}-validation")]
+        if not paper and (sample := day_sample(memory, day, features)) is not None:
             parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
         parts = [p for p in parts if p is not None and len(p)]
         new = Examples.concat(parts) if parts else None

@@ -10,17 +10,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from monim import catalogue
 from monim.calibrator import CalibratorConfig
+from monim.catalogue import BARE, LEARNER, MEMORY
 from monim.features import Features
 from monim.index import IndexConfig
 from monim.lm import DTYPE_CHOICES, LM
-from monim.scoring import CONTEXT_MODES, ScoreConfig
-from monim.parametric import METHODS as PARAMETRIC, Learner
-from monim.policies import Policy, make_policy, policy_params
+from monim.parametric import Learner
+from monim.policies import Policy, policy_params
 from monim.records import memory_root
+from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.stream import DEMO_STREAM
-
-BARE = "bare"  # the LM without memory, evaluated alongside the policies
+from monim.theta import Settings
 
 
 class RunConfig(BaseModel):
@@ -30,13 +31,12 @@ class RunConfig(BaseModel):
 
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
-    policy: str = Field("monim-amt", description="bare, fullmem, randmem, monim, monim-amt, kl, greedy-merge, or a "
-                        "parametric learner: finetune, mix-review, recadam.")
+    policy: str = Field("monim-amt", description=catalogue.help_text())
     policy_params: dict = Field(default_factory=dict, description="The policy's parameters, e.g. {\"rate\": 0.5} for randmem.")
     learner_params: dict = Field(default_factory=dict, description="monim.parametric.Learner fields for the parametric "
                                  "learners, e.g. {\"max_tokens\": 4096, \"lr\": 3e-5}.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
-    max_docs: int | None = Field(None, ge=1, description="Training articles taken per day; empty: all.")
+    max_docs: int | None = Field(None, ge=1, description="Training articles taken per day (the first ones); empty: all.")
     seed: int = 0
     calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
     calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
@@ -57,40 +57,31 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:
-        if self.parametric:
-            try:
+        kind = catalogue.entry(self.policy).kind  # a clear error naming the policies
+        try:
+            if kind == LEARNER:
                 self.learner()
-            except TypeError as e:
-                raise ValueError(f"learner_params: {e}") from None
-        elif self.policy != BARE:
-            try:
+            elif kind == MEMORY:
                 self.make_policy()
-            except TypeError as e:
-                raise ValueError(f"policy_params {self.policy_params} do not fit {self.policy}: {e}") from None
-            except ValueError as e:
-                raise ValueError(f"{e}, or {BARE} (the LM alone)") from None
+        except TypeError as e:
+            raise ValueError(f"{'learner' if kind == LEARNER else 'policy'}_params do not fit {self.policy}: {e}") from None
         if self.cluster and not self.feature_store:
             raise ValueError("cluster needs the feature store: the workers write the LM's features there")
         try:
-            self.calibrator_config()
+            self.settings()
         except TypeError as e:
             raise ValueError(f"calibrator_params: {e}") from None
         return self
 
     @property
+    def kind(self) -> str:
+        """bare (the LM alone), memory (a memorization policy) or learner (a parametric learner)."""
+        return catalogue.entry(self.policy).kind
+
+    @property
     def name(self) -> str:
         """The run's name: the policy ('-const' when Θ uses the constant λ), or 'bare' for the LM alone."""
-        return self.policy if self.calibrated or not self.has_memory else f"{self.policy}-const"
-
-    @property
-    def has_memory(self) -> bool:
-        """A memory policy; the bare LM and the parametric learners keep none."""
-        return self.policy != BARE and not self.parametric
-
-    @property
-    def parametric(self) -> bool:
-        """A parametric learner: it trains the LM's weights each day and keeps no memory."""
-        return self.policy in PARAMETRIC
+        return self.policy if self.calibrated or self.kind != MEMORY else f"{self.policy}-const"
 
     @property
     def weights_dir(self) -> Path:
@@ -105,34 +96,34 @@ class RunConfig(BaseModel):
         return memory_root(self.workdir, self.name)
 
     def make_policy(self) -> Policy:
-        return make_policy(self.policy, **self.policy_params)
+        return catalogue.make_policy(self.policy, **self.policy_params)
 
-    def score_config(self) -> ScoreConfig:
+    def window(self) -> ScoreConfig:
         return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,
                            context_mode=self.context_mode)
+
+    def settings(self) -> Settings:
+        """What Θ is read with (monim.theta): a memory records these at its first commit."""
+        return Settings(self.dtype, self.calibrated, self.window(),
+                        IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below),
+                        CalibratorConfig(**self.calibrator_params))
 
     def features(self, lm: LM) -> Features:
         """How this run gets the LM's view of documents: from the work directory's feature store, or the LM."""
         store = Path(self.workdir) / "features" if self.feature_store else None
-        return Features(lm, self.score_config(), store, int(self.feature_cap_gb * 2**30))
-
-    def calibrator_config(self) -> CalibratorConfig:
-        return CalibratorConfig(**self.calibrator_params)
-
-    def index_config(self) -> IndexConfig:
-        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
+        return Features(lm, self.window(), store, int(self.feature_cap_gb * 2**30))
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
         out = self.model_dump(exclude={"policy_params", "calibrator_params", "learner_params", "cluster"})
-        if self.parametric:
+        if self.kind == LEARNER:
             out |= {f"learner.{k}": v for k, v in asdict(self.learner()).items()}
-        elif self.policy != BARE:
+        elif self.kind == MEMORY:
             out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
-            out |= {f"calibrator.{k}": v for k, v in asdict(self.calibrator_config()).items()}
+            out |= {f"calibrator.{k}": v for k, v in asdict(self.settings().calibrator).items()}
         return out
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""
-        ignored = {"cluster"} if self.parametric else {"cluster", "learner_params"}  # memory runs ignore learner_params
+        ignored = {"cluster"} if self.kind == LEARNER else {"cluster", "learner_params"}  # memory runs ignore learner_params
         return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]

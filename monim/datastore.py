@@ -15,6 +15,7 @@ Files not named by the manifest (left by a crash) are ignored and removed on the
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import shutil
 import uuid
@@ -30,8 +31,27 @@ DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.in
 WEIGHTS = "weights"  # a per-entry array only some shards have (monim.merging)
 
 
+IDENTITY = ("model", "hidden_size", "tokenizer", "weights")  # which LM's keys a memory holds
+
+
 class MemoryMismatch(ValueError):
-    """The memory directory was built by another model or tokenizer."""
+    """The memory directory was built by another model, tokenizer or weights."""
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read: the message names the file and what is wrong."""
+
+
+def read_manifest(path: Path) -> dict:
+    """A memory's manifest, or a ManifestError naming the file, line and column."""
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}: line {e.lineno} column {e.colno}: {e.msg} (the manifest is damaged; "
+                            "`monim fsck` says what can be recovered)") from None
+    if not isinstance(manifest, dict) or "days" not in manifest:
+        raise ManifestError(f"{path}: not a monim manifest (no 'days')")
+    return manifest
 
 
 @dataclass
@@ -100,23 +120,29 @@ def _upgrade(manifest: dict, root: Path) -> dict:
 
 
 class Datastore:
-    """The memory's entries on disk; every change is published by one manifest rename."""
+    """The memory's entries on disk; every change is published by one manifest rename.
 
-    def __init__(self, root: Path | str, model: str, hidden_size: int, tokenizer: str):
+    `identity` (model, hidden size, tokenizer and weights hashes) says which LM's keys it holds: one
+    that differs from the manifest's is refused; None opens the memory as its manifest says."""
+
+    def __init__(self, root: Path | str, identity: dict | None = None):
         self.root = Path(root)
-        self.identity = {"model": model, "hidden_size": hidden_size, "tokenizer": tokenizer}
         path = self.root / "manifest.json"
         if path.exists():
-            manifest = json.loads(path.read_text())
-            for key, want in self.identity.items():
-                if manifest[key] != want:
-                    raise MemoryMismatch(
-                        f"{path}: built with {key} {manifest[key]!r}, but this LM has {want!r}; "
-                        "use another work directory for another model"
-                    )
+            manifest = read_manifest(path)
+            for key, want in (identity or {}).items():
+                have = manifest.get(key)
+                if have is None:  # written before monim recorded it (the weights): kept from now on
+                    manifest[key] = want
+                elif have != want:
+                    raise MemoryMismatch(f"{path}: field '{key}': learned with {have!r}, but this LM has {want!r}; "
+                                         "read it with the LM it was learned with, or learn into another work directory")
+        elif identity is None:
+            raise FileNotFoundError(f"no memory at {root} (missing {path.name})")
         else:
-            manifest = {"format": FORMAT, **self.identity, "key_dtype": "float16", "version": 0,
+            manifest = {"format": FORMAT, **identity, "key_dtype": "float16", "version": 0,
                         "next_id": 0, "entries": 0, "days": [], "thetas": []}
+        self.identity = {k: manifest[k] for k in IDENTITY if k in manifest}
         self.manifest = _upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
         self._weights: np.ndarray | None = None
@@ -124,7 +150,10 @@ class Datastore:
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
         path = self.root / "manifest.json"
-        manifest = _upgrade(json.loads(path.read_text()), self.root) if path.exists() else self.manifest
+        manifest = _upgrade(read_manifest(path), self.root) if path.exists() else self.manifest
+        for key in ("settings", *IDENTITY):  # kept for the next commit where the file lacks them
+            if key in self.manifest and key not in manifest:
+                manifest[key] = self.manifest[key]
         changed = manifest != self.manifest
         self.manifest = manifest
         if changed:
@@ -134,16 +163,13 @@ class Datastore:
     @classmethod
     def read(cls, root: Path | str) -> Datastore:
         """Open an existing memory as its manifest describes it (no LM needed)."""
-        path = Path(root) / "manifest.json"
-        if not path.exists():
-            raise FileNotFoundError(f"no memory at {root} (missing {path.name})")
-        m = json.loads(path.read_text())
-        return cls(root, m["model"], m["hidden_size"], m["tokenizer"])
+        return cls(root)
 
     @classmethod
     def for_lm(cls, root: Path | str, lm) -> Datastore:
         """Open (or start) the memory at `root` for an `monim.lm.LM`."""
-        return cls(root, lm.name, lm.hidden_size, lm.fingerprint)
+        return cls(root, {"model": lm.name, "hidden_size": lm.hidden_size, "tokenizer": lm.fingerprint,
+                          "weights": lm.weights})
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -340,6 +366,16 @@ class Datastore:
             raise ValueError(f"day {date} is not committed to {self.root}: only a committed day is evaluated")
         days = [d | {"evaluation": row} if d["date"] == date else d for d in self.manifest["days"]]
         self._publish(days, next_id=self.manifest["next_id"], bump=False)
+
+    def checksum(self, as_of: str | None = None) -> str:
+        """A hash of what Θ reads as of the end of day `as_of` (None: the latest): its days' shards
+        (their files' own checksums), the calibration and the calibrator file; it changes when any of
+        them does (a forgotten article, a recalibration)."""
+        days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days if as_of is None or d.date <= as_of]
+        theta = self.theta_at(as_of)
+        calibrator = self.root / theta["dir"] / "calibrator.pt" if theta.get("dir") else None
+        parts = [days, theta, checksum(calibrator) if calibrator and calibrator.exists() else None]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def theta_at(self, as_of: str | None = None) -> dict:
         """Θ's settings as of the end of day `as_of` (None: the latest)."""

@@ -1,4 +1,4 @@
-"""Evaluation: perplexity and next-word accuracy of the bare LM and of LM + memory, per period.
+"""Evaluation: perplexity and next-word accuracy of the bare LM and of LM + memory.
 
 Many memories (other policies, or one memory as of several days) are evaluated on the same
 documents with one pass of the LM: its hidden states are kept per batch and searched in each.
@@ -6,75 +6,17 @@ documents with one pass of the LM: its hidden states are kept per batch and sear
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from monim.knnlm import ThetaScores
 from monim.lm import LM
-from monim.features import Features, features_of
+from monim.features import Features
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
-from monim.recency import Recency
-from monim.stream import Document, iter_days, open_source
-
-PERIODS = ("month", "week")
-
-
-@dataclass
-class EvalConfig:
-    """What the evaluation suite measures after learning; None switches a measure off."""
-
-    period: str | None = None  # "month" or "week": PPL on each period's test set as of each period's end
-    period_docs: int | None = None  # test articles per period (spread over it); None: all
-    text: str | None = None  # general-domain text (WikiText) for the forgetting probe
-    text_chars: int | None = None  # only its first characters
-    text_every: int = 7  # days between forgetting probes
-    qa: str | None = None  # multiple-choice questions (JSONL), answered with the final memory
-    shots: tuple[int, ...] = (0,)  # solved examples before each question
-    qa_days_after: int = 7  # questions dated up to this many days after the last learned day count
-    half_life: float | None = None  # recency (monim.recency): neighbours' kNN weight halves every half_life days of age
-    max_age: int | None = None  # recency: entries older than this many days are not searched
-
-    def __post_init__(self) -> None:
-        if self.period not in (None, *PERIODS):
-            raise ValueError(f"period must be one of {PERIODS}, got {self.period!r}")
-        self.shots = tuple(int(k) for k in self.shots)
-        self.recency = Recency(self.half_life, self.max_age)  # checks them
-
-
-def period_of(date: dt.date, by: str) -> str:
-    """The period a date falls in: '2022-06' by month, '2022-W23' by ISO week."""
-    if by == "month":
-        return f"{date:%Y-%m}"
-    if by == "week":
-        year, week, _ = date.isocalendar()
-        return f"{year}-W{week:02d}"
-    raise ValueError(f"period must be one of {PERIODS}, got {by!r}")
-
-
-def period_sets(source: str, start: dt.date | None, end: dt.date | None, by: str, seed: int = 0,
-              max_docs: int | None = None, split: str = "test") -> dict[str, list[Document]]:
-    """Each period's held-out articles in date order; at most `max_docs`, spread evenly over it."""
-    sets: dict[str, list[Document]] = {}
-    for day in iter_days(open_source(source), start, end, seed):
-        sets.setdefault(period_of(day.date, by), []).extend(day.split(split))
-    if max_docs is not None:
-        sets = {p: [docs[i] for i in np.unique(np.linspace(0, len(docs) - 1, max_docs).round().astype(int))]
-                if len(docs) > max_docs else docs for p, docs in sets.items()}
-    return sets
-
-
-def text_document(path: str | Path, max_chars: int | None = None) -> Document:
-    """A plain text file (e.g. WikiText's test set) as one document, optionally only its start."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file not found: {path}")
-    return Document(path.name, dt.date.min, path.read_text(encoding="utf-8")[:max_chars])
-
+from monim.theta import SettingsMismatch, window_differences
+from monim.stream import Document
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
     """A batch scored with keep_hidden, with the memory's neighbours (unchanged without a memory)."""
@@ -142,11 +84,24 @@ def combine(results: list[dict]) -> dict:
     return out
 
 
-def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig | Features | None = None,
+def shared_features(lm: LM, memories: dict, features: Features | None) -> Features:
+    """The LM's view of documents that every memory reads (they must share a window): as given, or live."""
+    readers = [m for m in memories.values() if m is not None]
+    features = features or Features(lm, readers[0].settings.window if readers else ScoreConfig())
+    for memory in readers:
+        differ = window_differences(memory.settings.window, features.cfg)
+        if differ:
+            raise SettingsMismatch(f"{memory.ds.root} was learned with {differ}; these features were not")
+    return features
+
+
+def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Features | None = None,
                   name: str = "eval") -> dict:
     """PPL and top-1 next-word accuracy of the LM alone and with each memory (None: the LM alone),
     the share of tokens whose article has a near-duplicate in the memory (`twin_share`) and PPL on
-    the others (`ppl_novel`), and the share whose retrieval the skip rule skipped; the LM runs once."""
+    the others (`ppl_novel`), and the share whose retrieval the skip rule skipped; the LM runs once,
+    under the memories' window (`features`: from a feature store, if given)."""
+    features = shared_features(lm, memories, features)
     for memory in memories.values():
         if memory is not None:
             memory.sync()
@@ -154,7 +109,7 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig
     twins = {name: dict(zip((d.id for d in docs), memory.has_twin(docs))) if memory is not None else {}
              for name, memory in memories.items()}
     tallies = {name: _Tally() for name in memories}
-    for batch in features_of(lm, cfg).scores(docs, name):
+    for batch in features.scores(docs, name):
         for key, memory in memories.items():
             b = searched(lm, batch, memory)
             novel = ~np.array([twins[key].get(d, False) for d in b.doc_id], bool)
@@ -162,7 +117,7 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, cfg: ScoreConfig
     return {name: t.result(memories[name].skipped if memories[name] is not None else 0) for name, t in tallies.items()}
 
 
-def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, cfg: ScoreConfig | Features | None = None,
+def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, features: Features | None = None,
              name: str = "eval") -> dict:
     """PPL and next-word accuracy of the LM alone and with one memory (Θ: its calibrator or constant λ)."""
-    return evaluate_many(lm, docs, {"memory": memory}, cfg, name)["memory"]
+    return evaluate_many(lm, docs, {"memory": memory}, features, name)["memory"]

@@ -179,11 +179,6 @@ def balanced_parts(docs: list[Document], n: int) -> list[list[Document]]:
     return [p for p in parts if p]
 
 
-def features_of(lm: LM, spec: Features | ScoreConfig | None) -> Features:
-    """Features from what a caller passed: Features as is, or a ScoreConfig (the LM runs, no store)."""
-    return spec if isinstance(spec, Features) else Features(lm, spec or ScoreConfig())
-
-
 def _folders(store: Path) -> list[Path]:
     return [p for p in Path(store).glob("*/*") if p.is_dir() and not is_stray(p)]
 

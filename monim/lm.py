@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -207,3 +208,13 @@ def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | 
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
     return LM(model=model, tokenizer=tokenizer, name=spec)
+
+
+def cached_lm(model: str | None = None, dtype: str = "auto") -> LM:
+    """The LM, loaded once per process and shared by its readers and writers (its weights are never changed)."""
+    return _cached(model or DEFAULT_MODEL, dtype)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached(model: str, dtype: str) -> LM:
+    return load_lm(model, dtype)

@@ -1,4 +1,4 @@
-"""The semiparametric memory (datastore + index) and the daily memorization step."""
+"""The semiparametric memory Θ reads: datastore + index + calibrator, opened one way by every reader."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -20,49 +20,89 @@ import numpy as np
 import torch
 
 from monim.atomic import checksum
-from monim.calibration import Sample, sample_path
-from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples
-from monim.datastore import Datastore, DayRecord, Entries
+from monim.calibrator import Calibrator, Examples, examples
+from monim.datastore import Datastore, DayRecord
 from monim.dedup import Signatures, TwinIndex
-from monim.index import IndexConfig, MemoryIndex
+from monim.features import Features
+from monim.index import MemoryIndex
 from monim.knnlm import (Interpolation, ThetaScores, interpolate, knn_full_logprobs, knn_log_weights, row_lam,
                          theta_scores)
-from monim.lexical import LexicalCounts, day_counts
-from monim.lm import LM
+from monim.lexical import LexicalCounts
+from monim.lm import LM, cached_lm
 from monim.lock import Locked, hold
-from monim.features import Features, features_of
 from monim.recency import Recency
-from monim.scoring import Found, ScoreConfig, TokenScores, score
-from monim.merging import greedy_merge
-from monim.policies import GreedyMerge, Policy, policy_params
-from monim.stream import Day, Document
+from monim.scoring import Found, TokenScores, score
+from monim.stream import Document
+from monim.theta import READ, THROUGHPUT, Settings, SettingsMismatch
+
+
+def refuse_other(manifest: dict, model: str, settings: Settings, may_differ: set[str] = THROUGHPUT,
+                 where: Path | str = "") -> None:
+    """Refuse to learn into (or read) a memory with another model or other settings than it was
+    learned with, naming each field that differs (a memory from before monim recorded its settings
+    takes these)."""
+    differ = {"model": (manifest["model"], model)} if manifest.get("model", model) != model else {}
+    if "settings" in manifest:
+        differ |= Settings.from_dict(manifest["settings"]).differences(settings, may_differ)
+    if differ:
+        raise SettingsMismatch(f"{where}: " + "; ".join(f"field '{k}': learned with {a!r}, not {b!r}" for k, (a, b)
+                                                        in differ.items()) + " (use the memory's settings, or another "
+                               "work directory)")
 
 
 class Memory:
     """A memory directory: its datastore, FAISS index, lexical counts and calibrator, and Θ's scoring.
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
-    per-token λ (`use_calibrator`) or the constant λ, both trained daily by `monim.calibration.calibrate`
-    (or the LM alone, on a day whose Θ did worse than the LM on held-out tokens: `fallback`).
-    With `as_of` (a date), the memory is read as it stood after that day (time travel, read-only):
-    the days up to it, the calibration made that day and an index search limited to their entries.
+    per-token λ (`settings.calibrated`) or the constant λ, both trained daily by
+    `monim.calibration.calibrate` (or the LM alone, on a day whose Θ did worse than the LM on held-out
+    tokens: `fallback`). With `as_of` (a date), the memory is read as it stood after that day (time
+    travel, read-only): the days up to it, the calibration made that day and an index search limited
+    to their entries.
+
+    `Memory(root, lm, settings)` opens (or starts) a memory to learn into: its first commit records the
+    settings (monim.theta), and a memory learned with other settings is refused, naming them.
+    Readers open it as it describes itself: `Memory.open(root, as_of=..., **overrides)`.
     """
 
-    def __init__(self, root: Path | str, lm: LM, index_cfg: IndexConfig | None = None,
-                 calibrator_cfg: CalibratorConfig | None = None, use_calibrator: bool = True,
-                 as_of: dt.date | str | None = None, recency: Recency | None = None):
+    def __init__(self, root: Path | str, lm: LM, settings: Settings | None = None,
+                 as_of: dt.date | str | None = None, may_differ: set[str] = THROUGHPUT):
         self.lm = lm
-        self.recency = recency or Recency()
         self.ds = Datastore.for_lm(root, lm)
-        self.index = MemoryIndex(root, lm.hidden_size, index_cfg)
-        self.calibrator_cfg = calibrator_cfg or CalibratorConfig()
-        self.use_calibrator = use_calibrator
+        settings = settings or Settings()
+        refuse_other(self.ds.manifest, lm.name, settings, may_differ, self.ds.root)
+        self.ds.manifest.setdefault("settings", settings.as_dict())  # recorded by the next commit
+        self.settings = settings
+        self.index = MemoryIndex(root, lm.hidden_size, settings.index)
         self.search_seconds = 0.0
         self.searched = self.skipped = 0
         self._loaded: dict[str, Calibrator | None] = {}
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
         self.as_of = None if as_of is None else str(as_of)
+
+    @classmethod
+    def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None, **overrides) -> Memory:
+        """Θ as the memory at `root` describes itself: its LM (the model and dtype it was learned with,
+        loaded once per process unless given), window, index, calibrator and recency, as of a day.
+        `overrides` change how it is read (monim.theta.READ: k, nprobe, calibrated, skip_threshold,
+        half_life, max_age, ...); one that would change what was learned is refused, naming the field."""
+        ds = Datastore.read(root)
+        settings = Settings.from_dict(ds.manifest.get("settings") or {}).read_with(**overrides)
+        lm = lm or cached_lm(ds.manifest["model"], settings.dtype)
+        return cls(root, lm, settings, as_of, may_differ=READ)
+
+    @property
+    def calibrator_cfg(self):
+        return self.settings.calibrator
+
+    @property
+    def recency(self) -> Recency:
+        return self.settings.recency
+
+    def features(self, store: Path | str | None = None, max_bytes: int | None = None) -> Features:
+        """How Θ sees documents: the LM's features under the memory's window (from a feature store, if given)."""
+        return Features(self.lm, self.settings.window, None if store is None else Path(store), max_bytes)
 
     def at(self, as_of: dt.date | str) -> Memory:
         """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
@@ -74,7 +114,7 @@ class Memory:
     def recent(self, recency: Recency) -> Memory:
         """This memory read with a recency rule (monim.recency): a view sharing its datastore and index."""
         view = copy.copy(self)
-        view.recency, view.searched, view.skipped = recency, 0, 0
+        view.settings, view.searched, view.skipped = replace(self.settings, recency=recency), 0, 0
         return view
 
     def __len__(self) -> int:
@@ -126,7 +166,7 @@ class Memory:
         nll = self.theta().get("nll")
         if not nll:
             return False
-        used = "calibrator" if self.use_calibrator and nll.get("calibrator") is not None else "constant"
+        used = "calibrator" if self.settings.calibrated and nll.get("calibrator") is not None else "constant"
         return nll[used] > nll["lm"]
 
     @property
@@ -138,11 +178,6 @@ class Memory:
         """The files of the calibration tokens gathered so far (one per day), relative to the root."""
         folder = self.theta_dir()
         return json.loads((folder / "meta.json").read_text())["examples"] if folder else []
-
-    def calibration_set(self) -> Examples | None:
-        """The calibration tokens of the current window (older days' examples are removed)."""
-        parts = [Examples.load(self.ds.root / p) for p in self.calibration_files() if (self.ds.root / p).exists()]
-        return Examples.concat(parts) if parts else None
 
     def lexical(self) -> LexicalCounts:
         """Token counts and distinct successors over the memorized training text."""
@@ -162,7 +197,7 @@ class Memory:
 
     def lam(self, batch: TokenScores) -> np.ndarray | float:
         """Θ's λ for each token of a scored batch: the calibrator's, or the constant one."""
-        calibrator = self.calibrator() if self.use_calibrator else None
+        calibrator = self.calibrator() if self.settings.calibrated else None
         if calibrator is None or batch.knn_values is None:
             return self.interpolation.lam
         return calibrator.lam(examples(batch, self.lexical()))
@@ -286,7 +321,7 @@ class Memory:
         cfg, k = self.calibrator_cfg, self.index.cfg.k
         wanted = np.ones(len(batch), bool)
         keys = batch.key.astype(np.float32)
-        calibrator = self.calibrator() if skip and self.use_calibrator and cfg.skip_threshold is not None else None
+        calibrator = self.calibrator() if skip and self.settings.calibrated and cfg.skip_threshold is not None else None
         if calibrator is not None:
             first = dataclasses.replace(batch, knn_dist=None, knn_values=None)
             first.knn_dist, first.knn_values = self.neighbors(keys, cfg.gate_k, exact=True)
@@ -308,12 +343,12 @@ class Memory:
         parts = [p for p in parts if p is not None]
         return sum(parts[1:], parts[0]) if parts else None
 
-    def score(self, docs: list[Document], cfg: ScoreConfig | None = None, skip: bool = True,
-              retrieve: bool | None = None) -> list[TokenScores]:
-        """Score documents with the LM and, where Θ searches the memory (or `retrieve`), their neighbours."""
+    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None) -> list[TokenScores]:
+        """Score documents with the LM (the memory's window) and, where Θ searches the memory (or
+        `retrieve`), their neighbours, searched while the LM scores."""
         self.sync()
         retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
-        return list(score(self.lm, docs, cfg, functools.partial(self.search, skip=skip) if retrieve else None))
+        return list(score(self.lm, docs, self.settings.window, functools.partial(self.search, skip=skip) if retrieve else None))
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""
@@ -328,90 +363,8 @@ class Memory:
         return removed
 
     def checksum(self) -> str:
-        """A hash of what Θ reads as of `as_of`: its days' shards (their files' own checksums), the
-        calibration and the calibrator file; it changes when any of them does (e.g. a forgotten article)."""
-        days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days]
-        folder = self.theta_dir()
-        calibrator = folder / "calibrator.pt" if folder else None
-        parts = [days, self.theta(), checksum(calibrator) if calibrator and calibrator.exists() else None]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """The state of what Θ reads as of `as_of` (Datastore.checksum): one identity for every cache and the registry."""
+        return self.ds.checksum(self.as_of)
 
     def bytes_on_disk(self) -> int:
         return self.ds.bytes_on_disk() + self.index.bytes_on_disk()
-
-
-@dataclass
-class DayStats:
-    """What memorizing one day did."""
-
-    date: str
-    tokens_seen: int
-    stored: int
-    memrate: float
-    committed: bool  # False: the day was already in memory and nothing changed
-    version: int  # the memory's version after the day
-    seconds: dict = field(default_factory=dict)
-    index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def memorize_day(memory: Memory, day: Day, policy: Policy, cfg: ScoreConfig | Features | None = None,
-                 max_docs: int | None = None, seed: int = 0, force: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> DayStats:
-    """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
-    and update the index. Re-running a committed day is a no-op unless forced.
-
-    `cfg`: how the LM scores them (a ScoreConfig), or Features (read from a feature store, where
-    other policies' runs may have put them already). `progress(tokens_done, tokens_total)` is
-    called after each scored batch.
-    """
-    with memory.writing():  # one writer at a time; the manifest re-read under the lock
-        ds, date = memory.ds, day.date.isoformat()
-        if ds.committed(date) and not force:
-            rec = next(d for d in ds.days if d.date == date)
-            return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
-        features = features_of(memory.lm, cfg)
-        docs = day.train[:max_docs]
-        tokens = features.tokenize(docs)
-        sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
-        timer = {"lm_and_search": 0.0, "policy": 0.0}
-        memory.search_seconds = 0.0
-        rng = np.random.default_rng([seed, day.date.toordinal()])
-        parts: list[Entries] = []
-        tokens_seen = 0
-        started = time.perf_counter()
-        memory.sync()
-        search = memory.search if memory.retrieves and policy.uses_theta else None
-        total = sum(max(0, len(t) - 1) for t in tokens)
-        for batch in features.scores(docs, f"{date}-train", search, tokens):
-            t = time.perf_counter()
-            timer["lm_and_search"] += t - started
-            keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
-            parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
-            sample.add(batch)
-            tokens_seen += len(batch)
-            if progress:
-                progress(tokens_seen, total)
-            started = time.perf_counter()
-            timer["policy"] += started - t
-        entries = Entries.concat(parts, memory.lm.hidden_size)
-        weights = merged = None
-        if isinstance(policy, GreedyMerge):
-            t = time.perf_counter()
-            keep, weights, merged = greedy_merge(memory, entries, policy.k, rng)
-            entries = entries.take(keep)
-            timer["merge"] = time.perf_counter() - t
-        t = time.perf_counter()
-        sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
-        ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                       text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
-                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged)
-        memory.lexical()  # extend the lexical counts with the day
-        timer["commit"] = time.perf_counter() - t
-        index = memory.sync()
-        timer["index"] = index.pop("seconds")
-        timer["search"] = memory.search_seconds
-        memrate = len(entries) / tokens_seen if tokens_seen else 0.0
-        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index)

@@ -27,11 +27,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from monim import catalogue
 from monim.atomic import is_stray, replacing, write_json
 from monim.lm import LM
 from monim.stream import Document
 
-METHODS = ("finetune", "mix-review", "recadam")
+METHODS = tuple(catalogue.names(catalogue.LEARNER))  # finetune, mix-review, recadam
 WEIGHTS = "model.safetensors"
 
 

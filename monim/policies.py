@@ -8,9 +8,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from typing import TYPE_CHECKING
+
+from monim.datastore import Entries
 from monim.knnlm import ThetaScores
 from monim.lm import LM
+from monim.merging import greedy_merge
 from monim.scoring import TokenScores
+
+if TYPE_CHECKING:
+    from monim.memory import Memory
 
 
 def amt_threshold(delta: float, margin: np.ndarray) -> np.ndarray:
@@ -22,8 +29,17 @@ def amt_threshold(delta: float, margin: np.ndarray) -> np.ndarray:
     return delta / (np.maximum(margin, 0.0) + 0.5)
 
 
+class Stores:
+    """What every policy does once its day's tokens are chosen: nothing (Greedy Merging merges them)."""
+
+    def finish(self, memory: Memory, entries: Entries, rng: np.random.Generator
+               ) -> tuple[Entries, np.ndarray | None, np.ndarray | None]:
+        """The day's entries to commit, their weights and the ids of older entries they absorbed (None: none)."""
+        return entries, None, None
+
+
 @dataclass
-class FullMem:
+class FullMem(Stores):
     """Store every training token (the classic kNN-LM datastore)."""
 
     name = "fullmem"
@@ -34,11 +50,10 @@ class FullMem:
 
 
 @dataclass
-class RandMem:
-    """Store a seeded random `rate` of the tokens."""
+class RandMem(Stores):
+    """Store a random `rate` of the tokens (seeded by the run's seed and the day)."""
 
     rate: float = 0.5
-    seed: int = 0
     name = "randmem"
     uses_theta = False
 
@@ -47,7 +62,7 @@ class RandMem:
 
 
 @dataclass
-class MoNIM:
+class MoNIM(Stores):
     """Store x_t iff log P(x_t|x<t;Θ) < δ (fixed), or < δ_ada with the adaptive threshold (AMT)."""
 
     delta: float = -1.5
@@ -64,7 +79,7 @@ class MoNIM:
 
 
 @dataclass
-class KL:
+class KL(Stores):
     """Store the `rate` of tokens whose key carries most new information (appendix strategy).
 
     Score: KL(one-hot(x_t) || softmax(E·key)) = -log softmax(E·key)[x_t], the key projected
@@ -94,7 +109,7 @@ def key_surprisal(lm: LM, keys: np.ndarray, targets: np.ndarray, chunk: int = 25
 
 
 @dataclass
-class GreedyMerge:
+class GreedyMerge(Stores):
     """Store every token, then merge same-value neighbours into weighted entries (monim.merging)."""
 
     k: int = 9
@@ -104,17 +119,13 @@ class GreedyMerge:
     def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
         return np.ones(len(batch), dtype=bool)
 
+    def finish(self, memory: Memory, entries: Entries, rng: np.random.Generator
+               ) -> tuple[Entries, np.ndarray | None, np.ndarray | None]:
+        keep, weights, merged = greedy_merge(memory, entries, self.k, rng)
+        return entries.take(keep), weights, merged
+
 
 Policy = FullMem | RandMem | MoNIM | KL | GreedyMerge
-
-
-def make_policy(name: str, **params) -> Policy:
-    """A policy by its name: fullmem, randmem, monim, monim-amt, kl or greedy-merge."""
-    makers = {"fullmem": FullMem, "randmem": RandMem, "monim": lambda **p: MoNIM(adaptive=False, **p),
-              "monim-amt": lambda **p: MoNIM(adaptive=True, **p), "kl": KL, "greedy-merge": GreedyMerge}
-    if name not in makers:
-        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(makers)}")
-    return makers[name](**params)
 
 
 def policy_params(policy: Policy) -> dict:

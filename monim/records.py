@@ -12,7 +12,9 @@ from pathlib import Path
 
 from monim.atomic import write_json
 from monim.datastore import Datastore
+from monim.index import index_bytes
 from monim.memory import Memory
+from monim.parametric import Weights
 
 
 def record_path(workdir: str | Path, name: str) -> Path:
@@ -54,3 +56,31 @@ def write_row(workdir: str | Path, name: str, row: dict, memory: Memory | None) 
     path = record_path(workdir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, rows)
+
+
+def memory_status(root: Path) -> dict:
+    """A memory's days, tokens seen, entries, MemRate and bytes on disk (no LM needed)."""
+    ds = Datastore.read(root)
+    size = ds.bytes_on_disk() + index_bytes(root)
+    return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
+            "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "model": ds.manifest["model"],
+            "last_day": ds.days[-1].date if ds.days else None, "memrate_by_day": {d.date: d.memrate for d in ds.days}}
+
+
+def weights_status(root: Path) -> dict:
+    """A parametric learner's days, tokens trained, optimizer steps and bytes on disk."""
+    weights = Weights(root)
+    metas = [weights.meta(d) for d in weights.days()]
+    return {"days": len(metas), "last_day": metas[-1]["date"] if metas else None, "bytes": weights.bytes_on_disk(),
+            "tokens_trained": sum(m["tokens_trained"] for m in metas), "steps": metas[-1]["step"] if metas else 0}
+
+
+def memories(workdir: str | Path) -> list[Path]:
+    """The memory directories of a work directory, one per run that keeps a memory."""
+    return sorted(p.parent for p in (Path(workdir) / "memories").glob("*/manifest.json"))
+
+
+def status(workdir: str | Path) -> dict:
+    """Every memory and every learner's weights of a work directory."""
+    return {"memories": {root.name: memory_status(root) for root in memories(workdir)},
+            "weights": {p.name: weights_status(p) for p in sorted((Path(workdir) / "weights").glob("*")) if p.is_dir()}}

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from monim.catalogue import shown_order
 from monim.evaluate import combine
 from monim.plots import bars, lines, panels
 
-ORDER = ["bare", "fullmem", "randmem", "monim", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]
 DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn")
 
 
@@ -49,8 +49,7 @@ def _date(run: dict, step: int) -> str:
 
 
 def _ordered(runs: dict) -> list[str]:
-    return sorted(runs, key=lambda n: (ORDER.index(n.removesuffix("-const")) if n.removesuffix("-const") in ORDER
-                                       else len(ORDER), n))
+    return shown_order(list(runs))
 
 
 def _table(header: list[str], rows: list[list]) -> str:

@@ -8,7 +8,7 @@ import datetime as dt
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
 
@@ -57,16 +57,18 @@ class Day:
     skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
     duplicates: int = 0  # documents dropped because an earlier one that day had the same text
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
+    capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
 
     @property
     def twin_groups(self) -> int:
         """Near-duplicate groups of two or more articles this day (monim.dedup)."""
         return sum(n > 1 for n in Counter(self.groups.values()).values())
 
-    def twins_of(self, doc_id: str) -> list[str]:
-        """The ids of a document's near-duplicate group this day (itself included)."""
-        group = self.groups.get(doc_id, doc_id)
-        return [d for d, g in self.groups.items() if g == group] or [doc_id]
+    def capped(self, max_docs: int | None) -> Day:
+        """The day with its first `max_docs` training articles only (None: all); the rest are counted in `capped`."""
+        if max_docs is None or len(self.train) <= max_docs:
+            return self
+        return replace(self, train=self.train[:max_docs], capped_out=self.capped_out + len(self.train) - max_docs)
 
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
@@ -80,7 +82,8 @@ class Day:
     def counts(self) -> dict[str, int]:
         """Articles per split, and what reading the day dropped, skipped or grouped."""
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
-                "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups}
+                "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
+                "capped": self.capped_out}
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,6 @@ from prefect.cache_policies import NO_CACHE
 from monim.config import RunConfig
 from monim.evaluate import evaluate, evaluate_many
 from monim.generate import GenerateConfig, generate
-from monim.index import IndexConfig
-from monim.lm import load_lm
 from monim.memory import Memory
 from monim.stream import Day, Document
 from tasks.learning import features_for, logger
@@ -47,10 +45,9 @@ def model_name(cfg: RunConfig) -> str:
 
 
 def open_memory(config: dict) -> Memory:
-    """The memory a version references, as of its day; refused if what Θ reads has changed since."""
-    lm = load_lm(config["model"], config["dtype"])
-    memory = Memory(config["memory"], lm, IndexConfig(k=config["k"], nprobe=config["nprobe"], exact_below=config["exact_below"]),
-                    use_calibrator=config["calibrated"], as_of=config["as_of"])
+    """Θ a version references: its memory as of its day, opened as it describes itself (with the
+    version's read overrides, if any); refused if what Θ reads has changed since."""
+    memory = Memory.open(config["memory"], as_of=config["as_of"], **config.get("overrides", {}))
     found = memory.checksum()
     if found != config["checksum"]:
         raise MlflowException(f"{config['memory']} as of {config['as_of']} has changed since this model version was "
@@ -138,8 +135,7 @@ def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str
     for v in _versions(c, name):
         if (v.tags.get("monim.as_of"), v.tags.get("monim.memory"), v.tags.get("monim.checksum")) == (date, root, checksum):
             return str(v.version), False
-    config = {"memory": root, "as_of": date, "model": cfg.model, "dtype": cfg.dtype, "calibrated": cfg.calibrated,
-              "k": cfg.k, "nprobe": cfg.nprobe, "exact_below": cfg.exact_below, "checksum": checksum}
+    config = {"memory": root, "as_of": date, "checksum": checksum, "overrides": {}}  # Θ's settings: the memory's own
     path = f"theta-{date}-{checksum}"
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():  # saved, then uploaded: no fluent state
         warnings.filterwarnings("ignore", "An input example was not provided")  # one would load the LM to check it
@@ -155,8 +151,7 @@ def _gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
     """PPL of the new version and of the champion on the day's validation articles (one LM pass).
     The validation articles are held out of calibration, though its early stopping reads them."""
     root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
-    champ = (memory.at(as_of) if Path(root) == memory.ds.root.resolve()
-             else Memory(root, memory.lm, cfg.index_config(), cfg.calibrator_config(), cfg.calibrated, as_of=as_of))
+    champ = memory.at(as_of) if Path(root) == memory.ds.root.resolve() else Memory.open(root, memory.lm, as_of)
     r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, features_for(cfg),
                       f"{day.date}-validation")
     return {"gate_tokens": r["new"]["tokens"], "gate_ppl": r["new"]["ppl"], "gate_ppl_champion": r["champion"]["ppl"]}
@@ -208,6 +203,7 @@ def registered(uri: str, memory: Path) -> str:
     return found[0].name
 
 
+@one_at_a_time
 def promote(uri: str, memory: Path, version: str | None = None) -> dict:
     """Move `champion` by hand (default: to the newest version); `previous` keeps the one it replaces."""
     c, name = client(uri), registered(uri, memory)
@@ -218,6 +214,7 @@ def promote(uri: str, memory: Path, version: str | None = None) -> dict:
     return {"model": name} | move_champion(c, name, version)
 
 
+@one_at_a_time
 def rollback(uri: str, memory: Path) -> dict:
     """Move `champion` back to `previous` (which is then cleared)."""
     c, name = client(uri), registered(uri, memory)
@@ -227,13 +224,3 @@ def rollback(uri: str, memory: Path) -> dict:
     c.set_registered_model_alias(name, CHAMPION, str(back.version))
     c.delete_registered_model_alias(name, PREVIOUS)
     return {"model": name, "champion": str(back.version), "previous": None}
-
-
-def aliases(uri: str, memory: Path) -> dict:
-    """The registered model's versions (day, gate) and where its aliases point."""
-    c, name = client(uri), registered(uri, memory)
-    points = {a: str(v.version) if (v := _alias(c, name, a)) else None for a in (CHAMPION, PREVIOUS)}
-    versions = [{"version": str(v.version), "as_of": v.tags.get("monim.as_of"), "gate_ppl": v.tags.get("gate_ppl"),
-                 "gate_ppl_champion": v.tags.get("gate_ppl_champion")} for v in _versions(c, name)]
-    return {"model": name} | points | {"versions": versions}
-

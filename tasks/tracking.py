@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import functools
 import inspect
 import os
@@ -19,6 +20,7 @@ from monim.atomic import create_once
 from monim.config import RunConfig
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
+from monim.stream import list_dates
 from tasks.learning import logger
 
 
@@ -81,21 +83,29 @@ def experiment_id(uri: str, name: str, workdir: str) -> str:
                                tags={"mlflow.experimentKind": "custom_model_development"})
 
 
+def step_of(origin: str, date: str) -> int:
+    """A day's MLflow step: days since the run's origin (its `monim.origin` tag)."""
+    return (dt.date.fromisoformat(date) - dt.date.fromisoformat(origin)).days
+
+
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
-def open_run(cfg: RunConfig, experiment: str, uri: str, origin: str | None = None) -> str:
-    """The MLflow run of this policy on this work directory: resumed if it exists, else created.
-    `origin`: the date of step 0 (tagged, so that readers can turn steps back into dates)."""
+def open_run(cfg: RunConfig, experiment: str, uri: str) -> tuple[str, str]:
+    """The MLflow run of this policy on this work directory, resumed if it exists, else created; and
+    its origin, the date of step 0: the stream's first day, tagged once when the run is created (so
+    that a step always names the same date, and readers can turn steps back into dates)."""
     c = client(uri)
     exp = experiment_id(uri, experiment, cfg.workdir)
     memory = str(cfg.memory_dir.resolve())
     runs = c.search_runs([exp], filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1)
-    if runs:
-        if origin and runs[0].data.tags.get("monim.origin") != origin:
-            c.set_tag(runs[0].info.run_id, "monim.origin", origin)
-        return runs[0].info.run_id
+    if runs and "monim.origin" in runs[0].data.tags:
+        return runs[0].info.run_id, runs[0].data.tags["monim.origin"]
+    origin = list_dates(cfg.source)[0].isoformat()
+    if runs:  # a run made before origins were tagged at creation
+        c.set_tag(runs[0].info.run_id, "monim.origin", origin)
+        return runs[0].info.run_id, origin
     tags = {"monim.memory": memory, "monim.policy": cfg.policy, "monim.source": cfg.source,
-            "monim.model": cfg.model or "default"} | ({"monim.origin": origin} if origin else {})
+            "monim.model": cfg.model or "default", "monim.origin": origin}
     run = c.create_run(exp, run_name=cfg.name, tags=tags)
     from mlflow.entities import Param
 
@@ -104,7 +114,7 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, origin: str | None = Non
         path = Path(tmp) / "config.json"
         path.write_text(cfg.model_dump_json(indent=1))
         c.log_artifact(run.info.run_id, str(path))
-    return run.info.run_id
+    return run.info.run_id, origin
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)

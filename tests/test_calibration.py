@@ -15,8 +15,10 @@ from monim.evaluate import evaluate, evaluate_many
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import LAMBDAS, tune_grid
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.stream import Day, Document, iter_days, open_source, split_day
 
 D = dt.date(2022, 6, 1)
@@ -87,7 +89,7 @@ def tiny(tiny_model_dir):
 
 def test_twin_share_tells_copied_text_from_new(tiny, tmp_path):
     learned = Document("a", D, story(10))
-    memory = Memory(tmp_path, tiny, IndexConfig(k=8))
+    memory = Memory(tmp_path, tiny, Settings(index=IndexConfig(k=8)))
     memorize_day(memory, Day(D, [learned], [], []), make_policy("fullmem"))
     copy, new = Document("copy", D, learned.text), Document("new", D, story(11))
     out = evaluate(tiny, [copy, new], memory)
@@ -134,7 +136,7 @@ def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_
     new = Document(held_out_id("new", True), D, unseen[0].text)
     day = Day(D, trained, [*copies, new], [])
     test = unseen[1:5]
-    paper = Memory(tmp_path / "paper", smollm, calibrator_cfg=CalibratorConfig(source="validation"))
+    paper = Memory(tmp_path / "paper", smollm, Settings(calibrator=CalibratorConfig(source="validation")))
     memorize_day(paper, day, make_policy("fullmem"))
     record = calibrate(paper, day)
     assert record["lam"] >= 0.3 and record["nll"]["constant"] > record["nll"]["lm"], record
@@ -161,7 +163,7 @@ def test_skip_rule_sees_neighbours_and_keeps_repeated_articles(smollm, news, tmp
     trained, unseen = news
     calibration = [Document(f"copy-{d.id}", D, d.text) for d in trained[3:]] + unseen[:4]  # news repeats itself, or not
     day = Day(D, trained, calibration, [])
-    memory = Memory(tmp_path, smollm, calibrator_cfg=CalibratorConfig(source="validation", skip_threshold=0.3))
+    memory = Memory(tmp_path, smollm, Settings(calibrator=CalibratorConfig(source="validation", skip_threshold=0.3)))
     memorize_day(memory, day, make_policy("fullmem"))
     calibrate(memory, day)
     copies = [Document(f"copy-{d.id}", D, d.text) for d in trained[:3]]
@@ -183,7 +185,7 @@ def test_first_stage_search_is_exact_on_an_ivfpq_memory(tiny, tmp_path):
     """The skip rule's first search re-ranks IVF-PQ candidates with the stored keys: a memorized
     key is found at distance 0 (PQ codes alone put it farther), and distances equal numpy's."""
     rng = np.random.default_rng(0)
-    memory = Memory(tmp_path, tiny, IndexConfig(k=16, exact_below=500, code_bytes=4, nprobe=64))
+    memory = Memory(tmp_path, tiny, Settings(index=IndexConfig(k=16, exact_below=500, code_bytes=4, nprobe=64)))
     d = tiny.hidden_size
     for i, n in enumerate((400, 300)):
         keys = rng.standard_normal((n, d)).astype(np.float16)

@@ -15,8 +15,10 @@ from monim.datastore import Datastore, Entries
 from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, perplexity, theta_scores
 from monim.lexical import LexicalCounts, day_counts
 from monim.scoring import TokenScores
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
 
@@ -34,7 +36,7 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     rng = np.random.default_rng(0)
     days = [[list(rng.integers(0, 30, rng.integers(2, 40))) for _ in range(3)] for _ in range(3)]
     days[1][0] += [2**20, 7]  # a token id beyond the others
-    ds = Datastore(tmp_path, "m", 4, "t")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"})
 
     def commit(i, force=False):
         entries = Entries(np.zeros((2, 4), np.float16), np.array([1, 2], np.int32), [f"d{i}", f"d{i}"], np.array([1, 2], np.int32))
@@ -42,7 +44,7 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
 
     def check(docs):
         count, succ = brute_lexical(docs)
-        lex = LexicalCounts.of(Datastore(tmp_path, "m", 4, "t"))
+        lex = LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"}))
         prev = np.array([0, 5, 7, 29, 2**20, 2**21, 31])  # 2**21 and 31: never seen
         want = np.log1p([[count[t], len(succ[t])] for t in prev])
         np.testing.assert_allclose(lex.features(prev), want, rtol=1e-6)
@@ -174,7 +176,7 @@ def test_calibrated_memory_on_real_news(smollm, data_dir, tmp_path):
     unseen = [Document(d.id, d.date, cut(d, 300)) for day in days[2:] for d in day.validation + day.test]
     calibration = [copy(trained[0]), copy(trained[3]), *unseen[:6]]
     test = [copy(trained[1]), copy(trained[4]), *unseen[6:]]
-    memory = Memory(tmp_path, smollm, calibrator_cfg=CalibratorConfig(source="validation"))
+    memory = Memory(tmp_path, smollm, Settings(calibrator=CalibratorConfig(source="validation")))
     day = Day(dt.date(2022, 6, 2), trained, calibration, [])
     memorize_day(memory, day, make_policy("fullmem"))
     record = calibrate(memory, day)

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from monim.config import RunConfig
-from monim.evaluate import EvalConfig
+from monim.suite import EvalConfig
 
 
 @pytest.mark.parametrize("fields, where", [
@@ -43,7 +43,7 @@ def test_flows_show_the_spec_as_a_form():
         definitions = schema["definitions"]
         fields = definitions["RunConfig"]["properties"]
         assert set(fields) == set(RunConfig.model_fields), flow.name
-        assert "bare, fullmem" in fields["policy"]["description"]
+        assert "bare: the LM alone; fullmem: " in fields["policy"]["description"]
         assert "EvalConfig" in definitions, flow.name
 
 

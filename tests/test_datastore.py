@@ -20,16 +20,16 @@ def entries(n, seed=0, doc="a"):
 
 def snapshot(root):
     """Everything a reader sees: the manifest and every array of every committed day."""
-    ds = Datastore(root, "m", D, "tok")
+    ds = Datastore(root, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     return json.dumps(ds.manifest, sort_keys=True), {a: ds.array(a).tolist() for a in ("keys", "values", "ids", "docs", "positions")}
 
 
 def test_commit_reopen_and_counts(tmp_path):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     e1, e2 = entries(10), entries(5, seed=1, doc="b")
     assert ds.commit_day("2022-06-01", e1, tokens_seen=20, policy="monim-amt", params={"delta": -1.5})
     assert ds.commit_day("2022-06-02", e2, tokens_seen=25, policy="monim-amt")
-    ds = Datastore(tmp_path, "m", D, "tok")  # reopen from disk
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})  # reopen from disk
     np.testing.assert_array_equal(ds.array("keys"), np.concatenate([e1.keys, e2.keys]))
     assert ds.array("values").dtype == np.int32 and ds.array("values")[-1] == e2.values[-1]  # > int16
     assert len(ds) == 15 and ds.tokens_seen == 45 and ds.memrate == pytest.approx(15 / 45)
@@ -41,7 +41,7 @@ def test_commit_reopen_and_counts(tmp_path):
 
 
 def test_recommit_is_a_noop_and_force_replaces_only_the_last_day(tmp_path):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
     ds.commit_day("2022-06-02", entries(6, 1), 20, "fullmem")
     before = snapshot(tmp_path)
@@ -56,12 +56,15 @@ def test_recommit_is_a_noop_and_force_replaces_only_the_last_day(tmp_path):
     assert len(list((tmp_path / "shards").iterdir())) == 2  # the replaced shard is gone
 
 
-def test_another_model_or_tokenizer_is_refused(tmp_path):
-    Datastore(tmp_path, "m", D, "tok").commit_day("2022-06-01", entries(4), 4, "fullmem")
-    with pytest.raises(MemoryMismatch, match="tokenizer 'tok'"):
-        Datastore(tmp_path, "m", D, "other")
-    with pytest.raises(MemoryMismatch, match="model 'm'"):
-        Datastore(tmp_path, "gpt2", D, "tok")
+def test_another_model_tokenizer_or_weights_is_refused_naming_the_field(tmp_path):
+    ident = {"model": "m", "hidden_size": D, "tokenizer": "tok", "weights": "w1"}
+    Datastore(tmp_path, ident).commit_day("2022-06-01", entries(4), 4, "fullmem")
+    with pytest.raises(MemoryMismatch, match="field 'tokenizer': learned with 'tok', but this LM has 'other'"):
+        Datastore(tmp_path, ident | {"tokenizer": "other"})
+    with pytest.raises(MemoryMismatch, match="field 'model': learned with 'm'"):
+        Datastore(tmp_path, ident | {"model": "gpt2"})
+    with pytest.raises(MemoryMismatch, match="field 'weights': learned with 'w1', but this LM has 'w2'"):
+        Datastore(tmp_path, ident | {"weights": "w2"})
 
 
 class Crash(Exception):
@@ -71,7 +74,7 @@ class Crash(Exception):
 @pytest.mark.parametrize("fail_at", range(12))
 def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkeypatch):
     """Fail the k-th file-system step (fsync or rename) of a commit; the reader sees the old day."""
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
     before = snapshot(tmp_path)
     calls = {"n": 0, "published": False}
@@ -95,17 +98,17 @@ def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkey
         crashed = True
     monkeypatch.undo()
     if calls["published"]:  # the manifest rename is the commit point: the day is there whole
-        assert len(Datastore(tmp_path, "m", D, "tok")) == 17
+        assert len(Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})) == 17
     else:
         assert crashed and snapshot(tmp_path) == before
     # the memory stays usable: the day commits (or is already there) and leftovers are cleaned
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
     assert len(ds) == 17 and len(list((tmp_path / "shards").iterdir())) == 2
 
 
 def test_forget_documents_and_days_and_the_index_follows(tmp_path):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     e1, e2 = entries(12, doc="a"), entries(9, 1, doc="b")
     ds.commit_day("2022-06-01", e1, 12, "fullmem")
     ds.commit_day("2022-06-02", e2, 9, "fullmem")
@@ -124,7 +127,7 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
 
 
 def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 10, "fullmem")
     MemoryIndex(tmp_path, D).sync(ds)
     ds.commit_day("2022-06-02", entries(5, 1), 5, "fullmem")  # committed, index not updated (a crash)
@@ -142,7 +145,7 @@ def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
 
 def test_ivfpq_for_large_memories_grows_incrementally_and_retrains(tmp_path):
     cfg = IndexConfig(exact_below=2000, codec="pq", code_bytes=4, nprobe=8, retrain_growth=2.0, max_nlist=16)
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(1500), 1500, "fullmem")
     index = MemoryIndex(tmp_path, D, cfg)
     assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "flat"

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 
 from monim.calibrator import CalibratorConfig
-from monim.evaluate import EvalConfig, combine, evaluate, evaluate_many, period_of, period_sets
+from monim.evaluate import combine, evaluate, evaluate_many
+from monim.suite import EvalConfig, period_of, period_sets
 from monim.index import IndexConfig, MemoryIndex
 from monim.lm import load_lm
 from monim.scoring import score, with_neighbors
 from monim.calibration import calibrate
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3), dt.date(1987, 3, 4))
@@ -32,9 +35,9 @@ def tiny(tiny_model_dir):
 
 def learn(root, lm, days, index_cfg=None):
     """A FullMem memory over the first 2 training articles of each day, calibrated daily."""
-    memory = Memory(root, lm, index_cfg or IndexConfig(k=16), FAST)
+    memory = Memory(root, lm, Settings(index=index_cfg or IndexConfig(k=16), calibrator=FAST))
     for day in days:
-        memorize_day(memory, day, make_policy("fullmem"), max_docs=2)
+        memorize_day(memory, day.capped(2), make_policy("fullmem"))
         calibrate(memory, day)
     return memory
 
@@ -60,7 +63,7 @@ def test_time_travel_equals_a_memory_that_stopped_that_day(tiny, stream, memorie
     assert got["ppl"] == pytest.approx(want["ppl"], rel=1e-4) and got["accuracy"] == pytest.approx(want["accuracy"], abs=2e-3)
     assert evaluate(tiny, docs, whole)["ppl"] != pytest.approx(want["ppl"], rel=1e-4)  # the third day counts
     # the same view through the constructor; before the first day it is empty: Θ is the LM alone
-    assert len(Memory(whole.ds.root, tiny, as_of=DAYS[1])) == len(first_two)
+    assert len(Memory.open(whole.ds.root, tiny, DAYS[1])) == len(first_two)
     before = evaluate(tiny, docs, whole.at(dt.date(1987, 3, 1)))
     assert before["ppl"] == pytest.approx(before["ppl_lm"], rel=1e-9)
     with pytest.raises(ValueError, match="read-only"):

@@ -11,8 +11,10 @@ from monim.evaluate import evaluate
 from monim.features import Features, gc
 from monim.index import IndexConfig
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.scoring import ScoreConfig
 from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
 
@@ -31,11 +33,12 @@ def days():
     return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_source(DEMO_STREAM), *DAYS)]
 
 
-def learn(root, lm, days, cfg, policy="monim-amt"):
-    memory = Memory(root, lm, IndexConfig(k=8), FAST)
+def learn(root, lm, days, features=None, policy="monim-amt"):
+    """A memory learned under CFG's window, the LM's features from a store or (None) the LM itself."""
+    memory = Memory(root, lm, Settings(window=CFG, index=IndexConfig(k=8), calibrator=FAST))
     for day in days:
-        memorize_day(memory, day, make_policy(policy), cfg)
-        calibrate(memory, day, cfg)
+        memorize_day(memory, day, make_policy(policy), features)
+        calibrate(memory, day, features)
     return memory
 
 
@@ -55,7 +58,7 @@ def entries(memory):
 def test_every_consumer_gives_the_same_numbers_from_the_store(tiny, days, tmp_path):
     """Memorizing (MoNIM, whose Θ searches), calibrating and evaluating read the store and give
     what running the LM gives; a second policy over the same days runs the LM on nothing."""
-    live = learn(tmp_path / "live", tiny, days, CFG)
+    live = learn(tmp_path / "live", tiny, days)
     store = Features(tiny, CFG, tmp_path / "features")
     stored = learn(tmp_path / "stored", tiny, days, store)
     a, b = entries(live), entries(stored)
@@ -66,7 +69,7 @@ def test_every_consumer_gives_the_same_numbers_from_the_store(tiny, days, tmp_pa
     assert stored.theta()["lam"] == live.theta()["lam"]
     assert stored.theta()["nll"]["calibrator"] == pytest.approx(live.theta()["nll"]["calibrator"], abs=1e-4)
     test = days[-1].test
-    want, got = evaluate(tiny, test, live, CFG), evaluate(tiny, test, stored, store)
+    want, got = evaluate(tiny, test, live), evaluate(tiny, test, stored, store)
     assert got["ppl_lm"] == pytest.approx(want["ppl_lm"], rel=1e-5)
     assert got["accuracy_lm"] == want["accuracy_lm"]
     # Θ goes through a calibrator trained on features equal only to float precision (other row packing)

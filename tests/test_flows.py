@@ -113,7 +113,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
     from monim.memory import Memory
 
     workdir, model, summary = compared
-    memory = Memory(workdir / "memories" / "monim-amt", load_lm(model))
+    memory = Memory.open(workdir / "memories" / "monim-amt", load_lm(model))
     assert memory.calibrator().record["date"] == DAYS[1]
     chain = memory.calibration_files()
     assert [p.split("/")[1][:10] for p in chain] == list(DAYS)  # one day's examples each
@@ -160,7 +160,7 @@ def validation_ppl(lm, root, day, as_of) -> float:
     from monim.evaluate import evaluate
     from monim.memory import Memory
 
-    return evaluate(lm, day.validation, Memory(root, lm, as_of=as_of))["ppl"]
+    return evaluate(lm, day.validation, Memory.open(root, lm, as_of))["ppl"]
 
 
 def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
@@ -194,7 +194,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
     answer = served.predict([{"text": text}])[0]
     from monim.evaluate import evaluate
 
-    want = evaluate(lm, [Document("t", dt.date.min, text)], Memory(root, lm, as_of=DAYS[0]))
+    want = evaluate(lm, [Document("t", dt.date.min, text)], Memory.open(root, lm, DAYS[0]))
     assert answer["ppl"] == pytest.approx(want["ppl"], rel=1e-6) and answer["ppl_lm"] == pytest.approx(want["ppl_lm"], rel=1e-6)
     generated = served.predict([{"prompt": text[:60]}], params={"max_new_tokens": 5})[0]
     assert len(generated["tokens"]) == 5 and len(generated["lams"]) == 5
@@ -267,15 +267,18 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
 
 
 def test_promote_and_rollback_move_the_aliases_by_hand(compared):
-    from tasks.registry import aliases, promote, rollback
+    from tasks.registry import promote, rollback
 
     workdir, model, summary = compared
     uri, root = f"sqlite:///{workdir / 'mlflow.db'}", workdir / "memories" / "monim-amt"
     assert promote(uri, root, "1")["champion"] == "1"
     assert promote(uri, root) == {"model": MODEL_NAME, "champion": "2", "previous": "1"}  # default: the newest
     assert rollback(uri, root)["champion"] == "1"
-    listed = aliases(uri, root)
-    assert (listed["champion"], listed["previous"]) == ("1", None) and [v["as_of"] for v in listed["versions"]] == list(DAYS)
+    client = MlflowClient(uri)
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
+    assert "previous" not in client.get_registered_model(MODEL_NAME).aliases
+    versions = sorted(client.search_model_versions(f"name = '{MODEL_NAME}'"), key=lambda v: int(v.version))
+    assert [v.tags["monim.as_of"] for v in versions] == list(DAYS)
     with pytest.raises(ValueError, match="no 'previous'"):
         rollback(uri, root)
     with pytest.raises(ValueError, match="no version 9"):

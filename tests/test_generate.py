@@ -12,8 +12,10 @@ from monim.datastore import Entries
 from monim.generate import GenerateConfig, _choose, _sentences, generate
 from monim.index import IndexConfig
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
-from monim.policies import make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
+from monim.catalogue import make_policy
 from monim.recency import Recency
 from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
 
@@ -56,8 +58,8 @@ def reference_step(lm, prefix: list[int], keys: np.ndarray, values: np.ndarray, 
 
 
 def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp_path):
-    memory = Memory(tmp_path, tiny, IndexConfig(k=K), use_calibrator=False)
-    memorize_day(memory, stream[0], make_policy("fullmem"), max_docs=2)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=K)))
+    memorize_day(memory, stream[0].capped(2), make_policy("fullmem"))
     constant_theta(memory, LAM, T)
     keys = memory.ds.array("keys").astype(np.float64)
     values = memory.ds.array("values")
@@ -108,7 +110,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
     and a maximum age that leaves the oldest day out of the search."""
     rng = np.random.default_rng(0)
     d = tiny.hidden_size
-    memory = Memory(tmp_path, tiny, IndexConfig(k=8), use_calibrator=False)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=8)))
     keys = rng.standard_normal((3, 4, d)).astype(np.float16)
     for i, date in enumerate(("2022-06-01", "2022-06-11", "2022-06-21")):
         memory.ds.commit_day(date, Entries(keys[i], np.arange(4, dtype=np.int32) + 10 * i, [f"doc{i}"] * 4,
@@ -136,7 +138,7 @@ def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
     a maximum age the window's stored keys are searched exactly (numpy reference)."""
     rng = np.random.default_rng(1)
     d = tiny.hidden_size
-    memory = Memory(tmp_path, tiny, IndexConfig(k=16, exact_below=1500, code_bytes=4, nprobe=1), use_calibrator=False)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=16, exact_below=1500, code_bytes=4, nprobe=1)))
     days = ("2022-06-01", "2022-06-05", "2022-06-06")
     keys = [rng.standard_normal((n, d)).astype(np.float16) for n in (1600, 40, 30)]
     for date, k in zip(days, keys):
@@ -159,7 +161,7 @@ def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream,
     """FullMem learns one article; from its first line, greedy Θ (λ = 0.5) writes its next 30 tokens
     as they are, where the bare LM does not, and names the article as the source."""
     doc = stream[0].train[0]
-    memory = Memory(tmp_path, smollm, use_calibrator=False)
+    memory = Memory(tmp_path, smollm, Settings(calibrated=False))
     memorize_day(memory, Day(stream[0].date, [doc], [], []), make_policy("fullmem"))
     constant_theta(memory, 0.5, 1.0)
     prompt = doc.text.split("\n")[0]

@@ -24,7 +24,7 @@ def small_cfg(**kw) -> IndexConfig:
 @pytest.mark.parametrize("codec", ["fastscan", "pq"])
 def test_ivf_codecs_find_the_brute_force_neighbours_within_time_and_exclusions(tmp_path, codec):
     rng = np.random.default_rng(0)
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     commit(ds, 1, rng.standard_normal((3000, D)))
     commit(ds, 2, rng.standard_normal((1000, D)))
     index = MemoryIndex(tmp_path, D, small_cfg(codec=codec))
@@ -68,7 +68,7 @@ def test_gpu_clone_options_set_real_fields():
 
 def test_an_index_of_another_codec_is_rebuilt_at_the_next_change(tmp_path):
     rng = np.random.default_rng(3)
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     commit(ds, 1, rng.standard_normal((3000, D)))
     MemoryIndex(tmp_path, D, small_cfg(codec="pq")).sync(ds)  # built on a GPU machine, say
     index = MemoryIndex(tmp_path, D, small_cfg(codec="fastscan"))
@@ -79,7 +79,7 @@ def test_an_index_of_another_codec_is_rebuilt_at_the_next_change(tmp_path):
 
 def test_probe_recall_falls_on_drifted_keys_and_retrains(tmp_path):
     rng = np.random.default_rng(1)
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     scale = np.r_[np.ones(8), np.full(8, 0.01)]  # day 1 lives in the first 8 dims: PQ learns nothing of the rest
     commit(ds, 1, rng.standard_normal((3000, D)) * scale)
     cfg = small_cfg(codec="pq", probe=40, probe_pool=2000, retrain_growth=100.0, k=10)
@@ -97,7 +97,7 @@ def test_probe_recall_falls_on_drifted_keys_and_retrains(tmp_path):
 
 def test_a_large_pq_index_is_mapped_for_readers_and_read_into_ram_to_change(tmp_path):
     rng = np.random.default_rng(2)
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     commit(ds, 1, rng.standard_normal((3000, D)))
     MemoryIndex(tmp_path, D, small_cfg(codec="pq")).sync(ds)
     queries = rng.standard_normal((20, D)).astype(np.float32)

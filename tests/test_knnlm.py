@@ -21,7 +21,7 @@ def memory(tmp_path):
     rng = np.random.default_rng(0)
     keys = rng.standard_normal((N, D)).astype(np.float16)
     values = rng.integers(0, V, N).astype(np.int32)
-    ds = Datastore(tmp_path, "random", D, "vocab")
+    ds = Datastore(tmp_path, {"model": "random", "hidden_size": D, "tokenizer": "vocab"})
     ds.commit_day("2022-06-01", Entries(keys, values, ["d"] * N, np.arange(N)), N, "fullmem")
     index = MemoryIndex(tmp_path, D, IndexConfig(k=K))
     index.sync(ds)

@@ -8,9 +8,11 @@ import pytest
 from monim.datastore import Entries
 from monim.index import IndexConfig
 from monim.lm import load_lm
-from monim.memory import Memory, memorize_day
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.theta import Settings
 from monim.merging import greedy_merge
-from monim.policies import make_policy
+from monim.catalogue import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
 
@@ -29,7 +31,7 @@ def test_same_value_neighbours_merge_into_one_weighted_entry(tiny, tmp_path):
     taken absorbs the other new ones, a and c (weight 5); b, e (its weight is not 1) and the 7 stay."""
     rng = np.random.default_rng(0)
     d = tiny.hidden_size
-    memory = Memory(tmp_path, tiny, IndexConfig(k=9), use_calibrator=False)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=9)))
     old = rng.standard_normal((4, d)).astype(np.float16)
     memory.ds.commit_day("2022-06-01", Entries(old, np.array([5, 6, 5, 5], np.int32), ["d0"] * 4, np.arange(4, dtype=np.int32)),
                          5, "greedy-merge", weights=np.array([1, 1, 1, 2], np.int32))
@@ -53,7 +55,7 @@ def test_weights_enter_the_knn_distribution_as_log_priors(tiny, tmp_path):
     """p_kNN(v) = sum over neighbours with value v of w_j exp(-d_j/T), normalized: against numpy."""
     rng = np.random.default_rng(1)
     d, T = tiny.hidden_size, 4.0
-    memory = Memory(tmp_path, tiny, IndexConfig(k=4), use_calibrator=False)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=4)))
     keys = rng.standard_normal((4, d)).astype(np.float16)
     values = np.array([3, 4, 3, 9], np.int32)
     memory.ds.commit_day("2022-06-01", Entries(keys, values, ["d"] * 4, np.arange(4, dtype=np.int32)), 9, "greedy-merge",
@@ -79,12 +81,12 @@ def test_weights_enter_the_knn_distribution_as_log_priors(tiny, tmp_path):
 
 def test_a_greedy_merge_day_stores_less_than_it_saw_and_reruns_change_nothing(tiny, tmp_path):
     days = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
-    memory = Memory(tmp_path, tiny, use_calibrator=False)
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     policy = make_policy("greedy-merge")
-    stats = [memorize_day(memory, day, policy, max_docs=3) for day in days]
+    stats = [memorize_day(memory, day.capped(3), policy) for day in days]
     weights = memory.ds.weights_by_id()
     held = np.concatenate([memory.ds.shard(r.shard, "ids") for r in memory.ds.days])
     assert sum(s.tokens_seen for s in stats) == weights[held].sum()  # every token seen is one entry's weight
     assert len(memory) < sum(s.tokens_seen for s in stats) and memory.ds.days[0].merged >= 0
     before = memory.ds.manifest
-    assert not memorize_day(memory, days[1], policy, max_docs=3).committed and memory.ds.manifest == before
+    assert not memorize_day(memory, days[1].capped(3), policy).committed and memory.ds.manifest == before

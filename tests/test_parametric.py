@@ -132,7 +132,7 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
-    from monim.evaluate import EvalConfig
+    from monim.suite import EvalConfig
     from monim.stream import iter_days, open_source
     from tasks.learning import recorded_days
     from tasks.tracking import experiment_name, fetch_runs, tracking_uri

@@ -8,8 +8,10 @@ import pytest
 from monim.knnlm import ThetaScores
 from monim.lm import load_lm
 from monim.calibration import calibrate
-from monim.memory import Memory, memorize_day
-from monim.policies import KL, MoNIM, RandMem, amt_threshold, key_surprisal, make_policy
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.policies import KL, MoNIM, RandMem, amt_threshold, key_surprisal
+from monim.catalogue import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
 

@@ -13,6 +13,7 @@ from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.scoring import score
 from monim.memory import Memory
+from monim.theta import Settings
 from monim.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
 from monim.stream import Document, StreamError
 
@@ -89,7 +90,7 @@ def test_bare_lm_answers_equal_a_direct_forward_pass(tiny, shots):
 def test_a_memory_holding_the_answers_answers_them(tiny, tmp_path):
     # memorize every token of each question's prompt followed by its right answer
     docs = [Document(x.id, x.date, prompt(x, []) + " " + x.choices[x.answer[0]]) for x in QUESTIONS]
-    memory = Memory(tmp_path, tiny, IndexConfig(k=8))
+    memory = Memory(tmp_path, tiny, Settings(index=IndexConfig(k=8)))
     parts = [Entries(b.key, b.target, list(b.doc_id), b.position) for b in score(tiny, docs)]
     memory.ds.commit_day("2022-06-01", Entries.concat(parts, tiny.hidden_size), sum(len(p) for p in parts), "fullmem")
     memory.ds.set_theta({"lam": 0.9, "temperature": 0.01, "date": "2022-06-01"})  # exact matches dominate

@@ -73,7 +73,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
 
 
 def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monkeypatch):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
     manifest = (tmp_path / "manifest.json").read_bytes()
     real_save = np.save
@@ -91,11 +91,11 @@ def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monke
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == manifest
     assert [p.name for p in (tmp_path / "shards").iterdir()] == [ds.days[0].shard]  # no half-written shard
-    assert Datastore(tmp_path, "m", D, "tok").commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    assert Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"}).commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
 
 
 def test_a_commit_records_each_shard_file_checksum(tmp_path):
-    ds = Datastore(tmp_path, "m", D, "tok")
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
     folder = tmp_path / "shards" / ds.days[0].shard
     files = sorted(p.name for p in folder.iterdir())
@@ -145,8 +145,9 @@ def tiny(tiny_model_dir):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.memory import Memory, memorize_day
-    from monim.policies import make_policy
+    from monim.catalogue import make_policy
+    from monim.memorize import memorize_day
+    from monim.memory import Memory
     from monim.stream import DEMO_STREAM, iter_days, open_source
 
     days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]

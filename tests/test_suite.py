@@ -6,7 +6,8 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.evaluate import evaluate, period_sets
+from monim.evaluate import evaluate
+from monim.suite import period_sets
 from monim.lm import load_lm
 from monim.memory import Memory
 from monim.qa import Question, answer_questions, read_questions
@@ -91,7 +92,7 @@ def test_report_has_the_papers_tables(suite):
 def test_rerunning_the_suite_logs_nothing_twice(suite):
     from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
-    from monim.evaluate import EvalConfig
+    from monim.suite import EvalConfig
 
     workdir, model, client, runs, qa = suite
     base = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=2)
@@ -107,14 +108,13 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
 
 
 def test_checkpoint_days():
-    from monim.evaluate import EvalConfig
-    from tasks.evaluation import checkpoint_days
+    from monim.suite import EvalConfig
 
     days = [f"2022-06-{d:02d}" for d in range(1, 16) if d != 10]  # a day without news
-    at = checkpoint_days(days, EvalConfig(period="week", text_every=7))
+    at = EvalConfig(period="week", text_every=7).checkpoints(days)
     assert at["periods"] == ["2022-06-05", "2022-06-12", "2022-06-15"]  # ISO weeks end on Sundays
     assert at["text"] == ["2022-06-07", "2022-06-15"] and at["qa"] == ["2022-06-15"]  # every 7th learned day, and the last
-    assert checkpoint_days(days, EvalConfig(period="month"))["periods"] == ["2022-06-15"]
+    assert EvalConfig(period="month").checkpoints(days)["periods"] == ["2022-06-15"]
 
 
 def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
@@ -122,7 +122,7 @@ def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
     once made a name over 255 characters, and the results were not kept."""
     from types import SimpleNamespace
 
-    from monim.evaluate import EvalConfig
+    from monim.suite import EvalConfig
     from tasks.evaluation import _suite_key
 
     policies = ["bare", "fullmem", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]

@@ -1,0 +1,240 @@
+"""What the commands share: options, the run's spec built from them (one builder), errors and output."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from flows import servers
+
+if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
+    from monim.config import RunConfig
+    from monim.memory import Memory
+    from monim.suite import EvalConfig
+
+console = Console(stderr=True)
+
+DATE = "a date, YYYY-MM-DD"
+WORKDIR = typer.Option(Path("monim-work"), "--workdir", help="Where memories, runs and records live (a folder).")
+AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last line.")
+MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
+TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
+CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant λ, T instead of the NN calibrator.")
+SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator, after a cheap top-16 search, predicts "
+                    "λ below this number in [0, 1] (paper: 0.3).")
+HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN weight halves with every this many days "
+                         "of age (nothing is deleted).")
+MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
+POLICY = typer.Option(None, "--policy", help="Which memory (default: the only one, else monim-amt).")
+AS_OF = typer.Option(None, "--as-of", help=f"Read the memory as it stood after this day ({DATE}).")
+START = typer.Option(None, "--start", help=f"The first day to learn ({DATE}; default: the source's first).")
+END = typer.Option(None, "--end", help=f"The last day to learn ({DATE}; default: the source's last).")
+WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns the same run in this work directory: "
+                    "wait for it, saying who it is (default), or fail at once.")
+
+
+def fail(message: str) -> typer.Exit:
+    """Say what is wrong in one line on stderr; exit status 2."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, default=str))
+
+
+def table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # fits 80 columns
+    for col in columns:
+        out.add_column(col, justify="left" if col == columns[0] else "right")
+    for r in rows:
+        out.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
+    return out
+
+
+def day(value: Optional[str]) -> Optional[dt.date]:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise fail(f"not a date (YYYY-MM-DD): {value!r}")
+
+
+@contextmanager
+def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
+    """These errors (and a run held by another process, with --no-wait) end the command with their
+    message, not a traceback."""
+    from monim.lock import Locked
+
+    try:
+        yield
+    except (Locked, *kinds) as e:
+        raise fail(str(e))
+
+
+def use_workdir(workdir: Path, api: bool = True) -> None:
+    """Point Prefect's local state at the work directory (unless a server or home is configured) and,
+    for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    servers.interruptible()
+    if "PREFECT_API_URL" not in os.environ:
+        os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
+        if api:
+            os.environ["PREFECT_API_URL"] = servers.prefect_api()
+    import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
+
+
+def check_source(source: str, start: Optional[str], end: Optional[str]) -> list:
+    """The dates with articles, or a clear error for a missing file or an empty range."""
+    from monim.stream import StreamError, list_dates
+
+    with clear_errors(FileNotFoundError, StreamError):
+        dates = list_dates(source, day(start), day(end))
+    if not dates:
+        raise fail(f"{source} has no articles between {start or 'the start'} and {end or 'the end'}")
+    return dates
+
+
+def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
+    """The memory a reading command reads: the one named, the only one, else MoNIM-AMT's."""
+    from monim.records import memories
+
+    found = memories(workdir)
+    if not found:
+        raise fail(f"no memory in {workdir} (run `monim learn` first)")
+    if policy:
+        match = [p for p in found if p.name == policy]
+        if not match:
+            raise fail(f"no {policy!r} memory in {workdir}; there are: {', '.join(p.name for p in found)}")
+        return match[0]
+    return found[0] if len(found) == 1 else next((p for p in found if p.name == "monim-amt"), found[0])
+
+
+def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **overrides) -> Memory:
+    """Θ as the chosen memory describes itself (monim.memory.Memory.open), with a reader's overrides."""
+    from monim.datastore import ManifestError, MemoryMismatch
+    from monim.memory import Memory
+    from monim.theta import SettingsMismatch
+
+    root = memory_dir(workdir, policy)
+    with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
+        return Memory.open(root, as_of=day(as_of), **{k: v for k, v in overrides.items() if v is not None})
+
+
+def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, text: Optional[Path] = None,
+               text_chars: Optional[int] = None, text_every: int = 7, qa: Optional[Path] = None, shots: str = "0",
+               half_life: Optional[float] = None, max_age: Optional[int] = None) -> EvalConfig:
+    """The evaluation suite's settings (monim.suite.EvalConfig), or a clear error."""
+    from monim.suite import EvalConfig
+
+    for path in (text, qa):
+        if path is not None and not path.is_file():
+            raise fail(f"file not found: {path}")
+    with clear_errors(ValueError):
+        return EvalConfig(period, period_docs, str(text) if text else None, text_chars, text_every,
+                          str(qa) if qa else None, tuple(int(k) for k in shots.split(",")), half_life=half_life,
+                          max_age=max_age)
+
+
+def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSONL/News Crawl file, a folder "
+                                              "of per-day files, or hf:NAME."),
+                  start: Optional[str] = START, end: Optional[str] = END, workdir: Path = WORKDIR,
+                  model: Optional[str] = MODEL,
+                  max_docs: Optional[int] = typer.Option(None, "--max-docs", help="Training articles taken per day (the "
+                                                         "first ones; default: all)."),
+                  constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
+                  calibration: str = typer.Option("train", "--calibration", help="Calibration examples: train (a sample "
+                                                  "of the day's training articles, their own near-duplicates left out), "
+                                                  "yesterday (the sample against the memory before the day) or "
+                                                  "validation (the paper's: the validation articles)."),
+                  period: Optional[str] = typer.Option(None, "--period", help="month or week: PPL on each period's test "
+                                                       "set as of each period's end."),
+                  period_docs: Optional[int] = typer.Option(None, "--period-docs", help="Test articles per period "
+                                                            "(default: all)."),
+                  text: Optional[Path] = typer.Option(None, "--text", help="Forgetting probe: a general-domain text "
+                                                      "file (e.g. WikiText)."),
+                  text_chars: Optional[int] = typer.Option(None, "--text-chars", help="Only the text's first characters."),
+                  text_every: int = typer.Option(7, "--text-every", help="Days between forgetting probes."),
+                  qa: Optional[Path] = typer.Option(None, "--qa", help="Multiple-choice questions (a JSONL file) for the "
+                                                    "final memories."),
+                  shots: str = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3."),
+                  half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+                  train_tokens: int = typer.Option(4096, "--train-tokens", help="Parametric learners: training tokens a "
+                                                   "day, first articles first (0: all; 2 CPU cores train SmolLM2-135M at "
+                                                   "~170 tokens/s)."),
+                  lr: float = typer.Option(1e-4, "--lr", help="Parametric learners: Adam's learning rate (default chosen "
+                                           "on validation articles by benchmarks/learner_lr.py)."),
+                  review: Optional[Path] = typer.Option(None, "--review-text", help="Mix-Review's general-domain text "
+                                                        "(default: the probe's --text after its --text-chars)."),
+                  cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address "
+                                                        "(tcp://host:8786): its workers run the LM over each day's "
+                                                        "articles into WORKDIR/features, at the same path."),
+                  tracking_uri: Optional[str] = TRACKING, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
+    """The options every learning command takes (their values become `spec`, `evaluation` and the rest)."""
+
+
+def learning_options(command):
+    """Give a learning command the options of a run's spec and of the evaluation suite; it is called
+    with them built: `spec` (monim.config.RunConfig), `evaluation` (None: nothing to measure), and
+    `source`, `start`, `end`, `workdir`, `tracking_uri`, `wait`, `as_json` as given."""
+    own, shared = inspect.signature(command), inspect.signature(_spec_options)
+    passed = ("source", "start", "end", "workdir", "tracking_uri", "wait", "as_json")
+
+    @functools.wraps(command)
+    def run(**values):
+        options = {k: values.pop(k) for k in shared.parameters}
+        values |= {k: options[k] for k in passed}
+        values["spec"] = run_spec(policy=values.pop("policy", "monim-amt"), feature_store=values.pop("feature_store", True),
+                                  **options)
+        suite = evaluation(options["period"], options["period_docs"], options["text"], options["text_chars"],
+                           options["text_every"], options["qa"], options["shots"], options["half_life"], options["max_age"])
+        if not (suite.period or suite.text or suite.qa):
+            if suite.recency.active:
+                raise fail("--half-life and --max-age apply to the evaluation suite: give --period, --text or --qa too")
+            suite = None
+        return command(evaluation=suite, **values)
+
+    mine = [p for name, p in own.parameters.items() if name not in ("spec", "evaluation", *passed)]
+    run.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()))
+    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
+    return run
+
+
+def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str = "", workdir: Path = Path("monim-work"),
+             model: Optional[str] = None, max_docs: Optional[int] = None, constant_lam: bool = False,
+             skip: Optional[float] = None, calibration: str = "train", text: Optional[Path] = None,
+             text_chars: Optional[int] = None, train_tokens: Optional[int] = None, lr: Optional[float] = None,
+             review: Optional[Path] = None, cluster: Optional[str] = None, **_) -> RunConfig:
+    """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
+    error naming the field."""
+    from pydantic import ValidationError
+
+    from monim.config import RunConfig
+
+    learner: dict = {} if train_tokens is None else {"max_tokens": train_tokens or None}
+    learner |= {} if lr is None else {"lr": lr}
+    if review is not None:
+        learner["review"] = str(review)
+    elif text is not None and text_chars:  # Mix-Review reviews text the forgetting probe does not read
+        learner |= {"review": str(text), "review_from": text_chars}
+    calibrator = {"source": calibration} | ({} if skip is None else {"skip_threshold": skip})
+    try:
+        return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
+                         calibrated=not constant_lam, calibrator_params=calibrator, learner_params=learner,
+                         feature_store=feature_store, cluster=cluster)
+    except ValidationError as e:
+        raise fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
+                             for err in e.errors()))

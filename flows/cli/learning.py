@@ -1,0 +1,187 @@
+"""Commands that learn: the demo, one run, a comparison, and the daily deployments."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from subprocess import Popen
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from flows import servers
+from monim import catalogue  # names and help only: no torch
+from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, emit, fail,
+                              learning_options, table, use_workdir)
+
+if TYPE_CHECKING:
+    from monim.config import RunConfig
+    from monim.suite import EvalConfig
+
+SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "MB", "s/day"]
+
+
+def preflight(spec: RunConfig, policies: list[str]) -> None:
+    """Refuse, before any work, to learn into a memory of the work directory learned with another
+    model or other settings (naming the fields)."""
+    from monim.catalogue import MEMORY
+    from monim.datastore import ManifestError, read_manifest
+    from monim.lm import DEFAULT_MODEL
+    from monim.memory import refuse_other
+    from monim.theta import SettingsMismatch
+
+    for policy in policies:
+        run = spec.model_copy(update={"policy": policy})
+        path = run.memory_dir / "manifest.json"
+        if run.kind == MEMORY and path.exists():
+            with clear_errors(ManifestError, SettingsMismatch):
+                refuse_other(read_manifest(path), spec.model or DEFAULT_MODEL, run.settings(), where=run.memory_dir)
+
+
+def summary_rows(summary: dict[str, dict]) -> list[dict]:
+    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20, "s/day": s["seconds_per_day"]} for p, s in summary.items()]
+
+
+def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters stream."),
+        max_docs: int = typer.Option(16, "--max-docs", help="Training articles a day."),
+        workdir: Path = typer.Option(Path("monim-demo"), "--workdir", help="Where the demo's runs live (a folder)."),
+        model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
+    """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
+    from flows.cli.common import run_spec
+    from monim.stream import DEMO_STREAM
+
+    dates = check_source(str(DEMO_STREAM), None, None)[:days]
+    spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
+    preflight(spec, ["fullmem", "monim-amt"])
+    use_workdir(workdir)
+    from flows.compare import compare_policies
+
+    summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
+    console.print(table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
+                        summary_rows(summary), SUMMARY_COLUMNS))
+    console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
+                  f"{(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
+    console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
+    print_links(workdir, "http://127.0.0.1:5000", "http://127.0.0.1:4200")
+    print_next_steps(workdir, spec)
+    emit({"workdir": str(workdir), "policies": summary}, as_json)
+
+
+@learning_options
+def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
+          workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
+          policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}"),
+          feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
+                                             help="Keep the LM's features in WORKDIR/features for other policies and "
+                                                  "re-runs (off: nothing kept; for a single-policy production run).")
+          ) -> None:
+    """Learn the stream's days from START to END into the work directory with one policy (then
+    run the evaluation suite on it if asked)."""
+    from monim.records import memory_status
+
+    check_source(source, start, end)
+    preflight(spec, [spec.policy])
+    use_workdir(workdir)
+    from flows.stream import learn_stream
+
+    with clear_errors():
+        rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
+    console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
+                                                            "entries", "ppl_lm", "ppl", "accuracy"]))
+    root = spec.memory_dir  # the bare LM and a parametric learner keep no memory
+    emit((memory_status(root) if (root / "manifest.json").exists() else {}) | {"policy": spec.name, "rows": rows},
+         as_json)
+
+
+@learning_options
+def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
+            workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
+            policies: str = typer.Option("bare,fullmem,randmem,monim-amt", "--policies", help=f"Comma-separated runs: {catalogue.help_text()}")) -> None:
+    """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
+    names = policies.split(",")
+    for policy in names:
+        with clear_errors(ValueError):
+            spec.model_validate(spec.model_dump() | {"policy": policy})
+    check_source(source, start, end)
+    preflight(spec, names)
+    use_workdir(workdir)
+    from flows.compare import compare_policies
+
+    with clear_errors():
+        summary = compare_policies(spec, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
+    console.print(table(f"policies on {source}", summary_rows(summary), SUMMARY_COLUMNS))
+    console.print(f"report: {workdir / 'report' / 'report.md'}")
+    emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
+
+
+def started(server, *args) -> Popen:
+    """A server from `flows.servers`, or a clean exit saying why it did not start."""
+    try:
+        return server(*args)
+    except RuntimeError as e:
+        raise fail(str(e))
+
+
+def serve(source: str = typer.Option(..., "--source", help="The news feed the daily run reads (a file or folder)."),
+          workdir: Path = WORKDIR, policy: str = typer.Option("monim-amt", "--policy", help="What learns."),
+          cron: str = typer.Option("30 2 * * *", "--cron", help="When the daily run starts (a cron line)."),
+          timezone: str = typer.Option("UTC", "--timezone", help="The cron's timezone (an IANA name), and the one "
+                                       "'yesterday' is counted in."),
+          model: Optional[str] = MODEL,
+          cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address for the LM pass."),
+          prefect_port: int = typer.Option(4200, "--prefect-port", help="Port of the Prefect server started when none "
+                                           "is configured.")) -> None:
+    """Serve the daily (cron, learns yesterday) and backfill deployments from this process.
+
+    Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
+    (Prefect's temporary server does not run schedules); Ctrl-C stops both.
+    """
+    from flows.cli.common import run_spec
+
+    spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster)
+    use_workdir(workdir, api=False)
+    procs: list[Popen] = []
+    if "PREFECT_API_URL" not in os.environ:
+        port = servers.free_port(prefect_port)
+        procs.append(started(servers.prefect_server, port))
+        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        console.print(f"Prefect server and UI: http://127.0.0.1:{port}")
+    try:
+        from prefect import serve as prefect_serve
+        from prefect.schedules import Cron
+
+        from flows.stream import learn_stream, learn_yesterday
+
+        params = {"run": spec.model_dump()}
+        prefect_serve(
+            learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
+                                          parameters=params | {"timezone": timezone}),
+            learn_stream.to_deployment(name="backfill", parameters=params),
+        )
+    finally:
+        servers.stop(procs)
+
+
+def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
+    from tasks.tracking import tracking_uri, ui_links
+
+    console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
+    for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):
+        console.print(f"  {what}: {url}", highlight=False, soft_wrap=True)
+
+
+def print_next_steps(workdir: Path, spec: RunConfig) -> None:
+    """How to use the up-to-date model: generate with sources, serve its champion, query it."""
+    from tasks.registry import model_name
+    from tasks.tracking import tracking_uri
+
+    uri = tracking_uri(str(workdir))
+    console.print(
+        "\nAsk the up-to-date model (MoNIM-AMT's memory):\n"
+        f"  monim generate --workdir {workdir} --prompt 'The Bank of Japan said' --sources\n"
+        "Serve its champion version over HTTP, and query it:\n"
+        f"  MLFLOW_TRACKING_URI={uri} mlflow models serve -m 'models:/{model_name(spec)}@champion' "
+        "--env-manager local -h 127.0.0.1 -p 5001\n"
+        "  curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' "
+        "-d '{\"dataframe_records\": [{\"prompt\": \"The Bank of Japan said\"}], \"params\": {\"max_new_tokens\": 20}}'",
+        highlight=False, soft_wrap=True)

@@ -1,0 +1,105 @@
+"""Commands that read what was learned: status, eval, generate, report. None of them writes a memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR,
+                              clear_errors, console, day, emit, evaluation, fail, memory_dir, open_memory, table,
+                              use_workdir)
+
+
+
+def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: bool = AS_JSON) -> None:
+    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, and the
+    days, tokens trained and bytes of its parametric learners' weights."""
+    from monim.records import status as workdir_status
+
+    found = workdir_status(workdir)
+    memories, weights = found["memories"], found["weights"]
+    chosen = {}
+    if memories or not weights:
+        root = memory_dir(workdir, policy)
+        chosen = memories[root.name] | {"policy": root.name}
+        console.print(table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
+                            ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
+    if weights:
+        console.print(table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
+                            ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))
+    emit(chosen | found, as_json)
+
+
+def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Optional[str] = AS_OF,
+             source: Optional[str] = typer.Option(None, "--source", help="Score a stream's articles (a file or folder)."),
+             start: Optional[str] = typer.Option(None, "--start", help="Its first day (YYYY-MM-DD)."),
+             end: Optional[str] = typer.Option(None, "--end", help="Its last day (YYYY-MM-DD)."),
+             split: str = typer.Option("test", "--split", help="Which of each day's articles: train, validation or test."),
+             period: str = typer.Option("month", "--period", help="month or week: the source's PPL per period."),
+             text: Optional[Path] = typer.Option(None, "--text", help="Also score a plain text file (e.g. WikiText)."),
+             text_chars: Optional[int] = typer.Option(None, "--text-chars", help="Only the text's first characters."),
+             qa: Optional[Path] = typer.Option(None, "--qa", help="Multiple-choice questions (a JSONL file)."),
+             shots: int = typer.Option(0, "--shots", help="Solved examples before each question."),
+             constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP, half_life: Optional[float] = HALF_LIFE,
+             max_age: Optional[int] = MAX_AGE, as_json: bool = AS_JSON) -> None:
+    """PPL and next-word accuracy of the LM alone and with a memory (as of a past day, if asked) on a
+    source's articles (overall and per period), a text file, and multiple-choice questions, by the
+    evaluation suite's rules."""
+    from monim.stream import StreamError
+    from monim.suite import evaluate_memory
+
+    if source is None and text is None and qa is None:
+        raise fail("give --source (with --start/--end), --text or --qa")
+    e = evaluation(period, None, text, text_chars, 7, qa, str(shots), half_life, max_age)
+    memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, skip_threshold=skip,
+                         half_life=half_life, max_age=max_age)
+    with clear_errors(FileNotFoundError, StreamError, ValueError):
+        result = evaluate_memory(memory, e, source, day(start), day(end), split, memory.features(workdir / "features"))
+    console.print(table(f"{memory.ds.root.name} as of {result['as_of']}", [result],
+                        [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]))
+    emit(result, as_json)
+
+
+def generate(prompt: str = typer.Option(..., "--prompt", help="The text to continue."), workdir: Path = WORKDIR,
+             policy: Optional[str] = POLICY, as_of: Optional[str] = AS_OF,
+             max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to write at most."),
+             temperature: float = typer.Option(0.0, "--temperature", help="0: greedy; else sampled at this temperature."),
+             top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set of tokens with this much "
+                                         "probability, in (0, 1]."),
+             seed: int = typer.Option(0, "--seed", help="The sampler's seed (the same seed writes the same text)."),
+             sources: bool = typer.Option(False, "--sources", help="List the memorized articles behind each generated "
+                                          "sentence."),
+             constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
+             as_json: bool = AS_JSON) -> None:
+    """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
+    from monim.generate import GenerateConfig, generate as generate_text
+
+    with clear_errors(ValueError):
+        cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed)
+    memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, half_life=half_life,
+                         max_age=max_age)
+    with clear_errors(ValueError):
+        gen = generate_text(memory.lm, prompt, memory, cfg)
+    typer.echo(prompt + gen.text)
+    if sources:
+        for i, sentence in enumerate(gen.sentences, 1):
+            found = "; ".join(f"{s['date']} {s['doc_id']} \"{s['title']}\" ({s['weight']:.2f})" for s in sentence["sources"])
+            console.print(f"[{i}] {sentence['text'].strip()!r}\n    sources: {found or 'none (the LM alone)'}", highlight=False)
+    emit({"policy": memory.ds.root.name, "as_of": memory.days[-1].date if memory.days else None} | gen.as_dict(), as_json)
+
+
+def report(workdir: Path = WORKDIR,
+           experiment: Optional[str] = typer.Option(None, "--experiment", help="Default: the work directory's only one."),
+           out: Optional[Path] = typer.Option(None, "--out", help="Folder for report.md and its PNGs (default "
+                                              "WORKDIR/report)."),
+           tracking_uri: Optional[str] = TRACKING) -> None:
+    """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
+    use_workdir(workdir)
+    from flows.report import report_runs
+    from tasks.tracking import tracking_uri as resolve
+
+    with clear_errors(ValueError):
+        path = report_runs(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
+    console.print(f"report: {path}")

@@ -1,0 +1,123 @@
+"""Commands that look after a work directory: fsck, gc, forget, promote, rollback, ui."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from subprocess import Popen
+from typing import Optional
+
+import typer
+
+from flows import servers
+from flows.cli.common import (AS_JSON, POLICY, TRACKING, WORKDIR, clear_errors, console, day, emit, fail, memory_dir,
+                              table, use_workdir)
+from flows.cli.learning import print_links, started
+
+
+
+def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
+                                                              "lexical counts, records, MLflow steps) and remove strays."),
+         tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Check every memory against its manifest (shards, checksums, index, strays), run records and
+    MLflow's steps against them; exit status 1 when something is wrong (and not repaired)."""
+    if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
+        raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
+    use_workdir(workdir)
+    from flows.fsck import check_workdir
+
+    problems = check_workdir(str(workdir), tracking_uri, repair)
+    wrong = [p for p in problems if not p["repaired"]]
+    if problems:
+        console.print(table(f"fsck {workdir}", problems, ["where", "what", "repair", "repaired"]))
+    console.print(f"{len(problems)} problems, {len(problems) - len(wrong)} repaired" if problems else f"{workdir}: clean")
+    emit({"clean": not wrong, "problems": problems}, as_json)
+    if wrong:
+        raise typer.Exit(1)
+
+
+def gc(workdir: Path = WORKDIR,
+       keep_days: Optional[int] = typer.Option(None, "--keep-days", help="Keep the LM features of the newest N days."),
+       max_gb: Optional[float] = typer.Option(None, "--max-gb", help="Then keep the newest features that fit in this "
+                                              "many GB."),
+       as_json: bool = AS_JSON) -> None:
+    """Clean the work directory's feature store (memories are never touched)."""
+    from monim.features import gc as clean
+
+    if keep_days is None and max_gb is None:
+        raise fail("give --keep-days N and/or --max-gb X")
+    out = clean(workdir / "features", keep_days, None if max_gb is None else int(max_gb * 2**30))
+    console.print(f"feature store: removed {out['removed']} folders, {out['bytes_before'] / 2**20:.1f} MB -> "
+                  f"{out['bytes_after'] / 2**20:.1f} MB")
+    emit(out, as_json)
+
+
+def forget(workdir: Path = WORKDIR,
+           doc: Optional[list[str]] = typer.Option(None, "--doc", help="A document id (repeatable)."),
+           days: Optional[list[str]] = typer.Option(None, "--day", help="A date, YYYY-MM-DD (repeatable)."),
+           policy: Optional[str] = typer.Option(None, "--policy", help="Only this memory (default: all of them)."),
+           as_json: bool = AS_JSON) -> None:
+    """Remove retracted documents or whole days from the memories, and from their indexes (each
+    memory under its write lock: a learn in progress commits first)."""
+    from monim.memory import Memory
+    from monim.records import memories
+
+    if not doc and not days:
+        raise fail("give --doc ID or --day DATE")
+    roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
+    removed = {}
+    for root in roots:
+        with clear_errors(ValueError):
+            removed[root.name] = Memory.open(root).forget(doc_ids=doc, days=[day(d) for d in days or []])
+    console.print(f"removed entries: {removed}")
+    emit({"removed": removed}, as_json)
+
+
+def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn, *args) -> dict:
+    """A tasks.registry function on the memory's registered model, or a clear error."""
+    root = memory_dir(workdir, policy)
+    use_workdir(workdir, api=False)
+    from tasks.tracking import tracking_uri
+
+    with clear_errors(ValueError):
+        return fn(tracking_uri(str(workdir), tracking), root, *args)
+
+
+def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
+            version: Optional[str] = typer.Option(None, "--version", help="The version to serve (default: the newest)."),
+            tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Point the registered model's `champion` alias at a version by hand (`previous` keeps the old one)."""
+    from tasks.registry import promote as promote_version
+
+    result = _registry_call(workdir, policy, tracking_uri, promote_version, version)
+    console.print(f"{result['model']}: champion is version {result['champion']} (previous: {result['previous']})")
+    emit(result, as_json)
+
+
+def rollback(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, tracking_uri: Optional[str] = TRACKING,
+             as_json: bool = AS_JSON) -> None:
+    """Move `champion` back to the `previous` version."""
+    from tasks.registry import rollback as rollback_version
+
+    result = _registry_call(workdir, policy, tracking_uri, rollback_version)
+    console.print(f"{result['model']}: champion is version {result['champion']} again")
+    emit(result, as_json)
+
+
+def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200, "--prefect-port", help="The Prefect UI's port."),
+       mlflow_port: int = typer.Option(5000, "--mlflow-port", help="The MLflow UI's port.")) -> None:
+    """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
+    use_workdir(workdir, api=False)
+    prefect_port, mlflow_port = servers.free_port(prefect_port), servers.free_port(mlflow_port)
+    procs: list[Popen] = []
+    try:
+        procs.append(started(servers.prefect_server, prefect_port))
+        procs.append(started(servers.mlflow_server, mlflow_port, workdir))
+        print_links(workdir, f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}")
+        console.print("Ctrl-C stops both.")
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        servers.stop(procs)

@@ -1,0 +1,91 @@
+"""The daily memorization step: a day's training tokens scored by Θ, chosen by a policy, committed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from monim.calibration import Sample, sample_path
+from monim.datastore import Entries
+from monim.dedup import Signatures
+from monim.features import Features
+from monim.lexical import day_counts
+from monim.memory import Memory
+from monim.policies import Policy, policy_params
+from monim.stream import Day
+
+
+@dataclass
+class DayStats:
+    """What memorizing one day did."""
+
+    date: str
+    tokens_seen: int
+    stored: int
+    memrate: float
+    committed: bool  # False: the day was already in memory and nothing changed
+    version: int  # the memory's version after the day
+    seconds: dict = field(default_factory=dict)
+    index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | None = None, seed: int = 0,
+                 force: bool = False, progress: Callable[[int, int], None] | None = None) -> DayStats:
+    """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
+    and update the index. Re-running a committed day is a no-op unless forced.
+
+    `features`: where the LM's view of the documents comes from (a feature store other policies'
+    runs may have filled already); default: the LM runs under the memory's window.
+    `progress(tokens_done, tokens_total)` is called after each scored batch.
+    """
+    with memory.writing():  # one writer at a time; the manifest re-read under the lock
+        ds, date = memory.ds, day.date.isoformat()
+        if ds.committed(date) and not force:
+            rec = next(d for d in ds.days if d.date == date)
+            return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
+        features = features or memory.features()
+        docs = day.train
+        tokens = features.tokenize(docs)
+        sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
+        timer = {"lm_and_search": 0.0, "policy": 0.0}
+        memory.search_seconds = 0.0
+        rng = np.random.default_rng([seed, day.date.toordinal()])
+        parts: list[Entries] = []
+        tokens_seen = 0
+        started = time.perf_counter()
+        memory.sync()
+        search = memory.search if memory.retrieves and policy.uses_theta else None
+        total = sum(max(0, len(t) - 1) for t in tokens)
+        for batch in features.scores(docs, f"{date}-train", search, tokens):
+            t = time.perf_counter()
+            timer["lm_and_search"] += t - started
+            keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
+            parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
+            sample.add(batch)
+            tokens_seen += len(batch)
+            if progress:
+                progress(tokens_seen, total)
+            started = time.perf_counter()
+            timer["policy"] += started - t
+        t = time.perf_counter()
+        entries, weights, merged = policy.finish(memory, Entries.concat(parts, memory.lm.hidden_size), rng)
+        if weights is not None:
+            timer["merge"] = time.perf_counter() - t
+        t = time.perf_counter()
+        sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
+        ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
+                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
+                      titles={d.id: d.title for d in docs}, weights=weights, merged=merged)
+        memory.lexical()  # extend the lexical counts with the day
+        timer["commit"] = time.perf_counter() - t
+        index = memory.sync()
+        timer["index"] = index.pop("seconds")
+        timer["search"] = memory.search_seconds
+        memrate = len(entries) / tokens_seen if tokens_seen else 0.0
+        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index)
