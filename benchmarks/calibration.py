@@ -13,6 +13,7 @@ Resumable: memories and per-day rows live in --workdir; a re-run continues after
 Usage: python benchmarks/calibration.py [--days 10] [--max-docs N] [--workdir DIR] [--out ...json]
 """
 
+import dataclasses
 import json
 import math
 import time
@@ -99,7 +100,7 @@ def main() -> None:
         for name, (policy, _) in runs.items():
             memory = memories[name]
             t = time.perf_counter()
-            stats = memorize_day(memory, day, make_policy(policy), cfg, args.max_docs)
+            stats = memorize_day(memory, day.capped(args.max_docs), make_policy(policy), cfg)
             record = calibrate(memory, day, cfg)
             row["runs"][name] = {"memrate_day": stats.memrate, "memrate": memory.ds.memrate, "entries": len(memory),
                                  "lam": record["lam"], "temperature": record["temperature"], "nll": record.get("nll"),
@@ -152,7 +153,7 @@ def main() -> None:
     result = {"days": rows, "summary": summary, "ppl_lm": ppl_lm}
     if "fullmem/train" in runs and done:
         memory = memories["fullmem/train"]
-        memory.calibrator_cfg = CalibratorConfig(source="train")
+        memory.settings = dataclasses.replace(memory.settings, calibrator=CalibratorConfig(source="train"))
         unseen = [d for day in days for d in day.test]
         cut = lambda doc: lm.tokenizer.decode(lm.tokenizer(doc.text)["input_ids"][:512])  # noqa: E731
         copies = [Document(f"copy-{d.id}", d.date, cut(d)) for day in days for d in day.train[:1]]

@@ -25,11 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.calibration import calibrate
-from monim.calibrator import FEATURE_GROUPS, CalibratorConfig, examples, train_calibrator
-from monim.index import IndexConfig
+from monim.calibrator import Examples, FEATURE_GROUPS, CalibratorConfig, examples, train_calibrator
 from monim.knnlm import Interpolation, perplexity, theta_scores
 from monim.lm import load_lm
-from monim.scoring import ScoreConfig
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.theta import Settings
@@ -61,7 +59,6 @@ def main() -> None:
     args = ap.parse_args()
 
     lm = load_lm(args.model)
-    cfg = ScoreConfig()
     days = first_days(args)
     test = [d for day in days for d in day.test]
     console = Console(width=150)
@@ -77,8 +74,8 @@ def main() -> None:
         memory = Memory(work / label, lm, Settings(calibrated=calibrated, calibrator=CalibratorConfig(skip_threshold=args.skip)))
         cal_seconds = []
         for day in days:
-            stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
-            record = calibrate(memory, day, cfg)
+            stats = memorize_day(memory, day.capped(args.max_docs), policy)
+            record = calibrate(memory, day)
             cal_seconds.append(record["calibrator"]["seconds"])
             console.print(f"{label} {stats.date}: stored {stats.stored}/{stats.tokens_seen}, memory {len(memory)}, "
                           f"λ={record['lam']} T={record['temperature']}, calibration set {record['calibration_tokens']} "
@@ -100,7 +97,7 @@ def main() -> None:
     # feature-group ablation and warm start vs retrain, on the calibrated MoNIM's calibration set
     if "monim-amt" in memories:
         memory = memories["monim-amt"]
-        calibration = memory.calibration_set()
+        calibration = Examples.concat([Examples.load(memory.ds.root / p) for p in memory.calibration_files()])
         full = memory.score(test, skip=False, retrieve=True)
         interp = memory.interpolation
         base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)

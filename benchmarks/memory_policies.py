@@ -55,23 +55,23 @@ def main() -> None:
     policies = [make_policy("monim-amt"), make_policy("fullmem"), None]
     for policy in policies:
         if policy is None:  # RandMem at MoNIM's cumulative rate
-            policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"], seed=0)
+            policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"])
         memory = Memory(work / policy.name, lm, Settings(calibrated=False, index=index_cfg))  # constant λ: see calibrator.py
         rows = []
         for day, bare in zip(days, bare_seconds):
-            stats = memorize_day(memory, day, policy, cfg, max_docs=args.max_docs)
-            calibrate(memory, day, cfg)  # the next day's Θ
+            stats = memorize_day(memory, day.capped(args.max_docs), policy)
+            calibrate(memory, day)  # the next day's Θ
             pass_seconds = stats.seconds["lm_and_search"] + stats.seconds["policy"]
             rows.append(stats.as_dict() | {"entries_total": len(memory), "bare_seconds": bare,
                                            "throughput_ratio": bare / pass_seconds})
             console.print(f"{policy.name} {stats.date}: stored {stats.stored}/{stats.tokens_seen} "
                           f"({stats.memrate:.0%}), memory {len(memory)}, pass {pass_seconds:.1f}s vs bare {bare:.1f}s, "
                           f"index {stats.seconds['index']:.2f}s")
-        interp, _ = tune_interpolation(memory.score(validation, cfg, retrieve=True))
+        interp, _ = tune_interpolation(memory.score(validation, retrieve=True))
         seen = sum(r["tokens_seen"] for r in rows)
         results["policies"][policy.name] = {
             "params": vars(policy), "memrate": len(memory) / seen, "entries": len(memory), "tokens_seen": seen,
-            "test_ppl": perplexity(memory.score(test, cfg, retrieve=True), interp), "lam": interp.lam, "temperature": interp.temperature,
+            "test_ppl": perplexity(memory.score(test, retrieve=True), interp), "lam": interp.lam, "temperature": interp.temperature,
             "bytes": memory.bytes_on_disk(),
             "throughput_ratio": sum(r["bare_seconds"] for r in rows)
             / sum(r["seconds"]["lm_and_search"] + r["seconds"]["policy"] for r in rows),

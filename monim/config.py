@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monim import catalogue
 from monim.calibrator import CalibratorConfig
-from monim.catalogue import BARE, LEARNER, MEMORY
+from monim.catalogue import LEARNER, MEMORY
 from monim.features import Features
 from monim.index import IndexConfig
 from monim.lm import DTYPE_CHOICES, LM

@@ -19,39 +19,16 @@ import hashlib
 import json
 import shutil
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from monim.atomic import checksum, replacing, write_json
+from monim.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 
-FORMAT = 1
 DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.int32, "positions": np.int32}
 WEIGHTS = "weights"  # a per-entry array only some shards have (monim.merging)
-
-
-IDENTITY = ("model", "hidden_size", "tokenizer", "weights")  # which LM's keys a memory holds
-
-
-class MemoryMismatch(ValueError):
-    """The memory directory was built by another model, tokenizer or weights."""
-
-
-class ManifestError(ValueError):
-    """A manifest that cannot be read: the message names the file and what is wrong."""
-
-
-def read_manifest(path: Path) -> dict:
-    """A memory's manifest, or a ManifestError naming the file, line and column."""
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"{path}: line {e.lineno} column {e.colno}: {e.msg} (the manifest is damaged; "
-                            "`monim fsck` says what can be recovered)") from None
-    if not isinstance(manifest, dict) or "days" not in manifest:
-        raise ManifestError(f"{path}: not a monim manifest (no 'days')")
-    return manifest
 
 
 @dataclass
@@ -79,46 +56,6 @@ class Entries:
                    [d for p in parts for d in p.doc_ids], np.concatenate([p.positions for p in parts]))
 
 
-@dataclass
-class DayRecord:
-    """One committed day in the manifest."""
-
-    date: str
-    shard: str
-    tokens_seen: int  # what FullMem would store
-    entries: int
-    policy: str
-    params: dict = field(default_factory=dict)
-    forgotten: int = 0
-    merged: int = 0  # entries absorbed by later days' entries (Greedy Merging)
-    checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
-    evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.records)
-
-    @property
-    def memrate(self) -> float:
-        return self.entries / self.tokens_seen if self.tokens_seen else 0.0
-
-
-def _theta_history(root: Path) -> list[dict]:
-    """Θ's history of a memory written before the manifest kept it: from its calibration folders
-    (a day calibrated twice counts its last calibration)."""
-    metas = sorted((root / "theta").glob("*/meta.json"), key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
-    history: dict[str, dict] = {}
-    for meta in metas:
-        record = json.loads(meta.read_text())
-        history[record["date"]] = {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {
-            "dir": f"theta/{meta.parent.name}"}
-    return list(history.values())
-
-
-def _upgrade(manifest: dict, root: Path) -> dict:
-    """A manifest in today's shape: Θ's history kept in it (older ones wrote only the latest Θ)."""
-    if "thetas" not in manifest:
-        manifest["thetas"] = _theta_history(root)
-    manifest.pop("theta", None)  # the latest Θ is thetas[-1]
-    return manifest
-
-
 class Datastore:
     """The memory's entries on disk; every change is published by one manifest rename.
 
@@ -143,14 +80,14 @@ class Datastore:
             manifest = {"format": FORMAT, **identity, "key_dtype": "float16", "version": 0,
                         "next_id": 0, "entries": 0, "days": [], "thetas": []}
         self.identity = {k: manifest[k] for k in IDENTITY if k in manifest}
-        self.manifest = _upgrade(manifest, self.root)
+        self.manifest = upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
         self._weights: np.ndarray | None = None
 
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
         path = self.root / "manifest.json"
-        manifest = _upgrade(read_manifest(path), self.root) if path.exists() else self.manifest
+        manifest = upgrade(read_manifest(path), self.root) if path.exists() else self.manifest
         for key in ("settings", *IDENTITY):  # kept for the next commit where the file lacks them
             if key in self.manifest and key not in manifest:
                 manifest[key] = self.manifest[key]

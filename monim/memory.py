@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import datetime as dt
 import functools
-import hashlib
 import json
 import os
 import time
@@ -19,9 +18,9 @@ import faiss
 import numpy as np
 import torch
 
-from monim.atomic import checksum
-from monim.calibrator import Calibrator, Examples, examples
-from monim.datastore import Datastore, DayRecord
+from monim.calibrator import Calibrator, examples
+from monim.datastore import Datastore
+from monim.manifest import DayRecord
 from monim.dedup import Signatures, TwinIndex
 from monim.features import Features
 from monim.index import MemoryIndex

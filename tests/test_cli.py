@@ -120,7 +120,7 @@ def test_clear_errors(learned, tmp_path):
     proc = monim("learn", "--source", DEMO, "--start", "2020-01-01", "--end", "2020-01-31", "--workdir", tmp_path, check=False)
     assert proc.returncode == 2 and "no articles between 2020-01-01 and 2020-01-31" in proc.stderr
     proc = monim("learn", "--source", DEMO, "--start", "1987-03-04", "--end", "1987-03-04", "--workdir", workdir, check=False)
-    assert proc.returncode == 2 and "was built with model" in proc.stderr and "another --workdir" in proc.stderr
+    assert proc.returncode == 2 and "was learned with model" in proc.stderr and "another --workdir" in proc.stderr
     proc = monim("learn", "--source", DEMO, "--policy", "lru", "--workdir", tmp_path, check=False)
     assert proc.returncode == 2 and "unknown policy 'lru'" in proc.stderr
 

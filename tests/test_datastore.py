@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore, Entries, MemoryMismatch
+from monim.datastore import Datastore, Entries
+from monim.manifest import MemoryMismatch
 from monim.index import IndexConfig, MemoryIndex, indexed_ids
 
 D = 8

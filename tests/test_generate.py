@@ -17,7 +17,7 @@ from monim.memory import Memory
 from monim.theta import Settings
 from monim.catalogue import make_policy
 from monim.recency import Recency
-from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.stream import DEMO_STREAM, Day, iter_days, open_source
 
 K, LAM, T = 8, 0.4, 3.0
 

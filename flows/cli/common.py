@@ -125,7 +125,7 @@ def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
 
 def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **overrides) -> Memory:
     """Θ as the chosen memory describes itself (monim.memory.Memory.open), with a reader's overrides."""
-    from monim.datastore import ManifestError, MemoryMismatch
+    from monim.manifest import ManifestError, MemoryMismatch
     from monim.memory import Memory
     from monim.theta import SettingsMismatch
 

@@ -22,20 +22,27 @@ SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "acc
 
 
 def preflight(spec: RunConfig, policies: list[str]) -> None:
-    """Refuse, before any work, to learn into a memory of the work directory learned with another
-    model or other settings (naming the fields)."""
+    """Refuse, before any work, a work directory whose memories another model learned (one model per
+    work directory), or a memory to learn into that was learned with other settings (naming the fields)."""
     from monim.catalogue import MEMORY
-    from monim.datastore import ManifestError, read_manifest
     from monim.lm import DEFAULT_MODEL
+    from monim.manifest import ManifestError, read_manifest
     from monim.memory import refuse_other
+    from monim.records import memories
     from monim.theta import SettingsMismatch
 
+    model = spec.model or DEFAULT_MODEL
+    for root in memories(spec.workdir):
+        with clear_errors(ManifestError):
+            built = read_manifest(root / "manifest.json")["model"]
+        if built != model:
+            raise fail(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
     for policy in policies:
         run = spec.model_copy(update={"policy": policy})
         path = run.memory_dir / "manifest.json"
         if run.kind == MEMORY and path.exists():
-            with clear_errors(ManifestError, SettingsMismatch):
-                refuse_other(read_manifest(path), spec.model or DEFAULT_MODEL, run.settings(), where=run.memory_dir)
+            with clear_errors(SettingsMismatch):
+                refuse_other(read_manifest(path), model, run.settings(), where=run.memory_dir)
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
