@@ -121,3 +121,25 @@ def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, feature
              name: str = "eval") -> dict:
     """PPL and next-word accuracy of the LM alone and with one memory (Θ: its calibrator or constant λ)."""
     return evaluate_many(lm, docs, {"memory": memory}, features, name)["memory"]
+
+
+def score_texts(lm: LM, docs: list[Document], memory: Memory | None = None, features: Features | None = None) -> dict:
+    """Each document's PPL under Θ and under the LM alone, and its tokens: {doc id: metrics}; the LM
+    runs once over all of them (packed rows), each document seeing only itself."""
+    features = shared_features(lm, {"memory": memory}, features)
+    if memory is not None:
+        memory.sync()
+    tallies = {d.id: _Tally() for d in docs}
+    for batch in features.scores(docs, "texts"):
+        b = searched(lm, batch, memory)
+        theta = theta_of(b, memory)
+        for doc_id in np.unique(b.doc_id):
+            rows = b.doc_id == doc_id
+            tallies[doc_id].add(_rows(b, rows), ThetaScores(theta.logp[rows], theta.max_logp[rows], theta.argmax[rows]),
+                                np.ones(int(rows.sum()), bool))
+    return {doc_id: {k: t.result(0)[k] for k in ("ppl", "ppl_lm", "tokens")} for doc_id, t in tallies.items()}
+
+
+def _rows(batch: TokenScores, rows: np.ndarray) -> TokenScores:
+    """Some rows of a searched batch, neighbours included."""
+    return TokenScores(**{f: None if v is None else v[rows] for f, v in vars(batch).items()})

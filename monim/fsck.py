@@ -21,6 +21,7 @@ from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
 from monim.records import record_path, run_lock
+from monim.theta import Settings
 
 
 @dataclass
@@ -73,8 +74,13 @@ def _strays(ds: Datastore) -> list[Path]:
     return out
 
 
+def _index(ds: Datastore) -> MemoryIndex:
+    """The memory's index, with the index settings it was learned with."""
+    return MemoryIndex(ds.root, ds.identity["hidden_size"], Settings.from_dict(ds.manifest.get("settings") or {}).index)
+
+
 def _index_problem(ds: Datastore) -> Problem | None:
-    index = MemoryIndex(ds.root, ds.identity["hidden_size"])
+    index = _index(ds)
     if not (index.dir / "index.faiss").exists():
         return None  # built on first use
     if index.index is None:
@@ -122,7 +128,7 @@ def _check_memory(root: Path, repair: bool) -> list[Problem]:
                 Path(p.where).unlink()
                 LexicalCounts.of(ds)
             elif p.repair == "rebuild the index from the shards" and not corrupt:
-                MemoryIndex(root, ds.identity["hidden_size"]).sync(ds, retrain=True)
+                _index(ds).sync(ds, retrain=True)
             else:
                 continue
             p.repaired = True

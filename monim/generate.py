@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -62,6 +63,7 @@ class Generation:
     tokens: list[int]
     lams: list[float]
     sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Source as dict]}
+    stopped: str = "max_new_tokens"  # why it ended: max_new_tokens, eos, or what `should_stop` said (a time limit, ...)
     logprobs: list[np.ndarray] | None = None  # Θ's log P over the vocabulary before each step
 
     def as_dict(self) -> dict:
@@ -110,8 +112,10 @@ def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]
 
 
 @torch.inference_mode()
-def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateConfig | None = None) -> Generation:
-    """Continue `prompt` with Θ (the LM alone without a memory, or where Θ fell back to it)."""
+def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateConfig | None = None,
+             should_stop: Callable[[], str | None] | None = None) -> Generation:
+    """Continue `prompt` with Θ (the LM alone without a memory, or where Θ fell back to it);
+    `should_stop` is asked before each token and may end the continuation with a reason."""
     cfg = cfg or GenerateConfig()
     ids = lm.tokenizer(prompt)["input_ids"]
     if not ids:
@@ -128,7 +132,11 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
     eos = lm.tokenizer.eos_token_id
     context, new = list(ids), list(ids)
     out, lams, logprobs, credit = [], [], [], []
+    stopped = "max_new_tokens"
     for _ in range(cfg.max_new_tokens):
+        if should_stop is not None and (reason := should_stop()):
+            stopped = reason
+            break
         pos = torch.arange(len(context) - len(new), len(context), device=lm.device)[None]
         hidden, keys = lm.forward(torch.tensor([new], device=lm.device), position_ids=pos, past=cache)
         batch, logp = _step_scores(lm, hidden[0, -1], keys[0, -1], context[-1], len(context))
@@ -147,10 +155,11 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
         lams.append(lam)
         credit.append(weights)
         if token == eos:
+            stopped = "eos"
             break
         context.append(token)
         new = [token]
-    gen = Generation(prompt, lm.tokenizer.decode(out, skip_special_tokens=True), out, lams,
+    gen = Generation(prompt, lm.tokenizer.decode(out, skip_special_tokens=True), out, lams, stopped=stopped,
                      logprobs=logprobs if cfg.keep_distributions else None)
     gen.sentences = _sentences(lm, memory, out, credit, cfg.sources)
     return gen

@@ -6,9 +6,11 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -52,6 +54,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MONIM_CACHE", Path.home() / ".cache" / "monim"))
 
 
+# the key of the forward pass running in this thread (or task): each call captures its own, so one
+# LM serves any number of threads at once (a server's requests, a Dask worker's tasks)
+_CAPTURED: ContextVar[dict | None] = ContextVar("monim_key", default=None)
+
+
+def _capture(module: torch.nn.Module, args: tuple) -> None:
+    box = _CAPTURED.get()
+    if box is not None:  # a forward pass of LM.forward (not, e.g., a training step of the model itself)
+        box["key"] = args[0]
+
+
 @dataclass
 class LM:
     """A causal LM with a forward pre-hook that captures the last MLP's input (the kNN key)."""
@@ -59,14 +72,10 @@ class LM:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     name: str
-    _captured: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.key_module = last_mlp(self.model)
-        self.key_module.register_forward_pre_hook(self._capture)
-
-    def _capture(self, module: torch.nn.Module, args: tuple) -> None:
-        self._captured["key"] = args[0]
+        self.key_module.register_forward_pre_hook(_capture)
 
     @property
     def hidden_size(self) -> int:
@@ -106,9 +115,19 @@ class LM:
                 position_ids: torch.Tensor | None = None, past: Cache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final hidden states (after the last norm) and keys, both [batch, seq, d]; `past` (a KV cache)
         is extended in place."""
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    past_key_values=past, use_cache=past is not None)
-        return out.last_hidden_state, self._captured.pop("key")
+        box: dict = {}
+        token = _CAPTURED.set(box)
+        try:
+            out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                        use_cache=past is not None, **{self._cache_arg: past})
+        finally:
+            _CAPTURED.reset(token)
+        return out.last_hidden_state, box["key"]
+
+    @cached_property
+    def _cache_arg(self) -> str:
+        """The forward's name for the KV cache: `cache` in newer transformers (`past_key_values` is deprecated there)."""
+        return "cache" if "cache" in inspect.signature(self.model.base_model.forward).parameters else "past_key_values"
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 logits for a few final hidden states."""

@@ -16,6 +16,7 @@ from monim.stream import DEMO_STREAM
 
 DAYS = ("1987-03-07", "1987-03-09")  # a Saturday and the next Monday: two ISO weeks
 EXPERIMENT = "monim-reuters-1987-03-02_03-13"
+S07, S09 = 5, 7  # their MLflow steps: days since the stream's first day, 1987-03-02
 
 
 @pytest.fixture(scope="module")
@@ -48,33 +49,33 @@ def test_period_ppl_is_logged_as_of_each_period_end(suite):
     lm = load_lm(model)
     sets = period_sets(str(DEMO_STREAM), dt.date(1987, 3, 7), dt.date(1987, 3, 9), "week", max_docs=2)
     assert list(sets) == ["1987-W10", "1987-W11"]
-    # week 10 as of its end (step 0) and of week 11's (step 2); week 11 only as of its own end
+    # week 10 as of its end (03-07) and of week 11's (03-09); week 11 only as of its own end
     fullmem = runs["fullmem"]
     w10, w11 = history(client, fullmem, "ppl_period/1987-W10"), history(client, fullmem, "ppl_period/1987-W11")
-    assert set(w10) == {0, 2} and set(w11) == {2}
-    memory = Memory(workdir / "memories" / "fullmem", lm)
-    assert w10[0] == pytest.approx(evaluate(lm, sets["1987-W10"], memory.at(DAYS[0]))["ppl"], rel=1e-4)
-    assert w11[2] == pytest.approx(evaluate(lm, sets["1987-W11"], memory)["ppl"], rel=1e-4)
+    assert set(w10) == {S07, S09} and set(w11) == {S09}
+    memory = Memory.open(workdir / "memories" / "fullmem", lm)
+    assert w10[S07] == pytest.approx(evaluate(lm, sets["1987-W10"], memory.at(DAYS[0]))["ppl"], rel=1e-4)
+    assert w11[S09] == pytest.approx(evaluate(lm, sets["1987-W11"], memory)["ppl"], rel=1e-4)
     bare = history(client, runs["bare"], "ppl_period/1987-W10")
-    assert bare[0] == bare[2] == pytest.approx(evaluate(lm, sets["1987-W10"])["ppl_lm"], rel=1e-6)
+    assert bare[S07] == bare[S09] == pytest.approx(evaluate(lm, sets["1987-W10"])["ppl_lm"], rel=1e-6)
 
 
 def test_forgetting_probe_and_qa_are_logged(suite):
     workdir, model, client, runs, qa = suite
     for name, run_id in runs.items():
         text = history(client, run_id, "ppl_text")
-        assert set(text) == {0, 2} and all(v > 1 for v in text.values())  # every day (text_every=1)
-        assert history(client, run_id, "ppl_text_lm")[0] == pytest.approx(history(client, runs["bare"], "ppl_text")[0])
+        assert set(text) == {S07, S09} and all(v > 1 for v in text.values())  # every day (text_every=1)
+        assert history(client, run_id, "ppl_text_lm")[S07] == pytest.approx(history(client, runs["bare"], "ppl_text")[S07])
         # questions from the first learned day to a week after the last: 03-07, 03-09, 03-16
-        assert history(client, run_id, "qa_n") == {2: 3.0}
+        assert history(client, run_id, "qa_n") == {S09: 3.0}
         for k in (0, 1):
-            acc = history(client, run_id, f"qa_accuracy_{k}shot")[2]
-            low, high = history(client, run_id, f"qa_ci_low_{k}shot")[2], history(client, run_id, f"qa_ci_high_{k}shot")[2]
+            acc = history(client, run_id, f"qa_accuracy_{k}shot")[S09]
+            low, high = history(client, run_id, f"qa_ci_low_{k}shot")[S09], history(client, run_id, f"qa_ci_high_{k}shot")[S09]
             assert acc in (0.0, 1 / 3, 2 / 3, 1.0) and low <= acc <= high
     questions = read_questions(qa, dt.date(1987, 3, 7), dt.date(1987, 3, 16))
     lm = load_lm(model)
     want = answer_questions(lm, questions, {"lm": None}, 1, read_questions(qa))["lm"]["qa_accuracy"]
-    assert history(client, runs["bare"], "qa_accuracy_1shot")[2] == pytest.approx(want)
+    assert history(client, runs["bare"], "qa_accuracy_1shot")[S09] == pytest.approx(want)
     assert isinstance(questions[0], Question)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from monim.config import RunConfig
 from monim.index import IndexConfig
-from monim.scoring import ScoreConfig
+from monim.scoring import ScoreConfig, with_neighbors
 from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
 from monim.theta import Settings, SettingsMismatch
 
@@ -134,10 +134,8 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     # the evaluation's path: the document scored through the memory's window, searched, Θ's full distribution
     doc = Document("p", day.date, memory.lm.tokenizer.decode(tokens))
     memory.sync()
-    batch = list(memory.features().scores([doc], "p", memory.search))[-1]
-    last = batch.select(slice(len(batch) - 1, len(batch)))
-    last.knn_dist, last.knn_values, last.knn_ids, last.knn_prior = (a[-1:] if a is not None else None for a in (
-        batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior))
+    batch = list(memory.features().scores([doc], "p"))[-1]
+    last = with_neighbors(memory.lm, batch.select(slice(len(batch) - 1, len(batch))), memory.search)
     with torch.no_grad():
         lm_logp = torch.log_softmax(memory.lm.logits(torch.from_numpy(last.hidden)), -1).double()
     want, _, _ = memory.theta_logprobs(last, lm_logp)
@@ -158,12 +156,12 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
     args = ["learn", "--source", str(DEMO_STREAM), "--start", DAYS[0], "--end", "1987-03-04", "--policy", "fullmem",
             "--model", model, "--max-docs", "3"]
     victim = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[0].id
-    racing = tmp_path / "racing"
+    racing, log = tmp_path / "racing", tmp_path / "learn.log"
     learn = subprocess.Popen([MONIM, *args, "--workdir", racing], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=log.open("w"))
     root, deadline = racing / "memories" / "fullmem", time.monotonic() + 300
     while True:  # day 1 committed, and the learn holds the memory's lock (writing day 2)
-        assert learn.poll() is None and time.monotonic() < deadline, learn.stderr.read()[-3000:] if learn.poll() else ""
+        assert learn.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         if (root / "manifest.json").exists() and len(json.loads((root / "manifest.json").read_text())["days"]) == 1:
             try:
                 FileLock(root / ".lock").acquire(timeout=0).lock.release()
@@ -173,7 +171,7 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
     forget = subprocess.run([MONIM, "forget", "--workdir", racing, "--doc", victim, "--json"], env=env,
                             capture_output=True, text=True, timeout=600)
     assert forget.returncode == 0, forget.stderr[-3000:]
-    assert learn.wait(timeout=600) == 0, learn.stderr.read()[-3000:]
+    assert learn.wait(timeout=600) == 0, log.read_text()[-3000:]
     clean = tmp_path / "clean"
     subprocess.run([MONIM, *args, "--workdir", clean], env=env, check=True, capture_output=True, timeout=600)
     subprocess.run([MONIM, "forget", "--workdir", clean, "--doc", victim], env=env, check=True, capture_output=True,

@@ -1,0 +1,187 @@
+"""The served champion under load: 1, 4, 16 and 64 concurrent clients on loopback, each sending a
+mix of scoring and generation rows to `monim serve-model`; per level: requests/s, tokens/s, latency
+percentiles, errors and WRONG answers (each response against the same request answered alone:
+a perplexity off by more than 1e-4 relative, or other generated tokens). Then the LM's own forward
+throughput on the same texts (the physical bound) in this process, and a SIGTERM to the server with
+requests in flight: how long it takes to stop, and whether any process it started is left.
+Bounded: each level sends `--requests-per-client` requests per client and stops after `--level-seconds`.
+Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim run` when missing)
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+import numpy as np
+import psutil
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from monim.lm import load_lm
+from monim.stream import DEMO_STREAM, iter_days, open_source
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def post(port: int, body: dict, timeout: float = 300) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def requests_pool(n_texts: int, n_prompts: int, new_tokens: int) -> list[dict]:
+    """Distinct requests from the demo stream's articles: texts of ~1,000 characters to score, and
+    article openings to continue."""
+    docs = [d for day in iter_days(open_source(DEMO_STREAM)) for d in day.train + day.test]
+    texts = [{"dataframe_records": [{"text": d.text[:1000]}]} for d in docs[:n_texts]]
+    prompts = [{"dataframe_records": [{"prompt": " ".join(d.text.split()[:12])}], "params": {"max_new_tokens": new_tokens}}
+               for d in docs[n_texts : n_texts + n_prompts]]
+    return [r for pair in zip(texts, prompts) for r in pair] + texts[len(prompts):] + prompts[len(texts):]
+
+
+def same(a: dict, b: dict) -> bool:
+    """Whether two answers to one request agree (scores within 1e-4 relative; the same tokens)."""
+    if "ppl" in a:
+        return a["tokens"] == b["tokens"] and abs(a["ppl"] - b["ppl"]) <= 1e-4 * b["ppl"]
+    return a["tokens"] == b["tokens"]
+
+
+def level(port: int, clients: int, pool: list[dict], reference: list[dict], per_client: int, seconds: float) -> dict:
+    """`clients` threads, each sending `per_client` requests (round robin over the pool), within `seconds`."""
+    latencies, errors, wrong, tokens, done = [], [], 0, {"scored": 0, "generated": 0}, 0
+    lock, deadline = threading.Lock(), time.monotonic() + seconds
+
+    def client(c: int) -> None:
+        nonlocal wrong, done
+        for i in range(per_client):
+            if time.monotonic() > deadline:
+                return
+            k = (c * per_client + i) % len(pool)
+            t = time.perf_counter()
+            status, out = post(port, pool[k])
+            took = time.perf_counter() - t
+            with lock:
+                latencies.append(took)
+                if status != 200:
+                    errors.append(f"{status} {out.get('message', '')[:120]}")
+                    continue
+                done += 1
+                answer = out["predictions"][0]
+                wrong += not same(answer, reference[k])
+                tokens["scored" if "ppl" in answer else "generated"] += answer["tokens"] if "ppl" in answer else len(answer["tokens"])
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    lat = np.array(latencies) if latencies else np.array([np.nan])
+    return {"clients": clients, "requests": done, "errors": len(errors), "error_examples": errors[:3], "wrong": wrong,
+            "requests_per_s": done / wall, "scored_tokens_per_s": tokens["scored"] / wall,
+            "generated_tokens_per_s": tokens["generated"] / wall, "p50_s": float(np.percentile(lat, 50)),
+            "p95_s": float(np.percentile(lat, 95)), "p99_s": float(np.percentile(lat, 99)), "wall_s": wall}
+
+
+def lm_bound(texts: list[str]) -> dict:
+    """The LM body's forward tokens/s on the same texts, packed into full 512-token rows (8 a pass)."""
+    lm = load_lm()
+    ids = [t for text in texts for t in lm.tokenizer(text)["input_ids"]]
+    flat = torch.tensor(ids[: len(ids) // 512 * 512]).view(-1, 512)
+    with torch.inference_mode():
+        lm.forward(flat[:1, :64])
+        t = time.perf_counter()
+        for i in range(0, len(flat), 8):
+            lm.forward(flat[i : i + 8])
+        return {"tokens": flat.numel(), "body_tokens_per_s": flat.numel() / (time.perf_counter() - t)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, default=REPO / "monim-demo")
+    ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--level-seconds", type=float, default=300)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--port", type=int, default=5055)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve-load.json")
+    args = ap.parse_args()
+    console = Console(width=150)
+    monim = str(BIN / "monim")
+    if not (args.workdir / "mlflow.db").exists():
+        subprocess.run([monim, "run", "--workdir", str(args.workdir)], check=True)
+    server = subprocess.Popen([monim, "serve-model", "--workdir", str(args.workdir), "--port", str(args.port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = time.perf_counter()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{args.port}/ping", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None:
+                raise SystemExit(f"the server did not start:\n{server.stderr.read()[-3000:]}")
+            time.sleep(0.5)
+    ready = time.perf_counter() - started
+    pool = requests_pool(24, 12, args.new_tokens)
+    reference = []
+    for body in pool:  # each request answered alone: the reference every later answer must equal
+        status, out = post(args.port, body)
+        assert status == 200, out
+        reference.append(out["predictions"][0])
+    results = {"ready_s": ready, "levels": [level(args.port, c, pool, reference, args.requests_per_client, args.level_seconds)
+                                            for c in map(int, args.levels.split(","))]}
+    texts = [r["dataframe_records"][0]["text"] for r in pool if "text" in r["dataframe_records"][0]]
+    results["bound"] = lm_bound(texts)
+    at16 = next((r for r in results["levels"] if r["clients"] == 16), results["levels"][-1])
+    results["scoring_vs_bound_at_16"] = at16["scored_tokens_per_s"] / results["bound"]["body_tokens_per_s"]
+    # a stop with requests in flight
+    children = psutil.Process(server.pid).children(recursive=True)
+    flying = [threading.Thread(target=post, args=(args.port, pool[i % len(pool)], 60)) for i in range(8)]
+    for t in flying:
+        t.start()
+    time.sleep(1.0)
+    t = time.perf_counter()
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    stop_s = time.perf_counter() - t
+    for th in flying:
+        th.join()
+    alive = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    results["stop"] = {"seconds": stop_s, "exit_code": server.returncode, "processes_left": alive}
+
+    table = Table(title=f"monim serve-model on loopback (ready in {ready:.1f} s; LM body {results['bound']['body_tokens_per_s']:.0f} tok/s)")
+    for col in ("clients", "requests", "req/s", "scored tok/s", "generated tok/s", "p50 s", "p95 s", "p99 s", "errors", "wrong"):
+        table.add_column(col, justify="right")
+    for r in results["levels"]:
+        table.add_row(str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}", f"{r['scored_tokens_per_s']:.0f}",
+                      f"{r['generated_tokens_per_s']:.1f}", f"{r['p50_s']:.2f}", f"{r['p95_s']:.2f}", f"{r['p99_s']:.2f}",
+                      str(r["errors"]), str(r["wrong"]))
+    console.print(table)
+    console.print(f"scoring at 16 clients: {results['scoring_vs_bound_at_16']:.2f}x the LM body's forward throughput; "
+                  f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
+                  f"processes left: {alive or 'none'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Serving Θ to many callers: requests checked against documented limits (each refusal names the
+field and the limit), one worker thread that alone runs Θ (concurrent texts are scored together in
+one LM pass, prompts continued one after another), and work bounded in time: a request that waits
+or runs past its budget, or whose caller is gone, stops and says so.
+
+A request is MLflow's scoring format: {"dataframe_records": [{"text": ...} | {"prompt": ...}, ...],
+"params": {"max_new_tokens", "temperature", "top_p", "seed", "sources"}}. A `text` row gets Θ's
+perplexity (and the LM's alone), a `prompt` row a continuation with λ per token and sources.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+from monim.evaluate import score_texts
+from monim.generate import GenerateConfig, generate
+from monim.memory import Memory
+from monim.stream import Document
+
+log = logging.getLogger(__name__)
+ROW_FIELDS = ("text", "prompt")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (the server's defaults, documented in the README)."""
+
+    max_rows: int = 32  # rows per request
+    max_chars: int = 20_000  # characters per text or prompt
+    max_new_tokens: int = 256  # tokens a prompt may ask for
+    seconds: float = 60.0  # per request, waiting included: a continuation stops there and answers with what it wrote
+
+
+class BadRequest(ValueError):
+    """A request monim will not answer: the message names the field (and the limit)."""
+
+
+class Busy(RuntimeError):
+    """The request waited past its time budget before Θ was free (answered 503: try again)."""
+
+
+@dataclass
+class Request:
+    """A checked request: its rows as (field, value) and how prompts are continued."""
+
+    rows: list[tuple[str, str]]
+    generation: GenerateConfig
+
+
+def _param(name: str, value, kind: type):
+    """A param of the right type, or a BadRequest naming it (a bool is no number; sources takes either)."""
+    if name == "sources" and isinstance(value, bool):
+        return 3 if value else 0
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
+    if not ok:
+        raise BadRequest(f"params.{name}: expected {'a whole number' if kind is int else 'a number'}"
+                         f"{' or true/false' if name == 'sources' else ''}, got {value!r}")
+    return kind(value)
+
+
+def parse(body: object, limits: Limits) -> Request:
+    """A request body checked against the limits; unknown fields and params are refused by name."""
+    if not isinstance(body, dict):
+        raise BadRequest("send a JSON object: {\"dataframe_records\": [{\"text\": ...} or {\"prompt\": ...}], \"params\": {...}}")
+    unknown = sorted(set(body) - {"dataframe_records", "params"})
+    if unknown:
+        raise BadRequest(f"unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: send "
+                         "'dataframe_records' (and optionally 'params')")
+    records = body.get("dataframe_records")
+    if not isinstance(records, list) or not records:
+        raise BadRequest("dataframe_records: send a list of one or more rows, each {\"text\": ...} (to score) or "
+                         "{\"prompt\": ...} (to continue)")
+    if len(records) > limits.max_rows:
+        raise BadRequest(f"dataframe_records: {len(records)} rows; at most {limits.max_rows} a request")
+    rows = [_row(i, r, limits) for i, r in enumerate(records)]
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"params: expected an object, got {type(params).__name__}")
+    kinds = {f.name: f.type for f in fields(GenerateConfig) if f.name != "keep_distributions"}
+    unknown = sorted(set(params) - set(kinds))
+    if unknown:
+        raise BadRequest(f"params: unknown {', '.join(map(repr, unknown))}; known: {', '.join(kinds)}")
+    values = {k: _param(k, v, float if kinds[k] in ("float", float) else int) for k, v in params.items()}
+    if values.get("max_new_tokens", 0) > limits.max_new_tokens:
+        raise BadRequest(f"params.max_new_tokens: {values['max_new_tokens']}; at most {limits.max_new_tokens}")
+    try:
+        return Request(rows, GenerateConfig(**values))
+    except ValueError as e:
+        raise BadRequest(f"params: {e}") from None
+
+
+def _row(i: int, row: object, limits: Limits) -> tuple[str, str]:
+    if not isinstance(row, dict):
+        raise BadRequest(f"dataframe_records[{i}]: expected an object with 'text' or 'prompt', got {type(row).__name__}")
+    given = {k: v for k, v in row.items() if v is not None}
+    unknown = sorted(set(given) - set(ROW_FIELDS))
+    if unknown or len(given) != 1:
+        what = f"unknown field {', '.join(map(repr, unknown))}" if unknown else f"got {sorted(given) or 'nothing'}"
+        raise BadRequest(f"dataframe_records[{i}]: give exactly one of 'text' (to score) or 'prompt' (to continue); {what}")
+    (name, value), = given.items()
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"dataframe_records[{i}].{name}: expected non-empty text, got {value!r}"[:200])
+    if len(value) > limits.max_chars:
+        raise BadRequest(f"dataframe_records[{i}].{name}: {len(value)} characters; at most {limits.max_chars}")
+    return name, value
+
+
+@dataclass
+class _Job:
+    """One request waiting for Θ: its rows, when it must be done, and whether its caller is still there."""
+
+    request: Request
+    deadline: float
+    cancelled: Callable[[], bool]
+    answers: list = field(default_factory=list)
+    error: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Service:
+    """Θ (one memory as of a day) answering requests from any number of threads, one at a time."""
+
+    def __init__(self, memory: Memory, limits: Limits | None = None):
+        self.memory, self.limits = memory, limits or Limits()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="monim-theta", daemon=True)
+        self._stopping = False
+        self._worker.start()
+
+    def answer(self, body: object, cancelled: Callable[[], bool] = lambda: False) -> list[dict]:
+        """The answers to a request body, in row order (BadRequest, Busy, or the failure, raised)."""
+        request = parse(body, self.limits)
+        if self._stopping:
+            raise Busy("the server is stopping")
+        job = _Job(request, time.monotonic() + self.limits.seconds, cancelled)
+        self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.answers
+
+    def stop(self) -> None:
+        """From now on: in-flight continuations stop at their next token, new and waiting requests are refused."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Stop, and end the worker."""
+        self.stop()
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            jobs = [job]
+            while not self._queue.empty():  # everything that arrived meanwhile: its texts share one LM pass
+                jobs.append(self._queue.get())
+            if None in jobs:
+                for j in jobs:
+                    if j is not None:
+                        self._finish(j, Busy("the server is stopping"))
+                return
+            live = []
+            for j in jobs:
+                if j.cancelled():
+                    self._finish(j, Busy("the caller is gone"))
+                elif time.monotonic() > j.deadline or self._stopping:
+                    self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
+                else:
+                    live.append(j)
+            try:
+                self._score(live)
+            except Exception as e:  # noqa: BLE001 (the trace is logged; the callers get the message)
+                log.exception("scoring failed")
+                for j in live:
+                    self._finish(j, e)
+                continue
+            for j in live:
+                self._continue(j)
+
+    def _score(self, jobs: list[_Job]) -> None:
+        """Every text row of these requests, scored in one pass of the LM."""
+        docs = {(n, i): Document(f"{n}/{i}", dt.date.min, value) for n, j in enumerate(jobs)
+                for i, (kind, value) in enumerate(j.request.rows) if kind == "text"}
+        scores = score_texts(self.memory.lm, list(docs.values()), self.memory) if docs else {}
+        for n, j in enumerate(jobs):
+            j.answers = [None] * len(j.request.rows)
+            for i, (kind, _) in enumerate(j.request.rows):
+                if kind == "text":
+                    r = scores[f"{n}/{i}"]
+                    if not r["tokens"]:
+                        j.error = BadRequest(f"dataframe_records[{i}].text: a single token; a perplexity needs two")
+                    j.answers[i] = {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
+
+    def _continue(self, job: _Job) -> None:
+        """The request's prompts continued one by one (stopping at its deadline or when its caller leaves)."""
+        def stop() -> str | None:
+            if self._stopping:
+                return "server stopping"
+            if job.cancelled():
+                return "caller gone"
+            return f"time limit ({self.limits.seconds:g} s)" if time.monotonic() > job.deadline else None
+
+        try:
+            for i, (kind, value) in enumerate(job.request.rows):
+                if kind == "prompt" and job.error is None:
+                    job.answers[i] = generate(self.memory.lm, value, self.memory, job.request.generation, stop).as_dict()
+        except ValueError as e:
+            job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
+        except Exception as e:  # noqa: BLE001
+            log.exception("generation failed")
+            job.error = e
+        self._finish(job, job.error)
+
+    @staticmethod
+    def _finish(job: _Job, error: Exception | None) -> None:
+        job.error = error
+        job.done.set()
