@@ -46,13 +46,17 @@ RUNS = {  # name: (policy, calibration source)
 }
 
 
-def token_nll(lm, docs: list[Document], memories: dict, cfg: Features) -> dict[str, np.ndarray]:
-    """Per-token NLL of the LM ('lm') and of each memory's Θ on the documents (one LM pass)."""
+def token_nll(lm, docs: list[Document], memories: dict, cfg: Features, skipped: list | None = None) -> dict[str, np.ndarray]:
+    """Per-token NLL of the LM ('lm') and of each memory's Θ on the documents (one LM pass); the skip
+    rule's choices are appended to `skipped`, if given."""
     out: dict[str, list] = {"lm": [], **{name: [] for name in memories}}
     for batch in cfg.scores(docs, "test"):
         out["lm"].append(-batch.logp.astype(np.float64))
         for name, memory in memories.items():
-            out[name].append(-theta_of(searched(lm, batch, memory), memory).logp)
+            b = searched(lm, batch, memory)
+            out[name].append(-theta_of(b, memory).logp)
+            if skipped is not None and b.knn_skipped is not None:
+                skipped.append(b.knn_skipped)
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
 
 
@@ -61,11 +65,10 @@ def skip_rule(lm, memory: Memory, docs: list[Document], theta: float, cfg: Featu
     row = {}
     for label, threshold in (("full", None), ("skip", theta)):
         memory.calibrator_cfg.skip_threshold = threshold
-        memory.searched = memory.skipped = 0
-        started = time.perf_counter()
-        nll = token_nll(lm, docs, {"m": memory}, cfg)["m"]
+        started, skipped = time.perf_counter(), []
+        nll = token_nll(lm, docs, {"m": memory}, cfg, skipped)["m"]
         row |= {f"ppl_{label}": math.exp(nll.mean()), f"seconds_{label}": time.perf_counter() - started}
-    row["skipped"] = memory.skipped / max(1, memory.skipped + memory.searched)
+    row["skipped"] = float(np.concatenate(skipped).mean()) if skipped else 0.0
     memory.calibrator_cfg.skip_threshold = None
     return row
 

@@ -59,9 +59,9 @@ def main() -> None:
         started = time.perf_counter()
         view.sync(retrain=True)
         build = time.perf_counter() - started
-        view.search_seconds = 0.0
+        started = time.perf_counter()  # the LM's features come from the store: this is the searches
         result = evaluate(lm, docs, view, features, f"{held}-eval")
-        rows.append({"index": label, "entries": len(view), "build_s": build, "search_s": view.search_seconds,
+        rows.append({"index": label, "entries": len(view), "build_s": build, "search_s": time.perf_counter() - started,
                      "ppl": result["ppl"], "ppl_lm": result["ppl_lm"], "tokens": result["tokens"],
                      "codec": view.index.meta.get("codec", "exact"), "nlist": view.index.meta.get("nlist", 0)})
         print(json.dumps(rows[-1]), flush=True)

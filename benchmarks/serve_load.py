@@ -10,7 +10,6 @@ Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim 
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -123,10 +122,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve-load.json")
     args = ap.parse_args()
     console = Console(width=150)
-    monim = str(BIN / "monim")
+    cli = str(BIN / "monim")
     if not (args.workdir / "mlflow.db").exists():
-        subprocess.run([monim, "run", "--workdir", str(args.workdir)], check=True)
-    server = subprocess.Popen([monim, "serve-model", "--workdir", str(args.workdir), "--port", str(args.port)],
+        subprocess.run([cli, "run", "--workdir", str(args.workdir)], check=True)
+    server = subprocess.Popen([cli, "serve-model", "--workdir", str(args.workdir), "--port", str(args.port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     started = time.perf_counter()
     while True:

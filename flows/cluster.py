@@ -14,15 +14,15 @@ from monim.features import balanced_parts
 from monim.stream import Day
 from tasks.learning import featurize, featurize_part, logger
 
-PARTS_PER_WORKER = 2  # a little slack for uneven articles and workers
+PARTS_PER_THREAD = 2  # a little slack for uneven articles and workers
 
 
-def workers(address: str) -> int:
-    """How many workers the cluster at `address` has now."""
+def threads(address: str) -> int:
+    """How many threads the workers of the cluster at `address` run in all now (each shares its process's LM)."""
     from distributed import Client
 
     with Client(address, timeout=60) as client:
-        return len(client.scheduler_info()["workers"])
+        return sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
 
 
 @flow(name="monim-featurize-cluster")
@@ -30,7 +30,7 @@ def featurize_on_cluster(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> d
     """Run the LM over the day's articles on the cluster's workers, into the work directory's feature store."""
     started = time.perf_counter()
     cfg = cfg.model_copy(update={"workdir": str(Path(cfg.workdir).resolve())})  # the workers' cwd is not ours
-    n = PARTS_PER_WORKER * workers(cfg.cluster)
+    n = PARTS_PER_THREAD * threads(cfg.cluster)
     futures = [featurize_part.submit(cfg, part, f"{day.date}-{split}-p{i}")
                for split in splits for i, part in enumerate(balanced_parts(day.split(split), n))]
     parts = [f.result() for f in futures]

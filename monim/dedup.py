@@ -12,8 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from datasketch import MinHash, MinHashLSH
+
+if TYPE_CHECKING:  # datasketch imports scipy (~0.5 s): imported where signatures are made or matched
+    from datasketch import MinHash
 
 SHINGLE = 8  # words per shingle
 NUM_PERM = 128
@@ -38,6 +42,8 @@ class Signatures:
 
     @classmethod
     def of_shingles(cls, sets: list[set[bytes]]) -> Signatures:
+        from datasketch import MinHash
+
         sketches = MinHash.bulk(sets, num_perm=NUM_PERM, scheme=SCHEME)
         return cls(np.array([m.hashvalues for m in sketches], np.uint32).reshape(len(sets), NUM_PERM),
                    np.array([len(s) for s in sets], np.int64))
@@ -53,6 +59,8 @@ class Signatures:
         return {"twin_hashes": self.hashes, "twin_sizes": self.sizes}
 
     def sketch(self, i: int) -> MinHash:
+        from datasketch import MinHash
+
         return MinHash(num_perm=NUM_PERM, hashvalues=self.hashes[i], scheme=SCHEME)
 
 
@@ -74,6 +82,8 @@ class TwinIndex:
 
     def __init__(self, sigs: Signatures, threshold: float = CONTAINMENT):
         self.sigs, self.threshold = sigs, threshold
+        from datasketch import MinHashLSH
+
         self.lsh = MinHashLSH(threshold=CANDIDATE_JACCARD, num_perm=NUM_PERM)
         for i in range(len(sigs)):
             self.lsh.insert(i, sigs.sketch(i), check_duplication=False)

@@ -37,7 +37,7 @@ class _Tally:
     novel articles (no near-duplicate among the memory's articles)."""
 
     def __init__(self) -> None:
-        self.n, self.nll_lm, self.nll, self.hits_lm, self.hits = 0, 0.0, 0.0, 0, 0
+        self.n, self.nll_lm, self.nll, self.hits_lm, self.hits, self.skipped = 0, 0.0, 0.0, 0, 0, 0
         self.n_novel, self.nll_lm_novel, self.nll_novel = 0, 0.0, 0.0
 
     def add(self, b: TokenScores, theta: ThetaScores, novel: np.ndarray) -> None:
@@ -47,17 +47,18 @@ class _Tally:
         self.hits_lm += int((b.argmax == b.target).sum())
         self.nll -= float(theta.logp.sum())
         self.hits += int((theta.argmax == b.target).sum())
+        self.skipped += 0 if b.knn_skipped is None else int(b.knn_skipped.sum())
         self.n_novel += int(novel.sum())
         self.nll_lm_novel -= float(lm[novel].sum())
         self.nll_novel -= float(theta.logp[novel].sum())
 
-    def result(self, skipped: int) -> dict:
+    def result(self) -> dict:
         if not self.n:
             return {k: 0 if k == "tokens" else math.nan for k in (*PER_TOKEN, *PER_NOVEL_TOKEN, "tokens", "twin_share")}
         novel = {"ppl_novel": math.exp(self.nll_novel / self.n_novel), "ppl_lm_novel": math.exp(self.nll_lm_novel / self.n_novel)
                  } if self.n_novel else {"ppl_novel": math.nan, "ppl_lm_novel": math.nan}
         return {"tokens": self.n, "ppl_lm": math.exp(self.nll_lm / self.n), "ppl": math.exp(self.nll / self.n),
-                "accuracy_lm": self.hits_lm / self.n, "accuracy": self.hits / self.n, "skipped": skipped / self.n,
+                "accuracy_lm": self.hits_lm / self.n, "accuracy": self.hits / self.n, "skipped": self.skipped / self.n,
                 "twin_share": 1 - self.n_novel / self.n} | novel
 
 
@@ -70,7 +71,7 @@ def combine(results: list[dict]) -> dict:
     results = [r for r in results if r.get("tokens")]
     n = sum(r["tokens"] for r in results)
     if not n:
-        return _Tally().result(0)
+        return _Tally().result()
     out = {"tokens": n, "twin_share": sum(r.get("twin_share", 0.0) * r["tokens"] for r in results) / n}
     for key in ("ppl_lm", "ppl"):
         out[key] = math.exp(sum(math.log(r[key]) * r["tokens"] for r in results) / n)
@@ -105,7 +106,6 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Featur
     for memory in memories.values():
         if memory is not None:
             memory.sync()
-            memory.searched = memory.skipped = 0
     twins = {name: dict(zip((d.id for d in docs), memory.has_twin(docs))) if memory is not None else {}
              for name, memory in memories.items()}
     tallies = {name: _Tally() for name in memories}
@@ -114,7 +114,7 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Featur
             b = searched(lm, batch, memory)
             novel = ~np.array([twins[key].get(d, False) for d in b.doc_id], bool)
             tallies[key].add(b, theta_of(b, memory), novel)
-    return {name: t.result(memories[name].skipped if memories[name] is not None else 0) for name, t in tallies.items()}
+    return {name: t.result() for name, t in tallies.items()}
 
 
 def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, features: Features | None = None,
@@ -137,7 +137,7 @@ def score_texts(lm: LM, docs: list[Document], memory: Memory | None = None, feat
             rows = b.doc_id == doc_id
             tallies[doc_id].add(_rows(b, rows), ThetaScores(theta.logp[rows], theta.max_logp[rows], theta.argmax[rows]),
                                 np.ones(int(rows.sum()), bool))
-    return {doc_id: {k: t.result(0)[k] for k in ("ppl", "ppl_lm", "tokens")} for doc_id, t in tallies.items()}
+    return {doc_id: {k: t.result()[k] for k in ("ppl", "ppl_lm", "tokens")} for doc_id, t in tallies.items()}
 
 
 def _rows(batch: TokenScores, rows: np.ndarray) -> TokenScores:

@@ -82,7 +82,10 @@ def _index(ds: Datastore) -> MemoryIndex:
 def _index_problem(ds: Datastore) -> Problem | None:
     index = _index(ds)
     if not (index.dir / "index.faiss").exists():
-        return None  # built on first use
+        return None  # built on first use (an exact index: in RAM, from the shards)
+    if index.obsolete:
+        return Problem(str(index.dir), "an exact index kept on disk, a second copy of every key (monim builds exact "
+                                       "indexes in RAM now)", "remove")
     if index.index is None:
         return Problem(str(index.dir), "index unreadable", "rebuild the index from the shards")
     ids = indexed_ids(index.index)

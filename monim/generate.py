@@ -142,7 +142,7 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
         batch, logp = _step_scores(lm, hidden[0, -1], keys[0, -1], context[-1], len(context))
         lam, weights = 0.0, {}
         if retrieve:
-            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior = memory.search(batch)
+            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = memory.search(batch)
             logp, lam, knn_w = memory.theta_logprobs(batch, logp[None])
             logp, lam, knn_w = logp[0], float(lam[0]), knn_w[0]
         token = _choose(logp, cfg, rng)

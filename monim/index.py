@@ -28,6 +28,7 @@ class IndexConfig:
     """Search and build settings; k, nprobe and the "pq" codec's 64-byte codes follow the paper."""
 
     k: int = 1024
+    k_decide: int | None = None  # neighbours of a memorization decision (Θ's log P of a training token); None: k
     nprobe: int = 32
     exact_below: int = 200_000  # exact search beats IVF-PQ below ~200k keys on these CPUs
     max_nlist: int = 4096
@@ -119,7 +120,9 @@ def gpu_options(index: faiss.Index, d: int) -> faiss.GpuClonerOptions:
 
 
 class MemoryIndex:
-    """The datastore's FAISS index in `<memory>/index/`, versioned with the datastore."""
+    """The datastore's FAISS index, versioned with the datastore. An IVF-PQ index is kept in
+    `<memory>/index/` (its codes are a few bytes an entry); an exact index is built in RAM from the
+    shards' fp16 keys when opened and never written (on disk it would hold every key a second time)."""
 
     def __init__(self, root: Path | str, hidden_size: int, cfg: IndexConfig | None = None):
         self.dir = Path(root) / "index"
@@ -128,6 +131,7 @@ class MemoryIndex:
         self.meta: dict = {}
         self.index: faiss.Index | None = None
         self.mapped = False  # the lists are read from disk as searched (a large "pq" index): read-only
+        self.obsolete = False  # an exact index a monim before 0.2 wrote to disk: removed by the next save
         self._search_index: faiss.Index | None = None
         self._load(mappable=True)
 
@@ -140,6 +144,9 @@ class MemoryIndex:
             return
         try:
             self.meta = json.loads(meta_path.read_text())
+            if self.meta.get("kind") == "flat":
+                self.meta, self.obsolete = {}, True
+                return
             self.mapped = (mappable and self.meta.get("codec", "pq") == "pq" and self.meta.get("kind") == "ivfpq"
                            and index_path.stat().st_size > self.cfg.map_above * free_ram())
             self.index = faiss.read_index(str(index_path), faiss.IO_FLAG_MMAP if self.mapped else 0)
@@ -202,6 +209,18 @@ class MemoryIndex:
             self._save()
         return stats | {"seconds": time.perf_counter() - started}
 
+    def _save(self) -> None:
+        """Write an IVF-PQ index (and its meta) aside and rename it into place; an exact one is not
+        written, and the files of an older one go."""
+        if self.meta.get("kind") != "ivfpq":
+            for name in ("index.faiss", "meta.json"):
+                (self.dir / name).unlink(missing_ok=True)
+            self.obsolete = False
+            return
+        with replacing(self.dir / "index.faiss") as tmp:
+            faiss.write_index(self.index, str(tmp))
+        write_json(self.dir / "meta.json", self.meta)
+
     def probe_recall(self, ds: Datastore) -> float | None:
         """The share of the newest `probe` entries' 10 nearest entries (exact, among `probe_pool`
         others sampled) that the index finds among the same pool, searched as deep into the pool as a
@@ -251,11 +270,6 @@ class MemoryIndex:
                 keys = np.asarray(ds.shard(day.shard, "keys")[part], dtype=np.float32)
                 self.index.add_with_ids(keys, shard_ids[part])
         self._search_index = None
-
-    def _save(self) -> None:
-        with replacing(self.dir / "index.faiss") as tmp:
-            faiss.write_index(self.index, str(tmp))
-        write_json(self.dir / "meta.json", self.meta)
 
     def _searcher(self) -> faiss.Index:
         """The index to search: a GPU copy (float16 lookup tables) when a GPU is there and FAISS can

@@ -131,7 +131,17 @@ class LM:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 logits for a few final hidden states."""
-        logits = self.model.get_output_embeddings()(hidden).float()
+        return self._capped(self.model.get_output_embeddings()(hidden).float())
+
+    def logits_of(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [n, m] of some tokens [m] only: the rows of the output layer they need."""
+        head = self.model.get_output_embeddings()
+        logits = hidden.to(head.weight.dtype) @ head.weight[tokens].T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias[tokens]
+        return self._capped(logits.float())
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         cap = getattr(self.model.config, "final_logit_softcapping", None)
         return cap * torch.tanh(logits / cap) if cap else logits
 

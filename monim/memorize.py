@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -35,6 +36,18 @@ class DayStats:
         return asdict(self)
 
 
+def _timed(search: Callable, timer: dict) -> Callable:
+    """The memory's search, its seconds added to timer["search"]."""
+    def timed(batch):
+        started = time.perf_counter()
+        try:
+            return search(batch)
+        finally:
+            timer["search"] += time.perf_counter() - started
+
+    return timed
+
+
 def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | None = None, seed: int = 0,
                  force: bool = False, progress: Callable[[int, int], None] | None = None) -> DayStats:
     """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
@@ -53,14 +66,14 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         docs = day.train
         tokens = features.tokenize(docs)
         sample = Sample.of(docs, [len(t) for t in tokens], memory.calibrator_cfg)
-        timer = {"lm_and_search": 0.0, "policy": 0.0}
-        memory.search_seconds = 0.0
+        timer = {"lm_and_search": 0.0, "policy": 0.0, "search": 0.0}
         rng = np.random.default_rng([seed, day.date.toordinal()])
         parts: list[Entries] = []
         tokens_seen = 0
         started = time.perf_counter()
         memory.sync()
-        search = memory.search if memory.retrieves and policy.uses_theta else None
+        decide = functools.partial(memory.search, k=memory.settings.index.k_decide)
+        search = _timed(decide, timer) if memory.retrieves and policy.uses_theta else None
         total = sum(max(0, len(t) - 1) for t in tokens)
         for batch in features.scores(docs, f"{date}-train", search, tokens):
             t = time.perf_counter()
@@ -86,6 +99,5 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         timer["commit"] = time.perf_counter() - t
         index = memory.sync()
         timer["index"] = index.pop("seconds")
-        timer["search"] = memory.search_seconds
         memrate = len(entries) / tokens_seen if tokens_seen else 0.0
         return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index)

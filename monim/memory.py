@@ -8,7 +8,7 @@ import datetime as dt
 import functools
 import json
 import os
-import time
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -73,8 +73,7 @@ class Memory:
         self.ds.manifest.setdefault("settings", settings.as_dict())  # recorded by the next commit
         self.settings = settings
         self.index = MemoryIndex(root, lm.hidden_size, settings.index)
-        self.search_seconds = 0.0
-        self.searched = self.skipped = 0
+        self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._loaded: dict[str, Calibrator | None] = {}
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
@@ -106,14 +105,14 @@ class Memory:
     def at(self, as_of: dt.date | str) -> Memory:
         """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
         view = copy.copy(self)
-        view.as_of, view._lexical, view._twins, view.searched, view.skipped = str(as_of), None, None, 0, 0
+        view.as_of, view._lexical, view._twins = str(as_of), None, None
         view.__dict__.pop("_below", None)
         return view
 
     def recent(self, recency: Recency) -> Memory:
         """This memory read with a recency rule (monim.recency): a view sharing its datastore and index."""
         view = copy.copy(self)
-        view.settings, view.searched, view.skipped = replace(self.settings, recency=recency), 0, 0
+        view.settings = replace(self.settings, recency=recency)
         return view
 
     def __len__(self) -> int:
@@ -153,10 +152,11 @@ class Memory:
         folder = self.theta_dir()
         if folder is None:
             return None
-        if str(folder) not in self._loaded:
-            path = folder / "calibrator.pt"
-            self._loaded[str(folder)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
-        return self._loaded[str(folder)]
+        with self._lock:
+            if str(folder) not in self._loaded:
+                path = folder / "calibrator.pt"
+                self._loaded[str(folder)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
+            return self._loaded[str(folder)]
 
     @property
     def fallback(self) -> bool:
@@ -181,18 +181,21 @@ class Memory:
     def lexical(self) -> LexicalCounts:
         """Token counts and distinct successors over the memorized training text."""
         shards = [d.shard for d in self.days]
-        if self._lexical is None or self._lexical.shards != shards:
-            self._lexical = LexicalCounts.of(self.ds, shards)
-        return self._lexical
+        with self._lock:
+            if self._lexical is None or self._lexical.shards != shards:
+                self._lexical = LexicalCounts.of(self.ds, shards)
+            return self._lexical
 
     def has_twin(self, docs: list[Document]) -> np.ndarray:
         """bool per document: whether an article this memory learned (up to `as_of`) is its near-duplicate."""
         shards = [d.shard for d in self.days]
-        if self._twins is None or self._twins[0] != shards:
-            learned = [Signatures(np.asarray(self.ds.shard(s, "twin_hashes")), np.asarray(self.ds.shard(s, "twin_sizes")))
-                       for s in shards if self.ds.has_array(s, "twin_hashes")]
-            self._twins = (shards, TwinIndex(Signatures.concat(learned)))
-        return self._twins[1].has_twin(Signatures.of([d.text for d in docs]))
+        with self._lock:
+            if self._twins is None or self._twins[0] != shards:
+                learned = [Signatures(np.asarray(self.ds.shard(s, "twin_hashes")), np.asarray(self.ds.shard(s, "twin_sizes")))
+                           for s in shards if self.ds.has_array(s, "twin_hashes")]
+                self._twins = (shards, TwinIndex(Signatures.concat(learned)))
+            twins = self._twins[1]
+        return twins.has_twin(Signatures.of([d.text for d in docs]))
 
     def lam(self, batch: TokenScores) -> np.ndarray | float:
         """Θ's λ for each token of a scored batch: the calibrator's, or the constant one."""
@@ -279,7 +282,6 @@ class Memory:
         up to `as_of` (or with id < `below`), within the recency rule's maximum age and not in
         `exclude`. With `exact`, IVF-PQ's candidates are re-ranked with the stored keys (its
         distances are approximate: a memorized context does not sit at 0)."""
-        started = time.perf_counter()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
         above = self._above()
@@ -291,7 +293,6 @@ class Memory:
             dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
             order = np.argsort(dist, axis=1)
             dist, ids = np.take_along_axis(dist, order, 1).astype(np.float32), np.take_along_axis(ids, order, 1)
-        self.search_seconds += time.perf_counter() - started
         return dist, ids
 
     def values_of(self, ids: np.ndarray) -> np.ndarray:
@@ -311,13 +312,13 @@ class Memory:
         today = self.today.toordinal() if self.days else 0
         return np.where(day >= 0, today - ordinals[day], 0)
 
-    def search(self, batch: TokenScores, skip: bool = True) -> Found:
+    def search(self, batch: TokenScores, skip: bool = True, k: int | None = None) -> Found:
         """The LM's hook (monim.scoring.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
         calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
         alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
         article); the others are searched in full."""
-        cfg, k = self.calibrator_cfg, self.index.cfg.k
+        cfg, k = self.calibrator_cfg, k or self.index.cfg.k
         wanted = np.ones(len(batch), bool)
         keys = batch.key.astype(np.float32)
         calibrator = self.calibrator() if skip and self.settings.calibrated and cfg.skip_threshold is not None else None
@@ -328,10 +329,8 @@ class Memory:
                       | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
         dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
         if wanted.any():
-            dist[wanted], ids[wanted] = self.nearest(keys[wanted])
-        self.searched += int(wanted.sum())
-        self.skipped += int((~wanted).sum())
-        return Found(dist, self.values_of(ids), ids, self.prior(ids))
+            dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)
+        return Found(dist, self.values_of(ids), ids, self.prior(ids), ~wanted)
 
     def prior(self, ids: np.ndarray) -> np.ndarray | None:
         """Each neighbour's log prior weight, added to -d/T: log(weight) of merged entries (Greedy

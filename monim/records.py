@@ -59,12 +59,15 @@ def write_row(workdir: str | Path, name: str, row: dict, memory: Memory | None) 
 
 
 def memory_status(root: Path) -> dict:
-    """A memory's days, tokens seen, entries, MemRate and bytes on disk (no LM needed)."""
+    """A memory's days, tokens seen, entries, MemRate and bytes on disk (no LM needed): `bytes`, its
+    entries' (shards and index); `bytes_total`, everything in its folder (Θ's calibrations too)."""
     ds = Datastore.read(root)
     size = ds.bytes_on_disk() + index_bytes(root)
+    total = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
     return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
-            "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "model": ds.manifest["model"],
-            "last_day": ds.days[-1].date if ds.days else None, "memrate_by_day": {d.date: d.memrate for d in ds.days}}
+            "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "bytes_total": total,
+            "model": ds.manifest["model"], "last_day": ds.days[-1].date if ds.days else None,
+            "memrate_by_day": {d.date: d.memrate for d in ds.days}}
 
 
 def weights_status(root: Path) -> dict:

@@ -62,6 +62,7 @@ class TokenScores:
     lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
     knn_ids: np.ndarray | None = None  # int64 entry id of each neighbour, -1: none
     knn_prior: np.ndarray | None = None  # float32 log prior weight of each neighbour (monim.recency), None: 0
+    knn_skipped: np.ndarray | None = None  # bool: the skip rule left the token's full search out (the LM alone)
     hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
 
     def __len__(self) -> int:
@@ -80,13 +81,14 @@ class TokenScores:
 
 
 class Found(NamedTuple):
-    """Each token's neighbours [n, k]: squared distances, values and entry ids (-1 where none), and
-    a log prior weight per neighbour (None: all equal)."""
+    """Each token's neighbours [n, k]: squared distances, values and entry ids (-1 where none), a
+    log prior weight per neighbour (None: all equal), and which tokens the skip rule left unsearched."""
 
     dist: np.ndarray
     values: np.ndarray
     ids: np.ndarray
     prior: np.ndarray | None = None
+    skipped: np.ndarray | None = None
 
 
 Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighbours yet) -> their neighbours
@@ -190,7 +192,7 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
     """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
-    part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior = neighbors(part)
+    part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = neighbors(part)
     at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
     part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
 
@@ -316,14 +318,23 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
 
 
 @torch.inference_mode()
-def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 256) -> TokenScores:
-    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run)."""
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 1024) -> TokenScores:
+    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run).
+
+    The LM's log P of each neighbour's value needs the logits of those values only: the hidden
+    states against the output layer's rows of the values met in the chunk, less the log
+    normalizer, which the stored log P of the target gives (logit(target) - log P(target))."""
     if batch.hidden is None:
         raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
     parts = []
     for i in range(0, len(batch), chunk):
         part = batch.select(slice(i, i + chunk))
-        logits = lm.logits(torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype))
-        _search(lm, part, logits, torch.logsumexp(logits, dim=-1), neighbors)
+        part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = neighbors(part)
+        hidden = torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype)
+        met, at = torch.unique(torch.from_numpy(np.concatenate([part.target[:, None], part.knn_values], 1)).long()
+                               .clamp(min=0).to(lm.device), return_inverse=True)
+        logits = lm.logits_of(hidden, met).gather(1, at)  # [n, 1 + k]: the target's, then each neighbour's value's
+        lse = logits[:, 0] - torch.from_numpy(part.logp).to(lm.device)
+        part.lm_logp_values = (logits[:, 1:] - lse[:, None]).cpu().numpy()
         parts.append(part)
     return TokenScores.concat(parts)

@@ -126,8 +126,8 @@ class _Job:
 class Service:
     """Θ (one memory as of a day) answering requests from any number of threads, one at a time."""
 
-    def __init__(self, memory: Memory, limits: Limits | None = None):
-        self.memory, self.limits = memory, limits or Limits()
+    def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic):
+        self.memory, self.limits, self.clock = memory, limits or Limits(), clock
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="monim-theta", daemon=True)
         self._stopping = False
@@ -138,7 +138,7 @@ class Service:
         request = parse(body, self.limits)
         if self._stopping:
             raise Busy("the server is stopping")
-        job = _Job(request, time.monotonic() + self.limits.seconds, cancelled)
+        job = _Job(request, self.clock() + self.limits.seconds, cancelled)
         self._queue.put(job)
         job.done.wait()
         if job.error is not None:
@@ -170,7 +170,7 @@ class Service:
             for j in jobs:
                 if j.cancelled():
                     self._finish(j, Busy("the caller is gone"))
-                elif time.monotonic() > j.deadline or self._stopping:
+                elif self.clock() > j.deadline or self._stopping:
                     self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
                 else:
                     live.append(j)
@@ -205,12 +205,15 @@ class Service:
                 return "server stopping"
             if job.cancelled():
                 return "caller gone"
-            return f"time limit ({self.limits.seconds:g} s)" if time.monotonic() > job.deadline else None
+            return f"time limit ({self.limits.seconds:g} s)" if self.clock() > job.deadline else None
 
         try:
             for i, (kind, value) in enumerate(job.request.rows):
                 if kind == "prompt" and job.error is None:
-                    job.answers[i] = generate(self.memory.lm, value, self.memory, job.request.generation, stop).as_dict()
+                    gen = generate(self.memory.lm, value, self.memory, job.request.generation, stop)
+                    if gen.stopped not in ("max_new_tokens", "eos"):
+                        log.warning("a continuation stopped after %d tokens: %s", len(gen.tokens), gen.stopped)
+                    job.answers[i] = gen.as_dict()
         except ValueError as e:
             job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
         except Exception as e:  # noqa: BLE001

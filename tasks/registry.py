@@ -9,7 +9,6 @@ champion's on the same validation articles; `previous` keeps the one it replaced
 
 from __future__ import annotations
 
-import datetime as dt
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,21 +16,21 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.config import RunConfig
-from monim.evaluate import evaluate, evaluate_many
-from monim.generate import GenerateConfig, generate
+from monim.evaluate import evaluate_many
 from monim.memory import Memory
-from monim.stream import Day, Document
+from monim.serving import BadRequest, Busy, Service
+from monim.stream import Day
 from tasks.learning import features_for, logger
 from tasks.tracking import client, experiment_name, one_at_a_time
 
 CHAMPION, PREVIOUS = "champion", "previous"
-MAX_CHARS = 20_000  # longest text or prompt a request may send
 SIGNATURE = ModelSignature(
     inputs=Schema([ColSpec("string", "text", required=False), ColSpec("string", "prompt", required=False)]),
     params=ParamSchema([ParamSpec("max_new_tokens", "long", 64), ParamSpec("temperature", "double", 0.0),
@@ -55,48 +54,26 @@ def open_memory(config: dict) -> Memory:
     return memory
 
 
-def _bad(message: str) -> MlflowException:
-    return MlflowException.invalid_parameter_value(message)  # HTTP 400 from the scoring server
-
-
 class MonimModel(mlflow.pyfunc.PythonModel):
-    """Θ as of one day: rows with `text` get its PPL (and the LM's); rows with `prompt` a continuation
-    with sources. Params: max_new_tokens, temperature, top_p, seed, sources (articles per sentence)."""
+    """Θ as of one day, answering through monim.serving.Service: rows with `text` get its PPL (and
+    the LM's), rows with `prompt` a continuation with sources; params max_new_tokens, temperature,
+    top_p, seed, sources. Concurrent calls (a server's threads) are answered one worker at a time,
+    their texts scored in one LM pass; the limits are monim.serving.Limits'."""
 
     def load_context(self, context) -> None:
-        self.memory = open_memory(context.model_config)
+        self.service = Service(open_memory(context.model_config))
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:
-        params = params or {}
-        rows = model_input.to_dict("records") if isinstance(model_input, pd.DataFrame) else None
-        if not rows:
-            raise _bad("send one or more rows, each with a 'text' (to score) or a 'prompt' (to continue)")
+        rows = model_input.to_dict("records") if isinstance(model_input, pd.DataFrame) else model_input
+        if isinstance(rows, list):  # a DataFrame gives each row every column: the missing ones as NaN
+            rows = [{k: v for k, v in r.items() if isinstance(v, str) or v == v} if isinstance(r, dict) else r
+                    for r in rows]
         try:
-            cfg = GenerateConfig(int(params.get("max_new_tokens", 64)), float(params.get("temperature", 0.0)),
-                                 float(params.get("top_p", 1.0)), int(params.get("seed", 0)), int(params.get("sources", 3)))
-        except ValueError as e:
-            raise _bad(str(e))
-        return [self._answer(i, row, cfg) for i, row in enumerate(rows)]
-
-    def _answer(self, i: int, row: dict, cfg: GenerateConfig) -> dict:
-        given = {k: v for k, v in row.items() if k in ("text", "prompt") and isinstance(v, str)}
-        if len(given) != 1:
-            raise _bad(f"row {i}: give exactly one of 'text' (to score) or 'prompt' (to continue); got {sorted(row)}")
-        (field, value), = given.items()
-        if not value.strip():
-            raise _bad(f"row {i}: '{field}' is empty")
-        if len(value) > MAX_CHARS:
-            raise _bad(f"row {i}: '{field}' has {len(value)} characters; at most {MAX_CHARS}")
-        lm = self.memory.lm
-        if field == "text":
-            r = evaluate(lm, [Document(f"request-{i}", dt.date.min, value)], self.memory)
-            if not r["tokens"]:
-                raise _bad(f"row {i}: 'text' has a single token; a perplexity needs at least two")
-            return {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
-        try:
-            return generate(lm, value, self.memory, cfg).as_dict()
-        except ValueError as e:
-            raise _bad(f"row {i}: {e}")
+            return self.service.answer({"dataframe_records": rows, "params": params or {}})
+        except BadRequest as e:
+            raise MlflowException.invalid_parameter_value(str(e))  # HTTP 400 from the scoring server
+        except Busy as e:
+            raise MlflowException(str(e), error_code=TEMPORARILY_UNAVAILABLE)  # HTTP 503
 
 
 def _versions(c, name: str) -> list:
@@ -201,6 +178,22 @@ def registered(uri: str, memory: Path) -> str:
     if not found:
         raise ValueError(f"no registered model for {memory} at {uri} (a day is registered once learned with MLflow on)")
     return found[0].name
+
+
+@one_at_a_time
+def load_version(uri: str, memory: Path, version: str | None = None) -> tuple[Service, dict]:
+    """A registered version of a memory's model (default: the champion) loaded as MLflow loads it,
+    its service, and what it is (model, version, day, memory)."""
+    c, name = client(uri), registered(uri, memory)
+    found = _alias(c, name, CHAMPION) if version is None else next(
+        (v for v in _versions(c, name) if str(v.version) == str(version)), None)
+    if found is None:
+        raise ValueError(f"{name} has {'no champion' if version is None else f'no version {version}'}: "
+                         f"`monim promote --workdir ...` sets one")
+    model = mlflow.pyfunc.load_model(c.get_model_version_download_uri(name, found.version))
+    about = {"model": name, "version": str(found.version), "as_of": found.tags.get("monim.as_of"),
+             "memory": found.tags.get("monim.memory")}
+    return model.unwrap_python_model().service, about
 
 
 @one_at_a_time

@@ -1,4 +1,6 @@
-"""A day's LM pass on a local 2-worker Dask cluster: the memory and metrics equal the one-process run's."""
+"""A day's LM pass on a local Dask cluster: the memory, metrics and features equal the one-process run's."""
+
+import datetime as dt
 
 import numpy as np
 import pytest
@@ -29,6 +31,33 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
     np.testing.assert_array_equal(two.array("values"), one.array("values"))
     np.testing.assert_array_equal(two.array("positions"), one.array("positions"))
     np.testing.assert_allclose(two.array("keys").astype(np.float32), one.array("keys").astype(np.float32), atol=2e-2)
+
+
+def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefect, tiny_model_dir, tmp_path):
+    """Four threads of one Dask worker share its LM: each part's keys and scores are its own (the key
+    is captured per forward pass), equal to what one process writes."""
+    from distributed import LocalCluster
+
+    from flows.cluster import featurize_day
+    from monim.config import RunConfig
+    from monim.features import Features
+    from monim.lm import load_lm
+    from monim.stream import DEMO_STREAM, read_day
+
+    day = read_day(DEMO_STREAM, dt.date(1987, 3, 2)).capped(8)
+    base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=8, policy="fullmem")
+    with LocalCluster(n_workers=1, threads_per_worker=4, processes=True, dashboard_address=None) as cluster:
+        spread = RunConfig(workdir=str(tmp_path / "four"), cluster=cluster.scheduler_address, **base)
+        featurize_day(spread, day, ("train",))
+    lm = load_lm(base["model"])
+    alone = Features(lm, spread.window(), tmp_path / "one" / "features")
+    threads = Features(lm, spread.window(), tmp_path / "four" / "features")
+    assert threads.folder.name == alone.folder.name and len(list(threads.folder.glob("*train-p*"))) == 8  # 2 a thread
+    for doc in day.train:
+        (a,), (b,) = list(alone.scores([doc], "check")), list(threads.scores([doc], "check"))
+        assert threads.computed == 0  # every document came from the four threads' folders
+        np.testing.assert_allclose(b.key.astype(np.float32), a.key.astype(np.float32), atol=2e-2, err_msg=doc.id)
+        np.testing.assert_allclose(b.logp, a.logp, atol=1e-3, err_msg=doc.id)
 
 
 def test_balanced_parts_put_each_article_on_the_lightest_part():

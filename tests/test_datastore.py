@@ -128,20 +128,44 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
 
 
 def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
+    cfg = IndexConfig(exact_below=300, code_bytes=4, nprobe=8)  # IVF-PQ: kept on disk
+    ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
+    ds.commit_day("2022-06-01", entries(300), 300, "fullmem")
+    MemoryIndex(tmp_path, D, cfg).sync(ds)
+    ds.commit_day("2022-06-02", entries(50, 1), 50, "fullmem")  # committed, index not updated (a crash)
+    index = MemoryIndex(tmp_path, D, cfg)
+    assert index.ntotal == 300 and index.sync(ds)["added"] == 50 and index.ntotal == 350
+    (tmp_path / "index" / "index.faiss").unlink()
+    index = MemoryIndex(tmp_path, D, cfg)
+    stats = index.sync(ds)
+    assert stats["rebuilt"] and index.ntotal == 350
+    (tmp_path / "index" / "index.faiss").write_bytes(b"garbage")
+    index = MemoryIndex(tmp_path, D, cfg)
+    assert index.sync(ds)["rebuilt"] and index.ntotal == 350
+    assert MemoryIndex(tmp_path, D, cfg).sync(ds)["seconds"] == 0.0  # up to date: nothing to do
+
+
+def test_an_exact_index_is_built_in_ram_from_the_shards_and_never_written(tmp_path):
+    """Below `exact_below` the index is the shards' keys in RAM (fp32): on disk it would hold every key
+    twice. An exact index an older monim wrote is removed at the next save."""
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
     ds.commit_day("2022-06-01", entries(10), 10, "fullmem")
-    MemoryIndex(tmp_path, D).sync(ds)
-    ds.commit_day("2022-06-02", entries(5, 1), 5, "fullmem")  # committed, index not updated (a crash)
     index = MemoryIndex(tmp_path, D)
-    assert index.ntotal == 10 and index.sync(ds)["added"] == 5 and index.ntotal == 15
-    (tmp_path / "index" / "index.faiss").unlink()
-    index = MemoryIndex(tmp_path, D)
-    stats = index.sync(ds)
-    assert stats["rebuilt"] and index.ntotal == 15
-    (tmp_path / "index" / "index.faiss").write_bytes(b"garbage")
-    index = MemoryIndex(tmp_path, D)
-    assert index.sync(ds)["rebuilt"] and index.ntotal == 15
-    assert MemoryIndex(tmp_path, D).sync(ds)["seconds"] == 0.0  # up to date: nothing to do
+    assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "flat" and index.ntotal == 10
+    assert index.bytes_on_disk() == 0 and not (tmp_path / "index" / "index.faiss").exists()
+    reopened = MemoryIndex(tmp_path, D)
+    assert reopened.ntotal == 0 and reopened.sync(ds)["added"] == 10
+    _, ids = reopened.search(ds.array("keys")[:3].astype(np.float32), 1)
+    np.testing.assert_array_equal(ids[:, 0], [0, 1, 2])  # each key finds itself
+    import faiss  # an exact index as monim 0.1 saved it
+
+    (tmp_path / "index").mkdir(exist_ok=True)
+    faiss.write_index(index.index, str(tmp_path / "index" / "index.faiss"))
+    (tmp_path / "index" / "meta.json").write_text('{"kind": "flat", "version": 1, "ntotal": 10}')
+    old = MemoryIndex(tmp_path, D)
+    assert old.obsolete and old.index is None
+    old.sync(ds)
+    assert not (tmp_path / "index" / "index.faiss").exists() and old.ntotal == 10
 
 
 def test_ivfpq_for_large_memories_grows_incrementally_and_retrains(tmp_path):

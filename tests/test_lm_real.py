@@ -30,7 +30,7 @@ def test_key_equals_recomputed_mlp_input(smollm):
     ids = torch.tensor([smollm.tokenizer("Shares of the airline fell 4% after it cancelled flights.")["input_ids"]])
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
-        key = smollm._captured.pop("key")
+        _, key = smollm.forward(ids)
         x = out.hidden_states[-2]  # input of the last block
         cos_sin = model.model.rotary_emb(x, torch.arange(ids.shape[1])[None])
         attn, _ = layer.self_attn(layer.input_layernorm(x), position_embeddings=cos_sin, attention_mask=None)
@@ -48,9 +48,14 @@ def test_scored_keys_match_a_plain_forward(smollm):
     text = "The Federal Reserve said on Wednesday it would keep rates unchanged."
     batch = next(score(smollm, [Document("a", dt.date(2022, 1, 1), text)], ScoreConfig()))
     ids = torch.tensor([smollm.tokenizer(text)["input_ids"]])
-    with torch.no_grad():
-        smollm.model(ids)
-    key = smollm._captured.pop("key")[0, :-1].to(torch.float16).numpy()
+    captured = {}  # a hook of the test's own on the last block's MLP
+    hook = smollm.model.model.layers[-1].mlp.register_forward_pre_hook(lambda m, a: captured.update(key=a[0]))
+    try:
+        with torch.no_grad():
+            smollm.model(ids)
+    finally:
+        hook.remove()
+    key = captured["key"][0, :-1].to(torch.float16).numpy()
     np.testing.assert_allclose(batch.key.astype(np.float32), key.astype(np.float32), atol=2e-3)
 
 

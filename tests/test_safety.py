@@ -169,10 +169,14 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
     import faiss
 
     from monim.fsck import check_memory
-    from monim.index import MemoryIndex
+    from monim.index import IndexConfig, MemoryIndex
 
     ds = random_datastore((40, 30))
-    index = MemoryIndex(tmp_path, D)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())  # an IVF-PQ memory: its index on disk
+    settings = {"index": {"exact_below": 50, "code_bytes": 4, "nprobe": 4}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest | {"settings": settings}))
+    ds = Datastore.read(tmp_path)
+    index = MemoryIndex(tmp_path, D, IndexConfig(exact_below=50, code_bytes=4, nprobe=4))
     index.sync(ds)
     assert check_memory(tmp_path) == []
     index.index.remove_ids(faiss.IDSelectorBatch(np.array([3], np.int64)))  # an index that lost an entry

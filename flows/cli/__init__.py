@@ -31,6 +31,6 @@ def main(version: Optional[bool] = typer.Option(None, "--version", callback=_ver
 
 
 for command in (learning.run, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,
-                reading.report, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui, upkeep.promote,
-                upkeep.rollback):
+                reading.report, reading.serve_model, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui,
+                upkeep.promote, upkeep.rollback):
     app.command("eval" if command is reading.evaluate else None)(command)

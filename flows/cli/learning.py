@@ -70,7 +70,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
                   f"{(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
     console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
     print_links(workdir, "http://127.0.0.1:5000", "http://127.0.0.1:4200")
-    print_next_steps(workdir, spec)
+    print_next_steps(workdir)
     emit({"workdir": str(workdir), "policies": summary}, as_json)
 
 
@@ -177,18 +177,13 @@ def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
         console.print(f"  {what}: {url}", highlight=False, soft_wrap=True)
 
 
-def print_next_steps(workdir: Path, spec: RunConfig) -> None:
+def print_next_steps(workdir: Path) -> None:
     """How to use the up-to-date model: generate with sources, serve its champion, query it."""
-    from tasks.registry import model_name
-    from tasks.tracking import tracking_uri
-
-    uri = tracking_uri(str(workdir))
     console.print(
         "\nAsk the up-to-date model (MoNIM-AMT's memory):\n"
         f"  monim generate --workdir {workdir} --prompt 'The Bank of Japan said' --sources\n"
-        "Serve its champion version over HTTP, and query it:\n"
-        f"  MLFLOW_TRACKING_URI={uri} mlflow models serve -m 'models:/{model_name(spec)}@champion' "
-        "--env-manager local -h 127.0.0.1 -p 5001\n"
-        "  curl -s http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' "
+        "Serve its champion version over HTTP (Ctrl-C stops it), and query it once /ping answers:\n"
+        f"  monim serve-model --workdir {workdir} --port 5001\n"
+        "  curl -sS http://127.0.0.1:5001/invocations -H 'Content-Type: application/json' "
         "-d '{\"dataframe_records\": [{\"prompt\": \"The Bank of Japan said\"}], \"params\": {\"max_new_tokens\": 20}}'",
         highlight=False, soft_wrap=True)

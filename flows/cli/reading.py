@@ -24,8 +24,10 @@ def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: boo
     if memories or not weights:
         root = memory_dir(workdir, policy)
         chosen = memories[root.name] | {"policy": root.name}
-        console.print(table(f"memories in {workdir}", [{"memory": k} | v for k, v in memories.items()],
-                            ["memory", "days", "last_day", "tokens_seen", "entries", "memrate", "bytes"]))
+        rows = [{"memory": k, "MB": v["bytes"] / 2**20, "B/entry": round(v["bytes_per_entry"]),
+                 "MB in all": v["bytes_total"] / 2**20} | v for k, v in memories.items()]
+        console.print(table(f"memories in {workdir}", rows, ["memory", "days", "last_day", "entries", "memrate", "MB",
+                                                             "B/entry", "MB in all"]))
     if weights:
         console.print(table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
                             ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))
@@ -103,3 +105,34 @@ def report(workdir: Path = WORKDIR,
     with clear_errors(ValueError):
         path = report_runs(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
     console.print(f"report: {path}")
+
+
+def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
+                version: Optional[str] = typer.Option(None, "--version", help="The registered version to serve "
+                                                      "(default: the one the `champion` alias points to)."),
+                host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
+                port: int = typer.Option(5001, "--port", help="The port to listen on."),
+                max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Limit: tokens a prompt may ask for."),
+                max_chars: int = typer.Option(20_000, "--max-chars", help="Limit: characters a text or prompt may have."),
+                max_rows: int = typer.Option(32, "--max-rows", help="Limit: rows a request may send."),
+                seconds: float = typer.Option(60.0, "--seconds", help="Limit: seconds a request may take, waiting "
+                                              "included (a continuation stops there and answers with what it wrote)."),
+                tracking_uri: Optional[str] = TRACKING) -> None:
+    """Serve a registered Θ (the champion by default) over HTTP on one process: POST /invocations
+    (MLflow's request format), GET /ping, GET /health. Ctrl-C or SIGTERM stop it within seconds."""
+    import logging
+
+    root = memory_dir(workdir, policy)
+    use_workdir(workdir, api=False)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    from flows.model_server import serve
+    from monim.serving import Limits
+    from tasks.registry import load_version
+    from tasks.tracking import tracking_uri as resolve
+
+    with clear_errors(ValueError):
+        service, about = load_version(resolve(str(workdir), tracking_uri), root, version)
+    service.limits = Limits(max_rows, max_chars, max_new_tokens, seconds)
+    console.print(f"serving {about['model']} version {about['version']} (Θ as of {about['as_of']}) at "
+                  f"http://{host}:{port}: POST /invocations, GET /ping, GET /health; Ctrl-C stops it", highlight=False)
+    serve(service, about, host, port)

@@ -1,0 +1,140 @@
+"""MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's rate of the day) and MoNIM-AMT
+over full-volume days of a stream (every training article), library-level, the LM's features from a
+feature store (each token meets the LM once, for every memory: the LM pass is left out of the costs).
+
+Per day and memory: entries, bytes on disk (the memory's own: shards + index; and everything in its
+folder, Θ's calibrations included), bytes per entry, the learning seconds beyond the LM pass by stage
+(MoNIM's decision searches, the policy, the commit, the index, calibration) and test PPL. With
+`--variants`, more MoNIM-AMT memories learned beside them with other index settings (e.g. the k of
+the memorization decision): the trade-off of MemRate and PPL against seconds.
+Resumable: the work directory keeps the memories and rows.json. Writes a table and JSON.
+Usage: python benchmarks/memory_cost.py --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
+"""
+
+import argparse
+import datetime as dt
+import json
+import math
+import time
+from pathlib import Path
+
+import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from rich.console import Console
+from rich.table import Table
+
+from monim.calibration import calibrate
+from monim.catalogue import make_policy
+from monim.evaluate import evaluate_many
+from monim.features import Features
+from monim.index import IndexConfig
+from monim.lm import load_lm
+from monim.memorize import memorize_day
+from monim.memory import Memory
+from monim.records import memory_status
+from monim.scoring import ScoreConfig
+from monim.stream import list_dates, read_day
+from monim.theta import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its rate of the day
+
+
+def variant(spec: str) -> tuple[str, IndexConfig]:
+    """'k_decide=32' -> ('monim-amt@k_decide=32', IndexConfig(k_decide=32)); fields joined by '+'."""
+    fields = dict(part.split("=") for part in spec.split("+"))
+    return f"monim-amt@{spec}", IndexConfig(**{k: int(v) for k, v in fields.items()})
+
+
+def learn_day(date: dt.date, source: Path, features: Features, memories: dict[str, Memory]) -> dict:
+    day = read_day(source, date)
+    lm_tokens = sum(features.prepare(day.split(s), f"{date}-{s}") for s in ("train", "validation", "test"))
+    row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": lm_tokens, "runs": {}}
+    for name, memory in memories.items():
+        policy = name.split("@")[0]
+        params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} if policy == "randmem" else {}
+        t = time.perf_counter()
+        stats = memorize_day(memory, day, make_policy(policy, **params), features)
+        memorized = time.perf_counter() - t
+        record = calibrate(memory, day, features)
+        learned = time.perf_counter() - t
+        status = memory_status(memory.ds.root)
+        row["runs"][name] = {"tokens": stats.tokens_seen, "stored": stats.stored, "memrate_day": stats.memrate,
+                             "entries": len(memory), "memrate": memory.ds.memrate, "bytes": status["bytes"],
+                             "bytes_total": status["bytes_total"], "index": memory.index.meta.get("kind"),
+                             "seconds": stats.seconds | {"memorize": memorized, "calibrate": learned - memorized,
+                                                          "learn": learned},
+                             "lam": record.get("lam"), "fallback": memory.fallback}
+    t = time.perf_counter()
+    result = evaluate_many(features.lm, day.test, {"bare": None, **memories}, features, f"{date}-test")
+    row |= {"test_tokens": result["bare"]["tokens"], "ppl_lm": result["bare"]["ppl_lm"],
+            "evaluate_seconds": time.perf_counter() - t}
+    for name in memories:
+        row["runs"][name] |= {k: result[name][k] for k in ("ppl", "accuracy")}
+    return row
+
+
+def ppl_over(rows: list[dict], name: str) -> float:
+    """PPL over every test token of the days."""
+    return math.exp(sum(r["test_tokens"] * math.log(r["runs"][name]["ppl"]) for r in rows) / sum(r["test_tokens"] for r in rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
+    ap.add_argument("--days", type=int, default=7)
+    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "memory-cost-work")
+    ap.add_argument("--features", type=Path, default=None, help="A feature store to read (default: WORKDIR/features).")
+    ap.add_argument("--variants", default="", help="More MoNIM-AMT memories, comma-separated IndexConfig changes: "
+                                                   "k_decide=32,k_decide=128,exact_below=50000")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "memory-cost.json")
+    args = ap.parse_args()
+    console = Console(width=180)
+    lm = load_lm(args.model)
+    features = Features(lm, ScoreConfig(), args.features or args.workdir / "features")
+    specs = {name: IndexConfig() for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
+    memories = {name: Memory(args.workdir / name.replace("=", "-"), lm, Settings(index=cfg)) for name, cfg in specs.items()}
+    rows_path = args.workdir / "rows.json"
+    rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
+    dates = list_dates(args.source, args.start)[: args.days]
+    for date in dates:
+        if date.isoformat() in rows and set(memories) <= set(rows[date.isoformat()]["runs"]):
+            continue
+        rows[date.isoformat()] = learn_day(date, args.source, features, memories)
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        rows_path.write_text(json.dumps(rows, indent=1))
+        r = rows[date.isoformat()]
+        console.print(f"{date}: " + "; ".join(f"{n} {x['entries']:,} entries, {x['bytes'] / 2**20:.0f} MB, learn "
+                                               f"{x['seconds']['learn']:.0f} s, PPL {x['ppl']:.2f}" for n, x in r["runs"].items()))
+    done = [rows[d.isoformat()] for d in dates]
+    table = Table(title=f"Bytes and seconds, {args.source.name} {dates[0]}..{dates[-1]}, every training article "
+                        f"(LM alone {math.exp(sum(r['test_tokens'] * math.log(r['ppl_lm']) for r in done) / sum(r['test_tokens'] for r in done)):.2f})")
+    for col in ("day", "memory", "entries", "MB", "B/entry", "MB in all", "vs FullMem MB", "learn s", "search s",
+                "policy s", "commit+index s", "calibrate s", "vs FullMem s", "PPL"):
+        table.add_column(col, justify="right")
+    for r in done:
+        full = r["runs"]["fullmem"]
+        for name, x in r["runs"].items():
+            s = x["seconds"]
+            table.add_row(r["date"][5:], name, f"{x['entries']:,}", f"{x['bytes'] / 2**20:.1f}",
+                          f"{x['bytes'] / max(x['entries'], 1):.0f}", f"{x['bytes_total'] / 2**20:.1f}",
+                          f"{x['bytes'] / full['bytes']:.2f}", f"{s['learn']:.1f}", f"{s.get('search', 0):.1f}",
+                          f"{s.get('policy', 0):.1f}", f"{s.get('commit', 0) + s.get('index', 0):.1f}",
+                          f"{s['calibrate']:.1f}", f"{s['learn'] / full['seconds']['learn']:.2f}", f"{x['ppl']:.2f}")
+    console.print(table)
+    summary = {name: {"ppl": ppl_over(done, name), "memrate": done[-1]["runs"][name]["memrate"],
+                      "bytes_vs_fullmem_max": max(r["runs"][name]["bytes"] / r["runs"]["fullmem"]["bytes"] for r in done),
+                      "learn_seconds": sum(r["runs"][name]["seconds"]["learn"] for r in done),
+                      "learn_vs_fullmem": sum(r["runs"][name]["seconds"]["learn"] for r in done)
+                      / sum(r["runs"]["fullmem"]["seconds"]["learn"] for r in done)} for name in memories}
+    for name, s in summary.items():
+        console.print(f"{name}: PPL {s['ppl']:.3f}, MemRate {s['memrate']:.1%}, bytes at most {s['bytes_vs_fullmem_max']:.2f}x "
+                      f"FullMem's, learning {s['learn_seconds']:.0f} s = {s['learn_vs_fullmem']:.2f}x FullMem's")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"days": done, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

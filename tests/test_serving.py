@@ -1,0 +1,235 @@
+"""Θ under concurrent callers: threads on one LM and memory, the serving worker, and the HTTP server
+(`monim serve-model`) with its limits, clear refusals, abandoned requests and clean stops. Every
+answer given under load is compared with the same request answered alone."""
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from monim.catalogue import make_policy
+from monim.index import IndexConfig
+from monim.stream import DEMO_STREAM, Document, iter_days, open_source
+from monim.theta import Settings
+
+MONIM = str(Path(sys.executable).parent / "monim")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def theta(tiny_model_dir, tmp_path_factory):
+    """A calibrated memory of two days (tiny LM), its skip rule on: every reader path has work to do."""
+    from monim.calibration import calibrate
+    from monim.lm import load_lm
+    from monim.memorize import memorize_day
+    from monim.memory import Memory
+
+    lm = load_lm(str(tiny_model_dir("llama")))
+    root = tmp_path_factory.mktemp("theta")
+    memory = Memory(root, lm, Settings(index=IndexConfig(k=16)))
+    for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)):
+        memorize_day(memory, day.capped(3), make_policy("fullmem"))
+        calibrate(memory, day.capped(3))
+    return Memory.open(root, lm)
+
+
+def texts(n: int, chars: int = 600) -> list[str]:
+    docs = [d for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5)) for d in day.train]
+    return [d.text[:chars] for d in docs[:n]]
+
+
+def test_threads_on_one_theta_get_what_each_gets_alone(theta):
+    """Eight threads score and continue different texts on one LM and one memory at once: each answer
+    is the one the same call gives alone (the key is captured per call; no counter is shared)."""
+    from monim.evaluate import evaluate
+    from monim.generate import GenerateConfig, generate
+
+    lm, items = theta.lm, texts(8)
+    calls = [(lambda t=t: evaluate(lm, [Document("t", dt.date.min, t)], theta)) if i % 2 else
+             (lambda t=t: generate(lm, " ".join(t.split()[:10]), theta, GenerateConfig(max_new_tokens=6)).as_dict())
+             for i, t in enumerate(items)]
+    alone = [call() for call in calls]
+    together: list = [None] * len(calls)
+    errors = []
+
+    def run(i: int) -> None:
+        try:
+            for _ in range(3):  # again and again, so that the calls overlap
+                together[i] = calls[i]()
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for a, b in zip(alone, together):
+        assert a == b
+
+
+def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(theta):
+    """Requests from many threads go through one worker (texts scored together in one LM pass):
+    each answer equals the same request's alone; bad requests are refused naming the field and limit."""
+    from monim.serving import BadRequest, Limits, Service
+
+    service = Service(theta, Limits(max_rows=4, max_chars=2000, max_new_tokens=16, seconds=120))
+    try:
+        bodies = [{"dataframe_records": [{"text": t}]} if i % 3 else
+                  {"dataframe_records": [{"prompt": " ".join(t.split()[:8])}], "params": {"max_new_tokens": 5}}
+                  for i, t in enumerate(texts(12))]
+        alone = [service.answer(b) for b in bodies]
+        together: list = [None] * len(bodies)
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
+                   for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for a, b in zip(alone, together):
+            if "ppl" in a[0]:  # scored beside other texts in packed rows: the same to float precision
+                assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
+            else:
+                assert b[0]["tokens"] == a[0]["tokens"] and b[0]["text"] == a[0]["text"]
+        assert service.answer({"dataframe_records": [{"prompt": "The bank"}], "params": {"sources": False}})[0][
+            "sentences"][0]["sources"] == []
+        for body, says in (({}, "dataframe_records: send a list"),
+                           ({"dataframe_records": [{"txt": "x"}]}, "unknown field 'txt'"),
+                           ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, "params: unknown 'max_tokens'"),
+                           ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 17}}, "at most 16"),
+                           ({"dataframe_records": [{"text": "x" * 2001}]}, "2001 characters; at most 2000"),
+                           ({"dataframe_records": [{"text": "a"}] * 5}, "5 rows; at most 4"),
+                           ({"dataframe_records": [{"text": "x"}], "params": {"seed": 1.5}}, "params.seed: expected a whole"),
+                           ({"dataframe_records": [{"text": "x"}], "inputs": []}, "unknown field 'inputs'")):
+            with pytest.raises(BadRequest, match=re.escape(says)):
+                service.answer(body)
+    finally:
+        service.close()
+
+
+def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(theta):
+    """A clock that moves one second each time it is read: the budget of 10 s ends the continuation
+    after a few tokens; a caller that leaves after the fifth look ends it too."""
+    import itertools
+
+    from monim.serving import Limits, Service
+
+    ticks = itertools.count()
+    service = Service(theta, Limits(max_new_tokens=200, seconds=10), clock=lambda: float(next(ticks)))
+    try:
+        body = {"dataframe_records": [{"prompt": "The market"}], "params": {"max_new_tokens": 200}}
+        out = service.answer(body)[0]
+        assert out["stopped"] == "time limit (10 s)" and 0 < len(out["tokens"]) < 12
+        service.limits = Limits(max_new_tokens=200, seconds=1e9)
+        looks = itertools.count()
+        out = service.answer(body, lambda: next(looks) >= 5)[0]
+        assert out["stopped"] == "caller gone" and len(out["tokens"]) == 4  # looked at before the run, then each token
+    finally:
+        service.close()
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, tiny_model_dir, tmp_path_factory):
+    """A work directory learned by `monim learn` (MLflow on), and `monim serve-model` on its champion."""
+    from flows import servers
+
+    workdir = tmp_path_factory.mktemp("served") / "monim-demo"  # the README's name for it
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
+    subprocess.run([MONIM, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-03",
+                    "--policy", "fullmem", "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")),
+                    "--max-docs", "3"], env=env, check=True, capture_output=True, timeout=900)
+    port, log = servers.free_port(), workdir / "server.log"
+    proc = subprocess.Popen([MONIM, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
+                             "64"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+    yield port, proc, log, workdir
+    if proc.poll() is None:
+        proc.kill()
+
+
+def post(port: int, body, timeout: float = 120) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served):
+    port, proc, log, _ = served
+    bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
+              for t in texts(6, 400)]
+    alone = [post(port, b) for b in bodies]
+    assert all(status == 200 for status, _ in alone), alone
+    together: list = [None] * len(bodies)
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, post(port, bodies[i]))) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (_, a), (status, b) in zip(alone, together):
+        assert status == 200
+        (sa, ga), (sb, gb) = a["predictions"], b["predictions"]
+        assert sb["ppl"] == pytest.approx(sa["ppl"], rel=1e-5) and gb["tokens"] == ga["tokens"]
+    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())
+    assert health["as_of"] in ("1987-03-02", "1987-03-03") and health["limits"]["max_new_tokens"] == 64
+    for body, status, says in ((b"{not json", 400, "not JSON"), ({}, 400, "dataframe_records"),
+                               ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 500}}, 400, "at most 64"),
+                               ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, 400, "'max_tokens'"),
+                               ({"dataframe_records": [{"prompt": "x"}], "params": {"sources": True}}, 200, "")):
+        got, out = post(port, body)
+        assert got == status and says in out.get("message", ""), (body, got, out)
+        assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
+
+
+def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served):
+    import psutil
+
+    port, proc, log, _ = served
+    with pytest.raises(OSError):  # the client gives up after 1 s on a long continuation
+        post(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 64}}, timeout=1)
+    deadline = time.monotonic() + 30
+    while "caller gone" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    flying = threading.Thread(target=lambda: post(port, {"dataframe_records": [{"prompt": "Oil"}],
+                                                         "params": {"max_new_tokens": 64}}, timeout=60))
+    flying.start()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)  # stops within 10 s, a request in flight
+    flying.join()
+    assert not [p for p in children if p.is_running()]
+
+
+def test_the_readmes_serving_block_works_pasted_as_written(served):
+    """The README's commands, run by bash as written, beside the work directory (named as the README names it)."""
+    port, proc, log, workdir = served
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- serving-example -->\s*```bash\n(.*?)```", readme, re.S).group(1)
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-ec", block], cwd=workdir.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    predictions = json.loads(out.stdout.strip().splitlines()[-1])["predictions"]
+    assert predictions[0]["text"] and predictions[1]["ppl"] > 1
