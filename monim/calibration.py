@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from monim.calibrator import CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
+from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.atomic import replacing, write_json
-from monim.knnlm import TEMPERATURES, interpolate, knn_logprobs_by_temperature, tune_grid
+from monim.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, interpolate, knn_logprobs_by_temperature,
+                         prior_lam, tune_grid)
 from monim.features import Features
 from monim.scoring import TokenScores
 from monim.stream import Day, Document
@@ -105,7 +106,11 @@ def day_sample(memory: Memory, day: Day, features: Features | None) -> TokenScor
 
 def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: str) -> Examples:
     """Calibration examples from the sample, searched in the memory after the day without the
-    entries of each article's near-duplicate group ("group"), or without the whole day ("day")."""
+    entries of each article's near-duplicate group ("group"), or without the whole day ("day").
+    With "group", a share of the tokens (`seen_share`, fixed by article and position) is searched
+    with its own entries left in: contexts the memory holds, as a deployed memory meets them (a
+    repeated story, a prompt from a memorized article); a third of those are held out (early stopping,
+    the rule choice)."""
     ds = memory.ds
     record = next(d for d in ds.days if d.date == day.date.isoformat())
     ids, docs = np.asarray(ds.shard(record.shard, "ids")), np.asarray(ds.shard(record.shard, "docs"))
@@ -117,10 +122,17 @@ def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: st
         dist[:], values[:] = memory.neighbors(keys, below=int(ids[0]) if len(ids) else None)
     else:
         groups = np.array([day.groups.get(d, d) for d in sample.doc_id], dtype=object)
-        for group in np.unique(groups):
-            rows = np.flatnonzero(groups == group)
+        draw = _draw(sample)
+        seen = draw < memory.calibrator_cfg.seen_share
+        if seen.any():
+            dist[seen], values[seen] = memory.neighbors(keys[seen])
+        for group in np.unique(groups[~seen]):
+            rows = np.flatnonzero((groups == group) & ~seen)
             own = {i for i, name in enumerate(names) if day.groups.get(name, name) == group}
             dist[rows], values[rows] = memory.neighbors(keys[rows], exclude=ids[np.isin(docs, list(own))])
+        batch = dataclasses.replace(sample, knn_dist=dist, knn_values=values)
+        held = seen & (draw < memory.calibrator_cfg.seen_share / 3)
+        return examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch), held, seen)
     batch = dataclasses.replace(sample, knn_dist=dist, knn_values=values)
     return examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch))
 
@@ -143,6 +155,13 @@ def _held_out(doc_id: str, every: int) -> bool:
     return int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16) % every == 0
 
 
+def _draw(tokens: TokenScores) -> np.ndarray:
+    """A number in [0, 1) per token, fixed by its article and position (the same on every run)."""
+    base = np.array([int(hashlib.sha256(d.encode()).hexdigest()[:8], 16) for d in tokens.doc_id], np.uint64)
+    mixed = (base + tokens.position.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)
+    return ((mixed * np.uint64(2246822519)) % np.uint64(1 << 32)).astype(np.float64) / 2**32
+
+
 def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Examples]]:
     """The newest days' examples whose training (not held-out) tokens add up to about `tokens`."""
     kept, total = [], 0
@@ -154,13 +173,28 @@ def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Ex
     return kept
 
 
-def held_out_nll(ex: Examples, lam: float, temperature: float) -> dict:
-    """Mean NLL on the held-out examples of the LM alone and of the constant (λ, T)."""
-    held = ex.take(ex.holdout) if ex.holdout.any() else ex
-    lm = held.lm_logp.astype(np.float64)
-    knn = held.knn_logp[:, TEMPERATURES.index(temperature)].astype(np.float64)
-    constant = -interpolate(torch.from_numpy(lm), torch.from_numpy(knn), lam).mean().item()
-    return {"tokens": len(held), "lm": float(-lm.mean()) if len(lm) else float("nan"), "constant": constant}
+COPY_LAMBDAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)  # the prior's λ where the memory holds the very context
+
+
+def _nll(ex: Examples, lam, temperature: float) -> float | None:
+    """Mean NLL of Θ with λ (a number or one per token) on the examples."""
+    if not len(ex):
+        return None
+    knn = torch.from_numpy(ex.knn_logp[:, TEMPERATURES.index(temperature)].astype(np.float64))
+    return -interpolate(torch.from_numpy(ex.lm_logp.astype(np.float64)), knn, torch.as_tensor(lam, dtype=torch.float64)).mean().item()
+
+
+def rule_nll(ex: Examples, interp: Interpolation, lam_copy: float, calibrator: Calibrator, tolerance: float) -> dict:
+    """Mean NLL of each rule on held-out examples: new text (`tokens`, the rules) and contexts the
+    memory holds (`seen`: the same)."""
+    out = {}
+    for part, rows in (("new", ~ex.seen), ("seen", ex.seen)):
+        held = ex.take(rows & ex.holdout) if (rows & ex.holdout).any() else ex.take(rows)
+        copied = copies(np.expm1(held.density[:, 0].astype(np.float64)), held.key, tolerance)
+        lams = {"lm": 0.0, "constant": interp.lam, "prior": prior_lam(copied, interp.lam, lam_copy),
+                "calibrator": calibrator.lam(held) if len(held) else 0.0}
+        out[part] = {"tokens": len(held)} | {rule: _nll(held, lam, interp.temperature) for rule, lam in lams.items()}
+    return out["new"] | {"seen": out["seen"]}
 
 
 def calibrate(memory: Memory, day: Day, features: Features | None = None, force: bool = False) -> dict:
@@ -193,23 +227,29 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
         sets = [(p, Examples.load(root / p)) for p in previous] + ([(f"theta/{name}/examples.npz", new)] if new else [])
         kept = newest(sets, ccfg.window_tokens)
         calibration = Examples.concat([ex for _, ex in kept])
-        train = calibration.take(~calibration.holdout) if (~calibration.holdout).any() else calibration
+        fresh = ~calibration.holdout & ~calibration.seen  # the constant λ is for new text
+        train = calibration.take(fresh) if fresh.any() else calibration.take(~calibration.seen)
         interp, _ = tune_grid(train.lm_logp.astype(np.float64), train.knn_logp.astype(np.float64))
+        held = calibration.take(~calibration.holdout & calibration.seen)
+        copied = copies(np.expm1(held.density[:, 0].astype(np.float64)), held.key, ccfg.copy_tolerance)
+        lam_copy = min(COPY_LAMBDAS, key=lambda c: _nll(held, prior_lam(copied, interp.lam, c), interp.temperature)
+                       ) if len(held) else interp.lam
         start = memory.calibrator() if ccfg.warm_start and not same_day else None
         epochs = warm_epochs(ccfg, len(previous)) if start is not None else ccfg.max_epochs
         calibrator = train_calibrator(calibration, ccfg, interp.lam, interp.temperature, start, epochs)
         calibrator.record["date"] = date
-        nll = held_out_nll(calibration, interp.lam, interp.temperature) | {"calibrator": calibrator.record["held_out_nll"]}
-        record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "calibration_tokens": len(calibration),
-                  "new_tokens": len(new) if new else 0, "source": ccfg.source, "nll": nll, "calibrator": calibrator.record}
+        nll = rule_nll(calibration, interp, lam_copy, calibrator, ccfg.copy_tolerance)
+        record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy,
+                  "calibration_tokens": len(calibration), "new_tokens": len(new) if new else 0, "source": ccfg.source,
+                  "nll": nll, "rule": choose_rule(nll), "calibrator": calibrator.record}
         with replacing(root / "theta" / name) as tmp:
             tmp.mkdir()
             if new is not None:
                 new.save(tmp / "examples.npz")
             calibrator.save(tmp / "calibrator.pt")
             write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
-        memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "date": date, "dir": f"theta/{name}",
-                             "nll": nll})
+        memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
+                             "dir": f"theta/{name}", "nll": nll})
         for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
             (root / p).unlink(missing_ok=True)
         sample_path(memory, date).unlink(missing_ok=True)

@@ -45,6 +45,7 @@ class CalibratorConfig:
     warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
     source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.calibration)
     sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
+    seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
     window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
     docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
     holdout: int = 3  # source "validation", one in `holdout` of them held back for early stopping
@@ -78,6 +79,7 @@ class Examples:
     lm_logp: np.ndarray  # float32 [n]
     knn_logp: np.ndarray  # float32 [n, len(TEMPERATURES)] (empty [n, 0] when built for prediction)
     holdout: np.ndarray  # bool [n]: held back for early stopping
+    seen: np.ndarray  # bool [n]: the memory holds the token's own context (its entries were left in the search)
 
     def __len__(self) -> int:
         return len(self.lm_logp)
@@ -95,7 +97,9 @@ class Examples:
     @classmethod
     def load(cls, path: Path) -> Examples:
         with np.load(path) as f:
-            return cls(**{k: f[k] for k in f.files})
+            arrays = {k: f[k] for k in f.files}
+        arrays.setdefault("seen", np.zeros(len(arrays["lm_logp"]), bool))  # examples saved before monim kept seen ones
+        return cls(**arrays)
 
 
 def distinct_prefix_counts(values: np.ndarray) -> np.ndarray:
@@ -117,7 +121,8 @@ def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.concatenate([logd, distinct_prefix_counts(values)], axis=1).astype(np.float32)
 
 
-def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None) -> Examples:
+def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None,
+             seen: np.ndarray | None = None) -> Examples:
     """The features of a scored batch (monim.scoring.TokenScores with neighbours) as Examples.
 
     `lexical` is a monim.lexical.LexicalCounts; `knn_logp` the targets' log p_kNN per temperature.
@@ -133,6 +138,7 @@ def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.nda
         lm_logp=batch.logp.astype(np.float32),
         knn_logp=np.zeros((n, 0), np.float32) if knn_logp is None else knn_logp.astype(np.float32),
         holdout=np.zeros(n, bool) if holdout is None else holdout,
+        seen=np.zeros(n, bool) if seen is None else seen,
     )
 
 

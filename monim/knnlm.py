@@ -151,3 +151,28 @@ def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES
     lm = np.concatenate([b.logp for b in batches])
     knn = np.concatenate([knn_logprobs_by_temperature(b, temperatures) for b in batches])
     return tune_grid(lm, knn, lambdas, temperatures)
+
+
+RULES = ("lm", "constant", "prior", "calibrator")  # how Θ weighs the memory per token (monim.memory.Memory.lam)
+
+
+def copies(nearest: np.ndarray, key: np.ndarray, tolerance: float) -> np.ndarray:
+    """Whether each token's nearest entry (squared distance) is a near-exact copy of its key."""
+    return nearest <= tolerance * (key.astype(np.float32) ** 2).sum(axis=1)
+
+
+def prior_lam(copied: np.ndarray, lam: float, lam_copy: float) -> np.ndarray:
+    """The simple prior: λ_copy where the memory holds the token's very context, else the constant λ."""
+    return np.where(copied, lam_copy, lam)
+
+
+def choose_rule(nll: dict, calibrated: bool = True) -> str:
+    """Θ's rule, from what the rules scored on held-out tokens: of those not worse than the LM on new
+    text, the one with the lowest NLL over new text and held contexts alike (each counts half); the
+    LM alone where none is. Without the calibrator (`calibrated` off), the constant λ or the LM."""
+    seen = nll.get("seen") or {}
+    candidates = [r for r in (("calibrator", "prior", "constant") if calibrated else ("constant",))
+                  if nll.get(r) is not None and not nll[r] > nll["lm"]]
+    if not candidates:
+        return "lm"
+    return min(candidates, key=lambda r: (nll[r] + seen[r]) / 2 if seen.get(r) is not None else nll[r])

@@ -24,8 +24,8 @@ from monim.manifest import DayRecord
 from monim.dedup import Signatures, TwinIndex
 from monim.features import Features
 from monim.index import MemoryIndex
-from monim.knnlm import (Interpolation, ThetaScores, interpolate, knn_full_logprobs, knn_log_weights, row_lam,
-                         theta_scores)
+from monim.knnlm import (Interpolation, ThetaScores, choose_rule, copies, interpolate, knn_full_logprobs, knn_log_weights,
+                         prior_lam, row_lam, theta_scores)
 from monim.lexical import LexicalCounts
 from monim.lm import LM, cached_lm
 from monim.lock import Locked, hold
@@ -159,14 +159,18 @@ class Memory:
             return self._loaded[str(folder)]
 
     @property
-    def fallback(self) -> bool:
-        """Whether Θ is the LM alone: the last calibration found Θ (the calibrator's λ, or the constant
-        λ) worse than the LM on its held-out tokens."""
+    def rule(self) -> str:
+        """How Θ weighs the memory per token (monim.calibration.RULES): the rule the last calibration's
+        held-out tokens chose (monim.calibration.choose_rule); before any, the calibrator if there is one."""
         nll = self.theta().get("nll")
         if not nll:
-            return False
-        used = "calibrator" if self.settings.calibrated and nll.get("calibrator") is not None else "constant"
-        return nll[used] > nll["lm"]
+            return "calibrator" if self.settings.calibrated and self.calibrator() is not None else "constant"
+        return choose_rule(nll, self.settings.calibrated)
+
+    @property
+    def fallback(self) -> bool:
+        """Whether Θ is the LM alone: every rule did worse than the LM on new held-out text."""
+        return self.rule == "lm"
 
     @property
     def retrieves(self) -> bool:
@@ -198,11 +202,17 @@ class Memory:
         return twins.has_twin(Signatures.of([d.text for d in docs]))
 
     def lam(self, batch: TokenScores) -> np.ndarray | float:
-        """Θ's λ for each token of a scored batch: the calibrator's, or the constant one."""
-        calibrator = self.calibrator() if self.settings.calibrated else None
-        if calibrator is None or batch.knn_values is None:
-            return self.interpolation.lam
-        return calibrator.lam(examples(batch, self.lexical()))
+        """Θ's λ for each token of a searched batch, by the rule: the calibrator's, the prior's (λ_copy
+        where the nearest entry is a copy of the token's context), or the constant one."""
+        rule, lam = self.rule, self.interpolation.lam
+        if batch.knn_values is None:
+            return lam
+        if rule == "calibrator" and (calibrator := self.calibrator()) is not None:
+            return calibrator.lam(examples(batch, self.lexical()))
+        if rule == "prior":
+            copied = copies(batch.knn_dist[:, 0], batch.key, self.settings.calibrator.copy_tolerance)
+            return prior_lam(copied, lam, self.theta().get("lam_copy", lam))
+        return lam
 
     def theta_scores(self, batch: TokenScores) -> ThetaScores:
         """log P(target), max log P and top-1 of each token under Θ."""
@@ -282,6 +292,8 @@ class Memory:
         up to `as_of` (or with id < `below`), within the recency rule's maximum age and not in
         `exclude`. With `exact`, IVF-PQ's candidates are re-ranked with the stored keys (its
         distances are approximate: a memorized context does not sit at 0)."""
+        if not self.index.current(self.ds):  # an exact index is built in RAM on first use
+            self.sync()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
         above = self._above()

@@ -169,6 +169,7 @@ class Service:
             live = []
             for j in jobs:
                 if j.cancelled():
+                    log.warning("a request was dropped before it ran: the caller is gone")
                     self._finish(j, Busy("the caller is gone"))
                 elif self.clock() > j.deadline or self._stopping:
                     self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))

@@ -24,6 +24,7 @@ from monim import records
 from monim.calibration import calibrate as calibrate_memory
 from monim.config import RunConfig
 from monim.features import Features
+from monim.knnlm import RULES
 from monim.lm import LM, cached_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
@@ -179,21 +180,27 @@ def calibrate(cfg: RunConfig, day: Day, memory: Memory) -> dict:
     """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     record = calibrate_memory(memory, day, features_for(cfg))
-    interp = memory.interpolation  # just tuned, or as it stood if the day was already calibrated
-    out = {"lam": interp.lam, "temperature": interp.temperature, "theta_fallback": int(memory.fallback)}
-    if "nll" in record:  # trained now, or as the day's calibration recorded it
-        nll = record["nll"]
+    interp, rule = memory.interpolation, memory.rule  # just tuned, or as it stood if the day was already calibrated
+    out = {"lam": interp.lam, "temperature": interp.temperature, "theta_fallback": int(rule == "lm"),
+           "theta_rule": RULES.index(rule)}
+    nll = record.get("nll")  # trained now, or as the day's calibration recorded it
+    if nll:
         out |= {"calibration_tokens": record["calibration_tokens"], "calibration_new_tokens": record["new_tokens"],
-                "heldout_nll_lm": nll["lm"], "heldout_nll_constant": nll["constant"],
-                "heldout_nll_calibrator": nll["calibrator"], "calibrator_seconds": record["calibrator"]["seconds"]}
+                "calibrator_seconds": record["calibrator"]["seconds"], "lam_copy": record.get("lam_copy", interp.lam)}
+        out |= {f"heldout_nll_{r}": nll[r] for r in RULES if nll.get(r) is not None}
+        out |= {f"heldout_seen_nll_{r}": v for r, v in (nll.get("seen") or {}).items() if r in RULES and v is not None}
     if record["trained"]:
-        logger().info("calibrated on %d tokens (%s): constant λ=%.2f T=%g; held-out NLL: LM %.3f, constant λ %.3f, "
-                      "calibrator %.3f", record["calibration_tokens"], record["source"], record["lam"],
-                      record["temperature"], nll["lm"], nll["constant"], nll["calibrator"])
-    if memory.fallback:
+        logger().info("calibrated on %d tokens (%s): constant λ=%.2f T=%g, λ on copies %.2f; held-out NLL on new text: %s; "
+                      "on held contexts: %s; Θ's rule: %s", record["calibration_tokens"], record["source"], record["lam"],
+                      record["temperature"], record["lam_copy"], _rounded(nll), _rounded(nll.get("seen") or {}), rule)
+    if rule == "lm":
         logger().warning("%s %s: Θ is worse than the LM on %d held-out tokens: tomorrow's Θ falls back to the LM alone",
                          cfg.name, day.date, memory.theta()["nll"]["tokens"])
     return out
+
+
+def _rounded(nll: dict) -> dict:
+    return {r: round(v, 3) for r, v in nll.items() if r in RULES and v is not None}
 
 
 def run_lock(cfg: RunConfig) -> Path:

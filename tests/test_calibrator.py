@@ -118,6 +118,7 @@ def synthetic(n: int, seed: int) -> Examples:
         lm_logp=np.full(n, math.log(0.1), np.float32),
         knn_logp=np.repeat(knn[:, None], len(TEMPERATURES), 1),
         holdout=rng.random(n) < 0.3,
+        seen=np.zeros(n, bool),
     ), good
 
 

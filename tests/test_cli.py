@@ -139,12 +139,38 @@ def test_learn_with_a_parametric_learner(tiny_model_dir, tmp_path):
     assert proc.returncode == 2 and "mix-review needs general-domain text" in proc.stderr
 
 
-def test_run_demo_with_the_default_lm(tmp_path):
+def test_run_demo_with_the_default_lm(smollm, tmp_path):
+    """The demo, then the cold start: from the first day, Θ continues each learned article from its
+    first 25 words for 8 words or more with FullMem's memory; with MoNIM-AMT's, wherever it does not,
+    the article's token where it leaves the text is one MoNIM did not store (Θ's guess, not memory's)."""
+    import datetime as dt
+
+    from monim.datastore import Datastore
+    from monim.generate import GenerateConfig, generate
+    from monim.memory import Memory
+    from monim.stream import iter_days, open_source
+    from test_generate import first_words, words_continued
+
     out = last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json", own_api=True))
     policies = out["policies"]
     assert set(policies) == {"fullmem", "monim-amt"}
     assert policies["fullmem"]["memrate"] == 1.0 and 0 < policies["monim-amt"]["memrate"] < 1
     assert 5 < policies["fullmem"]["ppl_lm"] < 100
+    day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(2)
+    for name in ("fullmem", "monim-amt"):
+        root = tmp_path / "memories" / name
+        memory, ds = Memory.open(root, smollm), Datastore.read(root)
+        stored = {(ds.shard_docs(d.shard)[i], int(p)) for d in ds.days
+                  for i, p in zip(ds.shard(d.shard, "docs"), ds.shard(d.shard, "positions"))}
+        for doc in day.train:
+            prompt = first_words(doc.text, 25)
+            gen = generate(smollm, prompt, memory, GenerateConfig(max_new_tokens=16))
+            if words_continued(doc.text, prompt, gen.text) >= 8:
+                continue
+            assert name == "monim-amt", (name, doc.id, gen.text)
+            tokens, start = smollm.tokenizer(doc.text)["input_ids"], len(smollm.tokenizer(prompt)["input_ids"])
+            left = start + next(j for j, t in enumerate(gen.tokens) if t != tokens[start + j])
+            assert (doc.id, left) not in stored, (doc.id, left)
 
 
 def test_generate_with_sources_and_move_the_champion(learned):

@@ -254,7 +254,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
         scored, generated = out["predictions"]
         assert scored["ppl"] > 1 and scored["tokens"] == 5 and len(generated["tokens"]) == 4
         for bad, says in (({"dataframe_records": [{"text": "  "}]}, "empty"),
-                          ({"dataframe_records": [{"txt": "hello"}]}, "'text' (to score)"),
+                          ({"dataframe_records": [{"txt": "hello"}]}, "(to score)"),
                           ({"dataframe_records": [{"text": "x" * 20_001}]}, "at most"),
                           ({"dataframe_records": [{"text": "Oil"}]}, "single token"),
                           ({"dataframe_records": [{"prompt": "hi"}], "params": {"top_p": 0.0}}, "top_p")):

@@ -3,6 +3,7 @@ neighbours), the real LM continuing a memorized article, and recency at query ti
 
 import datetime as dt
 import math
+import re
 
 import numpy as np
 import pytest
@@ -174,6 +175,36 @@ def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream,
     assert bare.tokens[:10] != tokens[start : start + 10]
     assert {s["doc_id"] for sentence in with_memory.sentences for s in sentence["sources"]} == {doc.id}
     assert with_memory.sentences[0]["sources"][0]["title"] == doc.title == "STRONG EARTHQUAKE HITS NEW ZEALAND"
+
+
+def first_words(text: str, n: int) -> str:
+    """The text up to the end of its n-th word, as written (its own spaces and line breaks)."""
+    return text[: [m.end() for m in re.finditer(r"\S+", text)][n - 1]]
+
+
+def words_continued(text: str, prompt: str, generated: str) -> int:
+    """How many of the article's words after the prompt the generation writes before it leaves them."""
+    want, got = text[len(prompt):].split(), generated.split()
+    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+
+
+def test_a_memory_is_trusted_from_its_first_day(smollm, stream, tmp_path):
+    """Cold start: FullMem learns 3 articles on its first day and calibrates on them (its calibration
+    sees contexts the memory holds as well as new text); greedy Θ continues each learned article from
+    its first 25 words for at least 8 words, where the LM alone does not."""
+    from monim.calibration import calibrate
+
+    day = stream[0].capped(3)
+    memory = Memory(tmp_path, smollm)
+    memorize_day(memory, day, make_policy("fullmem"))
+    calibrate(memory, day)
+    assert memory.rule != "lm"
+    cfg = GenerateConfig(max_new_tokens=16)
+    for doc in day.train:
+        prompt = first_words(doc.text, 25)
+        assert words_continued(doc.text, prompt, generate(smollm, prompt, memory, cfg).text) >= 8, doc.id
+    assert min(words_continued(d.text, first_words(d.text, 25), generate(smollm, first_words(d.text, 25), None, cfg).text)
+               for d in day.train) < 8  # the LM alone does not know them
 
 
 def test_sentences_end_at_a_mark_before_a_space_not_inside_a_number(tiny):

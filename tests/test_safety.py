@@ -171,12 +171,12 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
     from monim.fsck import check_memory
     from monim.index import IndexConfig, MemoryIndex
 
-    ds = random_datastore((40, 30))
+    ds = random_datastore((300, 200))
     manifest = json.loads((tmp_path / "manifest.json").read_text())  # an IVF-PQ memory: its index on disk
-    settings = {"index": {"exact_below": 50, "code_bytes": 4, "nprobe": 4}}
+    settings = {"index": {"exact_below": 400, "code_bytes": 4, "nprobe": 4}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest | {"settings": settings}))
     ds = Datastore.read(tmp_path)
-    index = MemoryIndex(tmp_path, D, IndexConfig(exact_below=50, code_bytes=4, nprobe=4))
+    index = MemoryIndex(tmp_path, D, IndexConfig(exact_below=400, code_bytes=4, nprobe=4))
     index.sync(ds)
     assert check_memory(tmp_path) == []
     index.index.remove_ids(faiss.IDSelectorBatch(np.array([3], np.int64)))  # an index that lost an entry
@@ -186,7 +186,7 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
     (tmp_path / "calibration").mkdir()
     (tmp_path / "calibration" / "2022-06-03.npz").write_bytes(b"")  # the sample of a day never committed
     problems = check_memory(tmp_path)
-    assert sorted(p.what.split(" (")[0] for p in problems) == ["index holds 69 entries"] + ["stray"] * 3
+    assert sorted(p.what.split(" (")[0] for p in problems) == ["index holds 499 entries"] + ["stray"] * 3
     fixed = check_memory(tmp_path, repair=True)
     assert all(p.repaired for p in fixed) and check_memory(tmp_path) == []
     assert sorted(os.listdir(tmp_path / "shards")) == sorted(d.shard for d in ds.days)
@@ -197,7 +197,7 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
     keys.write_bytes(bytes(data))
     (problem,) = check_memory(tmp_path, repair=True)
     assert problem.repair is None and not problem.repaired
-    assert "keys.npy corrupt" in problem.what and "day 2022-06-02: 30 entries lost" in problem.what
+    assert "keys.npy corrupt" in problem.what and "day 2022-06-02: 200 entries lost" in problem.what
 
 
 def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_view(tiny, tmp_path):

@@ -151,7 +151,7 @@ def served(prefect_api, tiny_model_dir, tmp_path_factory):
                     "--max-docs", "3"], env=env, check=True, capture_output=True, timeout=900)
     port, log = servers.free_port(), workdir / "server.log"
     proc = subprocess.Popen([MONIM, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
-                             "64"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+                             "200"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -192,9 +192,9 @@ def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(serv
         (sa, ga), (sb, gb) = a["predictions"], b["predictions"]
         assert sb["ppl"] == pytest.approx(sa["ppl"], rel=1e-5) and gb["tokens"] == ga["tokens"]
     health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())
-    assert health["as_of"] in ("1987-03-02", "1987-03-03") and health["limits"]["max_new_tokens"] == 64
+    assert health["as_of"] in ("1987-03-02", "1987-03-03") and health["limits"]["max_new_tokens"] == 200
     for body, status, says in ((b"{not json", 400, "not JSON"), ({}, 400, "dataframe_records"),
-                               ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 500}}, 400, "at most 64"),
+                               ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 500}}, 400, "at most 200"),
                                ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, 400, "'max_tokens'"),
                                ({"dataframe_records": [{"prompt": "x"}], "params": {"sources": True}}, 200, "")):
         got, out = post(port, body)
@@ -206,15 +206,20 @@ def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served):
     import psutil
 
     port, proc, log, _ = served
-    with pytest.raises(OSError):  # the client gives up after 1 s on a long continuation
-        post(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 64}}, timeout=1)
+    long = {"dataframe_records": [{"prompt": p} for p in ("The bank", "Oil prices", "The company")],
+            "params": {"max_new_tokens": 200}}
+    busy = threading.Thread(target=post, args=(port, long))  # Θ's worker is busy for a while
+    busy.start()
+    time.sleep(0.2)
+    with pytest.raises(OSError):  # this client gives up waiting: its request is dropped, never run
+        post(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 200}}, timeout=0.3)
+    busy.join()
     deadline = time.monotonic() + 30
-    while "caller gone" not in log.read_text():
+    while "caller is gone" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.2)
     children = psutil.Process(proc.pid).children(recursive=True)
-    flying = threading.Thread(target=lambda: post(port, {"dataframe_records": [{"prompt": "Oil"}],
-                                                         "params": {"max_new_tokens": 64}}, timeout=60))
+    flying = threading.Thread(target=lambda: post(port, long, timeout=60))
     flying.start()
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
