@@ -34,7 +34,7 @@ from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.theta import Settings
 from monim.catalogue import make_policy
-from monim.stream import Document
+from monim.sources import Document
 from news_days import REPO, first_days, parser
 
 RUNS = {  # name: (policy, calibration source)

@@ -27,7 +27,8 @@ from monim.memory import Memory
 from monim.theta import Settings
 from monim.catalogue import make_policy
 from monim.scoring import ScoreConfig
-from monim.stream import iter_days, list_dates, open_source
+from monim.sources import open_source
+from monim.stream import iter_days, list_dates
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from monim.lm import load_lm
 from monim.scoring import ScoreConfig, score
-from monim.stream import Document
+from monim.sources import Document
 
 REPO = Path(__file__).resolve().parents[1]
 

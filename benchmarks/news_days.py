@@ -5,7 +5,8 @@ import datetime as dt
 import itertools
 from pathlib import Path
 
-from monim.stream import Day, iter_days, open_source
+from monim.sources import open_source
+from monim.stream import Day, iter_days
 
 REPO = Path(__file__).resolve().parents[1]
 STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"

@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.lm import load_lm
-from monim.stream import DEMO_STREAM, iter_days, open_source
+from monim.sources import open_source
+from monim.stream import DEMO_STREAM, iter_days
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

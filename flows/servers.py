@@ -11,10 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from monim.atomic import sqlite_damage
 from monim.lock import hold
 
 BIN = Path(sys.executable).parent
@@ -73,6 +75,9 @@ def prefect_api(attempts: int = 3) -> str:
     database: they start their APIs one after the other (the first creates the schema)."""
     env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     home = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
+    if (db := home / "prefect.db").exists() and (damage := sqlite_damage(db)):
+        raise RuntimeError(f"{db}: Prefect's database is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
+                           "the memories and MLflow do not depend on it")
     with hold(home / ".api-start.lock"):
         for attempt in range(attempts):
             port = free_port()
@@ -100,10 +105,49 @@ def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
                  f"http://127.0.0.1:{port}/health")
 
 
+GRACE = 8.0  # seconds a stop may take before the process ends itself (commits are atomic: nothing is lost)
+
+
 def interruptible() -> None:
-    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped."""
+    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped;
+    whatever swallows it, the process ends GRACE seconds after the signal."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.default_int_handler)
+        signal.signal(signum, _stop)
+
+
+def _stop(signum: int, frame) -> None:
+    _end_soon(signum)
+    raise KeyboardInterrupt
+
+
+def _end_soon(signum: int) -> None:
+    """End the process GRACE seconds from now (once), unless it has ended by then: a stop that code on
+    the way swallowed (a signal delivered inside a finalizer or a callback) still stops."""
+    global _ending
+    if _ending is None:
+        _ending = threading.Timer(GRACE, os._exit, (128 + signum,))  # its children die with it (PR_SET_PDEATHSIG)
+        _ending.daemon = True
+        _ending.start()
+
+
+_ending: threading.Timer | None = None
+
+
+def guard_prefect_stops() -> None:
+    """While a flow runs, Prefect's own SIGTERM handler is installed (it raises TerminationSignal,
+    which can be swallowed: a run went on to its end): it is made to set the same deadline first."""
+    from prefect.utilities import engine
+
+    original = engine._prefect_sigterm_handler
+    if getattr(original, "ends_soon", False):
+        return
+
+    def handler(signum: int, *args: object):
+        _end_soon(signum)
+        original(signum, *args)
+
+    handler.ends_soon = True
+    engine._prefect_sigterm_handler = handler
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

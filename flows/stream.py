@@ -14,6 +14,7 @@ from monim.suite import EvalConfig
 from monim.lock import hold
 from monim.stream import list_dates
 from tasks.learning import logger, recorded_days, run_lock
+from tasks.runs import run_for
 from tasks.tracking import experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 
@@ -32,8 +33,10 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     """
     with hold(run_lock(run), wait, say=logger().warning):
         done = recorded_days(run)
-        dates = [d.isoformat() for d in list_dates(run.source, _date(start), _date(end))]
+        dates = [d.isoformat() for d in list_dates(run.source, _date(start), _date(end), run.on_error, run.fields())]
         todo = [d for d in dates if d not in done]
+        if todo:
+            run_for(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
         logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
         run_id, origin = open_run(run, experiment or experiment_name(run.source), uri)

@@ -94,6 +94,18 @@ def write_json(path: Path | str, obj, indent: int | None = 1) -> None:
         tmp.write_text(json.dumps(obj, indent=indent))
 
 
+def sqlite_damage(path: Path) -> str | None:
+    """What is wrong with an SQLite database file (a quick check, read-only), or None where it reads well."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            found = db.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    return None if found == "ok" else found
+
+
 def checksum(path: Path) -> str:
     """sha256 of a file's bytes (written at commit, checked by fsck)."""
     h = hashlib.sha256()

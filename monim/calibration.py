@@ -28,12 +28,14 @@ import numpy as np
 import torch
 
 from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
-from monim.atomic import replacing, write_json
+from monim.atomic import checksum, replacing, write_json
+from monim.datastore import Datastore
 from monim.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, interpolate, knn_logprobs_by_temperature,
                          prior_lam, tune_grid)
 from monim.features import Features
 from monim.scoring import TokenScores
-from monim.stream import Day, Document
+from monim.sources import Document
+from monim.stream import Day
 
 if TYPE_CHECKING:
     from monim.memory import Memory
@@ -197,6 +199,28 @@ def rule_nll(ex: Examples, interp: Interpolation, lam_copy: float, calibrator: C
     return out["new"] | {"seen": out["seen"]}
 
 
+THETA_FILES = ("calibrator.pt", "meta.json")  # what Θ reads of a calibration, kept for every day (time travel)
+
+
+def theta_checksums(folder: Path) -> dict[str, str]:
+    """The sha256 of the files of a calibration that Θ reads (monim fsck checks them)."""
+    return {f: checksum(folder / f) for f in THETA_FILES}
+
+
+def retrain_calibrator(ds: Datastore, settings: CalibratorConfig) -> None:
+    """A calibrator for the last calibration trained again from its window's examples, in place of
+    a lost or damaged one (a fresh start, not yesterday's warm one: close, not the same)."""
+    theta = ds.theta_at()
+    folder = ds.root / theta["dir"]
+    files = json.loads((folder / "meta.json").read_text())["examples"]
+    calibration = Examples.concat([Examples.load(ds.root / p) for p in files])
+    calibrator = train_calibrator(calibration, settings, theta["lam"], theta["temperature"])
+    calibrator.record["date"] = theta["date"]
+    with replacing(folder / "calibrator.pt") as tmp:
+        calibrator.save(tmp)
+    ds.set_theta(theta | {"checksums": theta_checksums(folder)})
+
+
 def calibrate(memory: Memory, day: Day, features: Features | None = None, force: bool = False) -> dict:
     """Add the day's examples to the calibration set, tune the constant (λ, T) on its training part
     and train the calibrator (early stopping on its held-out part); tomorrow's Θ uses them, or the
@@ -249,7 +273,7 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
             calibrator.save(tmp / "calibrator.pt")
             write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
         memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
-                             "dir": f"theta/{name}", "nll": nll})
+                             "dir": f"theta/{name}", "nll": nll, "checksums": theta_checksums(root / "theta" / name)})
         for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
             (root / p).unlink(missing_ok=True)
         sample_path(memory, date).unlink(missing_ok=True)

@@ -20,6 +20,7 @@ from monim.parametric import Learner
 from monim.policies import Policy, policy_params
 from monim.records import memory_root
 from monim.scoring import CONTEXT_MODES, ScoreConfig
+from monim.sources import Fields
 from monim.stream import DEMO_STREAM
 from monim.theta import Settings
 
@@ -37,6 +38,13 @@ class RunConfig(BaseModel):
                                  "learners, e.g. {\"max_tokens\": 4096, \"lr\": 3e-5}.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
     max_docs: int | None = Field(None, ge=1, description="Training articles taken per day (the first ones); empty: all.")
+    max_article_tokens: int | None = Field(16384, ge=2, description="Articles longer than this many tokens are cut to "
+                                           "them (counted in the day's docs_truncated); empty: no cap.")
+    on_error: Literal["raise", "skip"] = Field("raise", description="A bad record (a broken line, a missing field, an id "
+                                               "met twice, a date after today): raise, or skip it (counted in the day's "
+                                               "docs_skipped).")
+    missing_id: Literal["error", "hash"] = Field("error", description="A record without an id: an error, or named by a "
+                                                 "hash of its date and text.")
     seed: int = 0
     calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
     calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
@@ -94,6 +102,10 @@ class RunConfig(BaseModel):
     @property
     def memory_dir(self) -> Path:
         return memory_root(self.workdir, self.name)
+
+    def fields(self) -> Fields:
+        """How the source's records are read."""
+        return Fields(missing_id=self.missing_id)
 
     def make_policy(self) -> Policy:
         return catalogue.make_policy(self.policy, **self.policy_params)

@@ -259,8 +259,15 @@ class Datastore:
         return True
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
-        """Remove the entries of these documents and/or days; returns how many were removed."""
+        """Remove the entries of these documents and/or days; returns how many were removed. The last
+        committed day, named, is uncommitted: the memory returns to its state before the day (its
+        entries, evaluation and calibration gone), so a bad day can be undone and learned again."""
         drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()}
+        last = self.manifest["days"][-1] if self.manifest["days"] else None
+        if last is not None and last["date"] in drop_days:  # (its ids are not used again: ids stay stable)
+            self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != last["date"]])
+            self._publish(self.manifest["days"][:-1], next_id=self.manifest["next_id"])
+            return last["entries"] + self.forget(doc_ids, drop_days - {last["date"]})
         removed, new_days = 0, []
         for rec in self.manifest["days"]:
             rec = dict(rec)
@@ -360,8 +367,9 @@ class Datastore:
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:
-        """Remove shard folders the manifest no longer names (replaced, or left by a crash)."""
-        live = {d["shard"] for d in self.manifest["days"]}
-        for path in (self.root / "shards").glob("*"):
-            if path.name not in live:
+        """Remove the shard and calibration folders the manifest no longer names (replaced, uncommitted,
+        or left by a crash)."""
+        live = {d["shard"] for d in self.manifest["days"]} | {t["dir"] for t in self.manifest["thetas"] if "dir" in t}
+        for path in [*(self.root / "shards").glob("*"), *(self.root / "theta").glob("*")]:
+            if f"{path.parent.name}/{path.name}" not in live and path.name not in live:
                 shutil.rmtree(path, ignore_errors=True)

@@ -72,7 +72,7 @@ def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayInde
     last, resume, resume_line = None, 0, 1
     with open_text(path) as f:
         for n, raw in enumerate(iter(f.readline, b""), start=1):
-            date = date_of(raw)
+            date = date_of(raw.removeprefix(BOM) if n == 1 else raw)
             if date is not None:
                 if last is not None and date < last:
                     starts = None  # unsorted: readers scan the whole file (and say where it is unsorted)
@@ -97,6 +97,7 @@ def open_at(path: Path, offset: int = 0) -> IO[bytes]:
     return f
 
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first
 READS: Counter = Counter()  # path -> times a source file was opened for reading (what a day flow costs)
 
 
@@ -126,4 +127,4 @@ class IndexedFile:
         READS[str(self.path)] += 1
         with open_at(self.path, offset) as f:
             for n, raw in enumerate(iter(f.readline, b""), start=line):
-                yield n, raw.rstrip(b"\r\n")
+                yield n, raw.rstrip(b"\r\n").removeprefix(BOM) if n == 1 else raw.rstrip(b"\r\n")

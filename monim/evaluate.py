@@ -16,7 +16,7 @@ from monim.features import Features
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
 from monim.theta import SettingsMismatch, window_differences
-from monim.stream import Document
+from monim.sources import Document
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
     """A batch scored with keep_hidden, with the memory's neighbours (unchanged without a memory)."""

@@ -25,7 +25,7 @@ import numpy as np
 from monim.atomic import TMP, is_stray, replacing
 from monim.lm import LM
 from monim.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
-from monim.stream import Document
+from monim.sources import Document
 
 STORED = ("prev", "target", "logp", "max_logp", "entropy", "argmax", "key", "hidden")
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)

@@ -9,6 +9,7 @@ derived and names what cannot be recovered (a shard missing or corrupt: which da
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from monim.atomic import checksum, is_stray, write_json
+from monim.calibration import retrain_calibrator
 from monim.datastore import DTYPES, Datastore
 from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
@@ -26,18 +28,22 @@ from monim.theta import Settings
 
 @dataclass
 class Problem:
-    """One thing wrong: where, what, and what repair does about it (None: it cannot be recovered)."""
+    """One thing wrong: where, what, and what repair does about it (None: it cannot be recovered). A
+    warning is no fault: worth knowing, nothing is wrong with what Θ reads."""
 
     where: str
     what: str
     repair: str | None
     repaired: bool = False
+    warning: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _shard_problems(ds: Datastore) -> list[Problem]:
+def _shard_problems(ds: Datastore, known: dict | None = None) -> list[Problem]:
+    """Each day's shard against the manifest: its files' checksums and its arrays' lengths. `known`:
+    checksums already computed, by file, size and time (files unchanged since are not read again)."""
     out = []
     for day in ds.days:
         folder = ds.root / "shards" / day.shard
@@ -45,7 +51,7 @@ def _shard_problems(ds: Datastore) -> list[Problem]:
         if not folder.is_dir():
             out.append(Problem(str(folder), f"shard missing ({lost})", None))
             continue
-        bad = [f for f, digest in day.checksums.items() if not (folder / f).is_file() or checksum(folder / f) != digest]
+        bad = [f for f, digest in day.checksums.items() if not (folder / f).is_file() or _sha(folder / f, known) != digest]
         if bad:
             out.append(Problem(str(folder), f"{', '.join(bad)} corrupt: checksum differs from the commit's ({lost})", None))
             continue
@@ -59,6 +65,32 @@ def _shard_problems(ds: Datastore) -> list[Problem]:
     if sum(d.entries for d in ds.days) != len(ds):
         out.append(Problem(str(ds.root / "manifest.json"), "entries differ from the sum over its days", None))
     return out
+
+
+def _sha(path: Path, known: dict | None) -> str:
+    """A file's sha256, from `known` when its size and modification time are those it was read at."""
+    if known is None:
+        return checksum(path)
+    stat = path.stat()
+    stamp = [stat.st_size, stat.st_mtime_ns]
+    entry = known.get(str(path))
+    if entry is None or entry[:2] != stamp:
+        known[str(path)] = entry = [*stamp, checksum(path)]
+    return entry[2]
+
+
+def damage(root: Path | str) -> list[Problem]:
+    """What keeps a memory from taking another day: its shards and calibrations checked (a file read
+    again only when it changed since it was last checked: `<memory>/.checked.json`). Called by a
+    writer, under the memory's lock."""
+    ds, path = Datastore.read(root), Path(root) / ".checked.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    problems = _shard_problems(ds, known) + _theta_problems(ds)
+    write_json(path, known)
+    return problems
 
 
 def _strays(ds: Datastore) -> list[Path]:
@@ -82,12 +114,16 @@ def _index(ds: Datastore) -> MemoryIndex:
 def _index_problem(ds: Datastore) -> Problem | None:
     index = _index(ds)
     if not (index.dir / "index.faiss").exists():
-        return None  # built on first use (an exact index: in RAM, from the shards)
+        if ds.manifest.get("settings", {}).get("index", {}).get("exact_below", 200_000) <= len(ds):
+            return Problem(str(index.dir), "IVF-PQ index missing (it would be built again at the next search)",
+                           "rebuild the index from the shards")
+        return None  # an exact index: built in RAM from the shards
     if index.obsolete:
         return Problem(str(index.dir), "an exact index kept on disk, a second copy of every key (monim builds exact "
                                        "indexes in RAM now)", "remove")
-    if index.index is None:
-        return Problem(str(index.dir), "index unreadable", "rebuild the index from the shards")
+    if index.index is None or index.meta.get("sha256", "") not in ("", checksum(index.dir / "index.faiss")):
+        return Problem(str(index.dir), "index unreadable or damaged (its checksum differs from its save's)",
+                       "rebuild the index from the shards")
     ids = indexed_ids(index.index)
     if index.meta.get("version") != ds.version or len(ids) != len(ds) or not np.array_equal(np.sort(ids), np.sort(ds.array("ids"))):
         return Problem(str(index.dir), f"index holds {len(ids)} entries (version {index.meta.get('version')}), the memory "
@@ -107,11 +143,31 @@ def _lexical_problem(ds: Datastore) -> Problem | None:
     return None
 
 
+def _theta_problems(ds: Datastore) -> list[Problem]:
+    """Each calibration's files against the checksums the manifest recorded: the last one can be
+    trained again from its window's examples, an older one cannot (Θ as of that day is lost)."""
+    out = []
+    thetas = ds.manifest["thetas"]
+    for i, theta in enumerate(thetas):
+        folder = ds.root / theta.get("dir", "")
+        bad = [f for f, want in theta.get("checksums", {}).items()
+               if not (folder / f).is_file() or checksum(folder / f) != want]
+        if bad:
+            last = i == len(thetas) - 1 and "meta.json" not in bad
+            out.append(Problem(str(folder), f"{', '.join(bad)} missing or damaged (Θ as of {theta['date']})",
+                               "train the calibrator again from the calibration window" if last else None))
+    return out
+
+
 def check_memory(root: Path | str, repair: bool = False) -> list[Problem]:
     """Every problem of one memory directory (with `repair`, what can be is rebuilt or removed),
-    checked under its write lock: a writer's half-written day is not a stray."""
-    with hold(Path(root) / ".lock"):
-        return _check_memory(Path(root), repair)
+    checked under its write lock (a writer's half-written day is not a stray); on a read-only mount,
+    without it (a check writes nothing)."""
+    root = Path(root)
+    if not repair and not os.access(root, os.W_OK):
+        return _check_memory(root, repair)
+    with hold(root / ".lock"):
+        return _check_memory(root, repair)
 
 
 def _check_memory(root: Path, repair: bool) -> list[Problem]:
@@ -119,7 +175,7 @@ def _check_memory(root: Path, repair: bool) -> list[Problem]:
         ds = Datastore.read(root)
     except (OSError, ValueError, KeyError) as e:
         return [Problem(str(root / "manifest.json"), f"manifest unreadable: {e}", None)]
-    problems = _shard_problems(ds)
+    problems = _shard_problems(ds) + _theta_problems(ds)
     problems += [Problem(str(p), "stray (not named by the manifest)", "remove") for p in _strays(ds)]
     problems += [p for p in (_index_problem(ds), _lexical_problem(ds)) if p]
     if repair:
@@ -132,6 +188,8 @@ def _check_memory(root: Path, repair: bool) -> list[Problem]:
                 LexicalCounts.of(ds)
             elif p.repair == "rebuild the index from the shards" and not corrupt:
                 _index(ds).sync(ds, retrain=True)
+            elif p.repair == "train the calibrator again from the calibration window":
+                retrain_calibrator(ds, Settings.from_dict(ds.manifest.get("settings") or {}).calibrator)
             else:
                 continue
             p.repaired = True

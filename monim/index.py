@@ -12,7 +12,7 @@ import faiss
 import numpy as np
 import psutil
 
-from monim.atomic import replacing, write_json
+from monim.atomic import checksum, replacing, write_json
 from monim.datastore import Datastore
 
 log = logging.getLogger(__name__)
@@ -219,6 +219,7 @@ class MemoryIndex:
             return
         with replacing(self.dir / "index.faiss") as tmp:
             faiss.write_index(self.index, str(tmp))
+            self.meta["sha256"] = checksum(tmp)  # monim fsck finds a damaged file by it
         write_json(self.dir / "meta.json", self.meta)
 
     def probe_recall(self, ds: Datastore) -> float | None:

@@ -124,6 +124,11 @@ class LM:
             _CAPTURED.reset(token)
         return out.last_hidden_state, box["key"]
 
+    def cut(self, text: str, n: int) -> str | None:
+        """The text up to the end of its n-th token, or None where it has n tokens or fewer."""
+        offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+        return text[: offsets[n - 1][1]] if len(offsets) > n else None
+
     @cached_property
     def _cache_arg(self) -> str:
         """The forward's name for the KV cache: `cache` in newer transformers (`past_key_values` is deprecated there)."""

@@ -18,6 +18,7 @@ import faiss
 import numpy as np
 import torch
 
+from monim.atomic import checksum
 from monim.calibrator import Calibrator, examples
 from monim.datastore import Datastore
 from monim.manifest import DayRecord
@@ -31,7 +32,7 @@ from monim.lm import LM, cached_lm
 from monim.lock import Locked, hold
 from monim.recency import Recency
 from monim.scoring import Found, TokenScores, score
-from monim.stream import Document
+from monim.sources import Document
 from monim.theta import READ, THROUGHPUT, Settings, SettingsMismatch
 
 
@@ -154,7 +155,10 @@ class Memory:
             return None
         with self._lock:
             if str(folder) not in self._loaded:
-                path = folder / "calibrator.pt"
+                path, want = folder / "calibrator.pt", self.theta().get("checksums", {}).get("calibrator.pt")
+                if want is not None and (not path.exists() or checksum(path) != want):
+                    raise ValueError(f"{path} is {'damaged' if path.exists() else 'missing'}: Θ as of "
+                                     f"{self.theta()['date']} cannot be read (`monim fsck --repair` says what it can do)")
                 self._loaded[str(folder)] = Calibrator.load(path, self.lm.hidden_size) if path.exists() else None
             return self._loaded[str(folder)]
 

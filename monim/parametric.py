@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 from monim import catalogue
 from monim.atomic import is_stray, replacing, write_json
 from monim.lm import LM
-from monim.stream import Document
+from monim.sources import Document
 
 METHODS = tuple(catalogue.names(catalogue.LEARNER))  # finetune, mix-review, recadam
 WEIGHTS = "model.safetensors"

@@ -14,7 +14,7 @@ import numpy as np
 from monim.evaluate import searched, theta_of
 from monim.lm import LM
 from monim.scoring import ScoreConfig, score_tokens
-from monim.stream import StreamError, parse_date
+from monim.sources import StreamError, parse_date
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from monim.lm import LM
-from monim.stream import Document
+from monim.sources import Document
 
 CONTEXT_MODES = ("carry", "document", "recompute")
 # device type -> (rows per forward pass, tokens per vocabulary projection) where the config leaves them open:

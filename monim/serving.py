@@ -21,7 +21,7 @@ from typing import Callable
 from monim.evaluate import score_texts
 from monim.generate import GenerateConfig, generate
 from monim.memory import Memory
-from monim.stream import Document
+from monim.sources import Document
 
 log = logging.getLogger(__name__)
 ROW_FIELDS = ("text", "prompt")

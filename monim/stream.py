@@ -1,49 +1,23 @@
-"""News streams: dated documents from JSON Lines, WMT News Crawl or `datasets`, day by day."""
+"""News streams: a source's records, day by day, each day split 98/1/1 into train, validation and test.
+
+A stream refuses (or, with on_error="skip", skips and counts) what it cannot trust: a bad record, an
+id met twice, a record dated after today.
+"""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import hashlib
-import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Literal, Protocol
+from typing import Callable, Iterator, Literal
 
 from monim import dedup
-from monim.dayindex import IndexedFile
+from monim.sources import BadRecord, Document, Fields, Source, StreamError, open_source
 
 DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 SPLITS = ("train", "validation", "test")
-
-
-class StreamError(ValueError):
-    """A bad record in a news source; the message names file, line and field."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """One dated news article."""
-
-    id: str
-    date: dt.date
-    text: str
-    title: str = ""  # the headline, where the record has one (shown as a source of generated text)
-
-
-@dataclass(frozen=True)
-class BadRecord:
-    """A record that could not be read: where it is and what is wrong with it."""
-
-    where: str
-    field: str | None
-    problem: str
-
-    def __str__(self) -> str:
-        what = f"field '{self.field}': " if self.field else ""
-        return f"{self.where}: {what}{self.problem}"
 
 
 @dataclass
@@ -58,6 +32,7 @@ class Day:
     duplicates: int = 0  # documents dropped because an earlier one that day had the same text
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
     capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
+    truncated: int = 0  # articles cut to a cap on tokens an article
 
     @property
     def twin_groups(self) -> int:
@@ -69,6 +44,21 @@ class Day:
         if max_docs is None or len(self.train) <= max_docs:
             return self
         return replace(self, train=self.train[:max_docs], capped_out=self.capped_out + len(self.train) - max_docs)
+
+    def truncate(self, max_tokens: int | None, cut: Callable[[str, int], str]) -> Day:
+        """The day with every article longer than `max_tokens` tokens cut to them (`cut(text, n)`: its
+        first n tokens), counted in `truncated`."""
+        if max_tokens is None:
+            return self
+        long = {d.id for split in SPLITS for d in self.split(split) if len(d.text) > max_tokens}  # a token has a character
+        cuts = {d.id: cut(d.text, max_tokens) for split in SPLITS for d in self.split(split) if d.id in long}
+        cuts = {i: text for i, text in cuts.items() if text is not None}
+
+        def shorter(docs: list[Document]) -> list[Document]:
+            return [replace(d, text=cuts[d.id]) if d.id in cuts else d for d in docs]
+
+        return replace(self, train=shorter(self.train), validation=shorter(self.validation), test=shorter(self.test),
+                       truncated=self.truncated + len(cuts))
 
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
@@ -83,201 +73,7 @@ class Day:
         """Articles per split, and what reading the day dropped, skipped or grouped."""
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
                 "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
-                "capped": self.capped_out}
-
-
-@dataclass(frozen=True)
-class Fields:
-    """Names of the record fields that hold the date, the text and the document id."""
-
-    date: str = "date"
-    text: str = "text"
-    id: str = "id"
-    title: str = "title"  # optional
-
-
-Record = tuple[str, Document] | BadRecord
-
-
-class Source(Protocol):
-    """Anything that yields records ("where", Document) or BadRecord, sorted by date; with `start`,
-    it may begin at that date's first record (and `dates()`: the dates it has, None if unknown)."""
-
-    def records(self, start: dt.date | None = None) -> Iterator[Record]: ...
-
-    def dates(self) -> list[dt.date] | None: ...
-
-
-def parse_date(value: Any) -> dt.date:
-    """A date from 'YYYY-MM-DD', 'YYYYMMDD', an ISO timestamp, or a date/datetime object."""
-    if isinstance(value, dt.datetime):
-        return value.date()
-    if isinstance(value, dt.date):
-        return value
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a date string, got {value!r}")
-    text = value.strip()
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).date()
-
-
-def to_document(row: dict, fields: Fields, where: str) -> Record:
-    """A Document from one record's fields, or a BadRecord saying which field is wrong."""
-    if fields.date not in row or row[fields.date] in (None, ""):
-        return BadRecord(where, fields.date, "missing")
-    try:
-        date = parse_date(row[fields.date])
-    except ValueError as e:
-        return BadRecord(where, fields.date, f"unparsable date {row[fields.date]!r} ({e})")
-    text = row.get(fields.text)
-    if not isinstance(text, str) or not text.strip():
-        return BadRecord(where, fields.text, "missing or empty text")
-    doc_id, title = row.get(fields.id), row.get(fields.title)
-    return where, Document(id=str(doc_id) if doc_id not in (None, "") else where, date=date, text=text,
-                           title=title.strip() if isinstance(title, str) else "")
-
-
-def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return BadRecord(where, field, f"not valid UTF-8 (byte {e.start}: {e.reason})")
-
-
-@dataclass
-class JsonlSource(IndexedFile):
-    """JSON Lines, plain or .gz, one article per line with a date and a text field."""
-
-    path: Path
-    fields: Fields = field(default_factory=Fields)
-
-    def date_of(self, raw: bytes) -> dt.date | None:
-        try:
-            row = json.loads(raw)
-            return parse_date(row[self.fields.date]) if isinstance(row, dict) else None
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        for n, raw in self.lines(start):
-            where = f"{self.path}:{n}"
-            if not raw.strip():
-                continue
-            line = _decode(raw, where, None)
-            if isinstance(line, BadRecord):
-                yield line
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield BadRecord(where, None, f"malformed JSON ({e.msg} at column {e.colno})")
-                continue
-            if not isinstance(row, dict):
-                yield BadRecord(where, None, f"expected a JSON object, got {type(row).__name__}")
-                continue
-            yield to_document(row, self.fields, where)
-
-
-@dataclass
-class NewsCrawlSource(IndexedFile):
-    """WMT document-level News Crawl: `date <TAB> base64 sentence-split doc <TAB> base64 doc`."""
-
-    path: Path
-
-    def date_of(self, raw: bytes) -> dt.date | None:
-        try:
-            return parse_date(raw.split(b"\t", 1)[0].decode())
-        except ValueError:
-            return None
-
-    def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        for n, raw in self.lines(start):
-            where = f"{self.path}:{n}"
-            if not raw.strip():
-                continue
-            cols = raw.split(b"\t")
-            if len(cols) < 3:
-                yield BadRecord(where, None, f"expected 3 tab-separated columns, got {len(cols)}")
-                continue
-            date = _decode(cols[0], where, "date")
-            if isinstance(date, BadRecord):
-                yield date
-                continue
-            try:
-                text = _decode(base64.b64decode(cols[2], validate=True), where, "text")
-            except binascii.Error as e:
-                yield BadRecord(where, "text", f"invalid base64 ({e})")
-                continue
-            if isinstance(text, BadRecord):
-                yield text
-                continue
-            yield to_document({"date": date, "text": text}, Fields(), where)
-
-
-@dataclass
-class DirectorySource:
-    """A folder of per-day files named by their date (`2022-06-01.jsonl.gz`, `2022-06-01-b.jsonl`),
-    each JSON Lines or News Crawl; reading day D opens only D's files."""
-
-    path: Path
-    fields: Fields = field(default_factory=Fields)
-
-    def files(self) -> list[tuple[dt.date, Path]]:
-        out = []
-        for f in sorted(self.path.iterdir()):
-            try:
-                out.append((dt.date.fromisoformat(f.name[:10]), f))
-            except ValueError:
-                continue  # not a day file (a README, say)
-        return out
-
-    def dates(self) -> list[dt.date]:
-        return sorted({d for d, _ in self.files()})
-
-    def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        for date, f in self.files():
-            if start is None or date >= start:
-                yield from open_source(f, self.fields).records()
-
-
-@dataclass
-class DatasetsSource:
-    """Any Hugging Face `datasets` dataset with a date column: a hub name or a local builder."""
-
-    name: str
-    split: str = "train"
-    fields: Fields = field(default_factory=Fields)
-    data_files: str | list[str] | None = None
-
-    def dates(self) -> None:
-        return None
-
-    def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        import datasets
-
-        ds = datasets.load_dataset(self.name, data_files=self.data_files, split=self.split)
-        if self.fields.date not in ds.column_names:
-            raise StreamError(f"{self.name}[{self.split}]: field '{self.fields.date}': no such column")
-        for i, row in enumerate(ds.sort(self.fields.date)):
-            yield to_document(row, self.fields, f"{self.name}[{self.split}]:{i}")
-
-
-def open_source(spec: str | Path, fields: Fields | None = None) -> Source:
-    """A source from a path (JSON Lines or News Crawl by its name, or a folder of per-day files) or
-    `hf:NAME` for `datasets`."""
-    fields = fields or Fields()
-    if isinstance(spec, str) and spec.startswith("hf:"):
-        return DatasetsSource(spec[3:], fields=fields)
-    path = Path(spec)
-    if path.is_dir():
-        return DirectorySource(path, fields)
-    if not path.is_file():
-        raise FileNotFoundError(f"news source not found: {path}")
-    if path.name.startswith("news-docs."):
-        return NewsCrawlSource(path)
-    return JsonlSource(path, fields)
+                "capped": self.capped_out, "truncated": self.truncated}
 
 
 def _rank(seed: int, doc_id: str) -> bytes:
@@ -327,13 +123,31 @@ def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int) -> D
                groups=groups)
 
 
+FUTURE_DAYS = 1  # a record dated more than this many days after today (by the clock) is a mis-dated one
+
+
+def latest_date() -> dt.date:
+    """The last date a record may have: today, with FUTURE_DAYS for time zones and late clocks."""
+    return dt.date.today() + dt.timedelta(days=FUTURE_DAYS)
+
+
 def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
                    on_error: Literal["raise", "skip"]) -> Iterator[tuple[dt.date, list[Document], int]]:
-    """(date, documents, bad records skipped) of each day from start to end, in date order."""
+    """(date, documents, bad records skipped) of each day from start to end, in date order; an id
+    met a second time, or a record dated after today, is a bad record."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     date, docs, skipped, last = None, [], 0, None
+    first_at: dict[str, str] = {}  # id -> where it was met first
     for rec in source.records(start):
+        if not isinstance(rec, BadRecord):
+            where, doc = rec
+            if doc.date > latest_date():
+                rec = BadRecord(where, "date", f"{doc.date} is after today ({dt.date.today()}): a mis-dated record")
+            elif doc.id in first_at and first_at[doc.id] != where:
+                rec = BadRecord(where, "id", f"{doc.id!r} again: {first_at[doc.id]} has the same id")
+            else:
+                first_at.setdefault(doc.id, where)
         if isinstance(rec, BadRecord):
             if on_error == "raise":
                 raise StreamError(str(rec))
@@ -378,16 +192,32 @@ def iter_days(
         yield _make_day(date, docs, seed, skipped)
 
 
-def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise") -> Day | None:
+def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+                  on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[dt.date]:
+    """Read every record from start to end before any work (StreamError at the first bad one, naming
+    its file, line and field, unless skipped); the dates with articles."""
+    dates = list_dates(source, start, end, on_error, fields)
+    if not dates:
+        return []
+    return [d for d, _, _ in _day_documents(open_source(source, fields), dates[0], dates[-1], on_error)]
+
+
+def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
+             fields: Fields | None = None) -> Day | None:
     """One day of a source, or None when it has no articles that day."""
-    return next(iter_days(open_source(source), start=date, end=date, seed=seed, on_error=on_error), None)
+    return next(iter_days(open_source(source, fields), start=date, end=date, seed=seed, on_error=on_error), None)
 
 
 def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
-               on_error: Literal["raise", "skip"] = "raise") -> list[dt.date]:
-    """The dates between start and end (inclusive) on which the source has articles."""
-    src = open_source(source)
+               on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[dt.date]:
+    """The dates between start and end (inclusive) on which the source has articles. Dates after
+    today are refused (StreamError), or with on_error="skip" left out."""
+    src = open_source(source, fields)
     known = src.dates()
-    if known is not None:
-        return [d for d in known if (start is None or d >= start) and (end is None or d <= end)]
-    return [date for date, _, _ in _day_documents(src, start, end, on_error)]
+    if known is None:  # no day index: read through (a record dated after today is a bad record there)
+        return [date for date, _, _ in _day_documents(src, start, end, on_error)]
+    future = [d for d in known if d > latest_date()]
+    if future and on_error == "raise":
+        raise StreamError(f"{source}: field 'date': {len(future)} day(s) after today ({dt.date.today()}), from "
+                          f"{future[0]}: mis-dated records (skip them: on_error=\"skip\", `--on-error skip`)")
+    return [d for d in known if (start is None or d >= start) and (end is None or d <= end) and d <= latest_date()]

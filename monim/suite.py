@@ -20,7 +20,9 @@ from monim.features import Features
 from monim.lm import LM
 from monim.qa import answer_questions, read_questions
 from monim.recency import Recency
-from monim.stream import Document, iter_days, open_source
+from monim.sources import Fields
+from monim.sources import Document, open_source
+from monim.stream import iter_days
 
 View = tuple[LM, Features, dict]
 
@@ -76,10 +78,11 @@ def period_of(date: dt.date, by: str) -> str:
 
 
 def period_sets(source: str, start: dt.date | None, end: dt.date | None, by: str, seed: int = 0,
-              max_docs: int | None = None, split: str = "test") -> dict[str, list[Document]]:
+                max_docs: int | None = None, split: str = "test", fields: Fields | None = None,
+                on_error: str = "raise") -> dict[str, list[Document]]:
     """Each period's held-out articles in date order; at most `max_docs`, spread evenly over it."""
     sets: dict[str, list[Document]] = {}
-    for day in iter_days(open_source(source), start, end, seed):
+    for day in iter_days(open_source(source, fields), start, end, seed, on_error):
         sets.setdefault(period_of(day.date, by), []).extend(day.split(split))
     if max_docs is not None:
         sets = {p: [docs[i] for i in np.unique(np.linspace(0, len(docs) - 1, max_docs).round().astype(int))]

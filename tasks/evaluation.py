@@ -61,8 +61,9 @@ def _cells(results: dict) -> dict[str, dict[str, dict]]:
 def period_perplexity(configs: list[RunConfig], source: str, start: str, end: str, days: list[str], e: EvalConfig) -> dict:
     """PPL and next-word accuracy on each period's test articles, with each run's memory as of the
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
-    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, configs[0].seed,
-                       e.period_docs)
+    cfg = configs[0]
+    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed,
+                       e.period_docs, fields=cfg.fields(), on_error=cfg.on_error)
     later = lambda key, period: period_of(dt.date.fromisoformat(key[1]), e.period) >= period  # noqa: E731
     out = {period: _cells(cells) for period, cells in period_results(_views(configs, days, e), sets, later).items()}
     for period, runs in out.items():

@@ -29,7 +29,8 @@ from monim.lm import LM, cached_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.parametric import Weights, load_day, train_day, trained_copy
-from monim.stream import Day, Document, read_day
+from monim.sources import Document
+from monim.stream import Day, read_day
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
@@ -106,10 +107,10 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
 def ingest(cfg: RunConfig, date: str) -> Day:
     """Read the day's news slice (once: the other tasks are handed it), its training articles capped
     at the run's `max_docs` (the one place the cap applies), and report its split sizes."""
-    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed)
+    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields())
     if day is None:
         raise ValueError(f"{cfg.source} has no articles on {date}")
-    day = day.capped(cfg.max_docs)
+    day = day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, cached_lm(cfg.model, cfg.dtype).cut)
     logger().info("%s: %s", date, day.counts())
     return day
 

@@ -38,9 +38,14 @@ SIGNATURE = ModelSignature(
 )
 
 
-def model_name(cfg: RunConfig) -> str:
-    """The registered model of a stream and policy: monim-<stream>-<policy>."""
-    return f"{experiment_name(cfg.source)}-{cfg.name}"
+def model_name(cfg: RunConfig, uri: str | None = None, run_id: str | None = None) -> str:
+    """The registered model of a stream and policy, monim-<stream>-<policy>: named after the experiment
+    its MLflow run is in (where one is given: a source renamed since keeps its model), else its source."""
+    experiment = experiment_name(cfg.source)
+    if run_id is not None:
+        c = client(uri)
+        experiment = c.get_experiment(c.get_run(run_id).info.experiment_id).name
+    return f"{experiment}-{cfg.name}"
 
 
 def open_memory(config: dict) -> Memory:
@@ -105,7 +110,7 @@ def move_champion(c, name: str, version: str) -> dict:
 def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
     """The version of Θ as of `date` of this memory with this checksum: found, or logged beside the
     run (in it, MLflow would log the config as run params) and registered with its tags."""
-    c, name, root = client(uri), model_name(cfg), str(cfg.memory_dir.resolve())
+    c, name, root = client(uri), model_name(cfg, uri, run_id), str(cfg.memory_dir.resolve())
     if c.search_registered_models(f"name = '{name}'") == []:
         c.create_registered_model(name, tags={"monim.policy": cfg.name},
                                   description=f"Θ of {cfg.name} on {cfg.source}, one version per learned day")
@@ -144,10 +149,10 @@ def _settle(name: str, version: str, champion: str | None, gate: dict, uri: str)
     now = _alias(c, name, CHAMPION)
     if (None if now is None else str(now.version)) != champion:
         return False
-    if champion is None or not gate.get("gate_tokens") or not gate["gate_ppl"] > gate["gate_ppl_champion"]:
+    if champion is None or gate.get("gate_tokens") and not gate["gate_ppl"] > gate["gate_ppl_champion"]:
         move_champion(c, name, version)
         return True
-    return False
+    return False  # worse, or nothing to compare on (a day without validation articles): the champion stays
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
@@ -155,7 +160,7 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
     """Register Θ as of a committed day as a new version (once per day and memory state), and move
     `champion` to it if its validation PPL is not worse than the champion's (never to an older day
     than the champion's); the gate's numbers are logged."""
-    name, date = model_name(cfg), day.date.isoformat()
+    name, date = model_name(cfg, uri, run_id), day.date.isoformat()
     version, new = _new_version(cfg, date, memory.checksum(), run_id, uri)
     if not new:
         return {"model_version": int(version), "registered": 0}
@@ -166,9 +171,10 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
         return {"model_version": int(version), "registered": 1, "champion_moved": 0}
     gate = _gate(cfg, day, memory, champion) if champion is not None else {}
     promoted = _settle(name, version, None if champion is None else str(champion.version), gate, uri)
-    logger().info("%s version %s (%s): %s%s", name, version, date, "champion" if promoted else "not promoted",
-                  f"; validation PPL {gate['gate_ppl']:.2f} vs champion v{champion.version} {gate['gate_ppl_champion']:.2f}"
-                  if gate else "")
+    why = ("" if not gate else f"; the day has no validation articles to compare on: champion v{champion.version} stays"
+           if not gate["gate_tokens"] else
+           f"; validation PPL {gate['gate_ppl']:.2f} vs champion v{champion.version} {gate['gate_ppl_champion']:.2f}")
+    logger().info("%s version %s (%s): %s%s", name, version, date, "champion" if promoted else "not promoted", why)
     return {"model_version": int(version), "registered": 1, "champion_moved": int(promoted)} | gate
 
 

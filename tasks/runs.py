@@ -18,6 +18,7 @@ from monim.config import RunConfig
 from monim.datastore import Datastore
 from monim.evaluate import evaluate_many
 from monim.features import Features
+from monim.fsck import damage
 from monim.lm import LM, cached_lm
 from monim.memory import Memory
 from monim.parametric import Weights
@@ -37,6 +38,10 @@ class BareRun:
     @property
     def memory(self) -> Memory | None:
         return None
+
+    def open(self) -> None:
+        """Open what the run learns into, before any work: refused where another model, other weights
+        or other settings learned it, or where it fails its checks."""
 
     def learn(self, day: Day, step: int) -> dict:
         """Learn the day (memorize and calibrate, or train); the day's row of what it did."""
@@ -69,6 +74,17 @@ class MemoryRun(BareRun):
     @property
     def memory(self) -> Memory:
         return memory_for(self.cfg)
+
+    def open(self) -> None:
+        memory = self.memory  # another model, weights or settings: refused here (MemoryMismatch, SettingsMismatch)
+        if not memory.ds.days:
+            return
+        with memory.writing():
+            problems = [p for p in damage(memory.ds.root) if not p.repaired]
+        if problems:
+            raise ValueError(f"{memory.ds.root} fails its checks, so no day is added to it: {problems[0].where}: "
+                             f"{problems[0].what}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                             + f"; `monim fsck --workdir {self.cfg.workdir}` lists them, `--repair` mends what can be")
 
     def learn(self, day: Day, step: int) -> dict:
         memory = self.memory

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim import records
-from monim.atomic import create_once
+from monim.atomic import create_once, sqlite_damage
 from monim.config import RunConfig
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
@@ -57,6 +57,9 @@ def ensure_store(uri: str) -> None:
     new file in dozens of steps, and one killed between them leaves a file no later run can open."""
     if (db := sqlite_file(uri)) is None:
         return
+    if db.exists() and (damage := sqlite_damage(db)):
+        raise ValueError(f"{db}: the MLflow store is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
+                         "`monim fsck --repair` logs the days again from the memories")
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     artifacts = (db.parent / "mlartifacts").as_uri()
@@ -95,12 +98,13 @@ def open_run(cfg: RunConfig, experiment: str, uri: str) -> tuple[str, str]:
     its origin, the date of step 0: the stream's first day, tagged once when the run is created (so
     that a step always names the same date, and readers can turn steps back into dates)."""
     c = client(uri)
-    exp = experiment_id(uri, experiment, cfg.workdir)
     memory = str(cfg.memory_dir.resolve())
-    runs = c.search_runs([exp], filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1)
+    every = [e.experiment_id for e in c.search_experiments()]  # a renamed source keeps its run and experiment
+    runs = c.search_runs(every, filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1) if every else []
+    exp = runs[0].info.experiment_id if runs else experiment_id(uri, experiment, cfg.workdir)
     if runs and "monim.origin" in runs[0].data.tags:
         return runs[0].info.run_id, runs[0].data.tags["monim.origin"]
-    origin = list_dates(cfg.source)[0].isoformat()
+    origin = list_dates(cfg.source, on_error=cfg.on_error, fields=cfg.fields())[0].isoformat()
     if runs:  # a run made before origins were tagged at creation
         c.set_tag(runs[0].info.run_id, "monim.origin", origin)
         return runs[0].info.run_id, origin
@@ -160,27 +164,49 @@ def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
     return len(batch)
 
 
-@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
+
+
 @one_at_a_time
 def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
-    """Each run's evaluated days against its MLflow runs: a day must be logged once (with `repair`, a
-    day never logged is logged from the memory's manifest, or the bare LM's record)."""
+    """Each run's evaluated days against its MLflow runs: a day must be logged once (with `repair`,
+    the metrics of a day not logged, or logged in part, are logged from the memory's manifest or the
+    bare LM's record, never twice). A run that names the work directory's memory at another path
+    (the work directory moved or was copied) is a warning; `repair` points it here."""
     c = client(uri)
     experiments = [e.experiment_id for e in c.search_experiments()]
     problems = []
     for name in records.run_names(workdir):
         rows = records.read_rows(workdir, name)
         memory = str(records.memory_root(workdir, name).resolve())
-        for run in c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []:
-            steps = [m.step for m in c.get_metric_history(run.info.run_id, "ppl")]
+        runs = c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []
+        if not runs and rows:
+            moved = [r for r in (c.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")
+                                 if experiments else []) if r.data.tags.get("monim.memory")]
+            if not moved:
+                problems.append({"where": f"MLflow at {uri}", "what": f"no run of {name}: {len(rows)} days not logged",
+                                 "repair": None, "repaired": False})
+                continue
+            run = moved[0]
+            problems.append({"where": f"MLflow run {name} ({run.info.run_id})", "warning": True, "repaired": repair,
+                             "what": f"names the memory at {run.data.tags['monim.memory']}: the work directory moved "
+                                     "or was copied (its registered versions keep naming the old place)",
+                             "repair": "point the run at this work directory"})
+            if repair:
+                c.set_tag(run.info.run_id, "monim.memory", memory)
+            runs = [run]
+        for run in runs:
+            history = [m.step for m in c.get_metric_history(run.info.run_id, MARK)]
+            logged = set(history)
             where = f"MLflow run {run.info.run_name} ({run.info.run_id})"
-            missing = [r for r in rows.values() if r["step"] not in steps]
+            missing = [r for r in rows.values() if r["step"] not in logged]
             if missing:
                 problems.append({"where": where, "what": f"days {', '.join(r['date'] for r in missing)} not logged",
                                  "repair": "log them from the run's rows", "repaired": repair})
-                for r in missing if repair else []:
-                    _log(c, run.info.run_id, [(k, r["step"], v) for k, v in r.items() if k not in ("date", "policy")])
-            if twice := sorted({s for s in steps if steps.count(s) > 1}):
+                if repair:
+                    log_points.fn(run.info.run_id, uri, [(k, r["step"], v) for r in missing for k, v in r.items()
+                                                         if k not in ("date", "policy")])
+            if twice := sorted({s for s in history if history.count(s) > 1}):
                 problems.append({"where": where, "what": f"steps {twice} logged more than once", "repaired": False,
                                  "repair": None})
     return problems

@@ -121,10 +121,13 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
     np.testing.assert_array_equal(ds.array("keys")[:8], e1.keys[keep])
     _, ids = index.search(e1.keys[~keep].astype(np.float32), k=21)
     assert not np.isin(ids, np.flatnonzero(~keep)).any() and (ids >= 0).sum(1).max() == 17
-    assert ds.forget(days=["2022-06-02"]) == 9
+    assert ds.forget(days=["2022-06-02"]) == 9  # the last day: uncommitted, as if it had not been learned
     index.sync(ds)
-    assert len(ds) == 8 and index.ntotal == 8 and ds.days[1].forgotten == 9
+    assert len(ds) == 8 and index.ntotal == 8 and [d.date for d in ds.days] == ["2022-06-01"]
     assert set(ds.values_by_id()[indexed_ids(index.index)]) <= set(e1.values[keep])
+    assert ds.commit_day("2022-06-02", e2, 9, "fullmem")  # and learned again
+    assert ds.forget(days=["2022-06-01"]) == 8  # an earlier day: its entries go, the day stays committed
+    assert (ds.days[0].entries, ds.days[0].forgotten, len(ds)) == (0, 12, 9)
 
 
 def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):

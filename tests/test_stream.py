@@ -8,9 +8,8 @@ from collections import Counter
 
 import pytest
 
-from monim.stream import (
-    DEMO_STREAM, DatasetsSource, Document, StreamError, iter_days, open_source, split_day,
-)
+from monim.sources import DatasetsSource, Document, StreamError, open_source
+from monim.stream import DEMO_STREAM, iter_days, split_day
 
 D = dt.date
 
@@ -110,12 +109,64 @@ def test_missing_source_file():
 
 
 def test_custom_field_names_and_plain_jsonl(tmp_path):
-    from monim.stream import Fields
+    from monim.sources import Fields
 
     path = tmp_path / "feed.jsonl"
     path.write_text('{"published": "2022-06-01T08:30:00Z", "body": "Rates rose."}\n')
-    (day,) = iter_days(open_source(path, Fields(date="published", text="body")))
-    assert day.date == D(2022, 6, 1) and day.train[0].text == "Rates rose." and day.train[0].id == f"{path}:1"
+    with pytest.raises(StreamError, match=r"feed.jsonl:1: field 'id': missing"):
+        list(iter_days(open_source(path, Fields(date="published", text="body"))))
+    (day,) = iter_days(open_source(path, Fields(date="published", text="body", missing_id="hash")))
+    assert day.date == D(2022, 6, 1) and day.train[0].text == "Rates rose."
+    copy = tmp_path / "elsewhere.jsonl"  # the id is the record's, whatever the file is called
+    copy.write_text(path.read_text())
+    (again,) = iter_days(open_source(copy, Fields(date="published", text="body", missing_id="hash")))
+    assert day.train[0].id == again.train[0].id and day.train[0].id.startswith("h")
+
+
+def test_an_id_met_twice_is_refused_naming_both_lines_or_skipped(tmp_path):
+    rows = [{"id": "a", "date": "2022-06-01", "text": "One."}, {"id": "b", "date": "2022-06-01", "text": "Two."},
+            {"id": "a", "date": "2022-06-01", "text": "Three, under one's id."}]
+    path = tmp_path / "feed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(StreamError, match=rf"feed.jsonl:3: field 'id': 'a' again: {path}:1 has the same id"):
+        list(iter_days(open_source(path)))
+    (day,) = iter_days(open_source(path), on_error="skip")
+    assert sorted(d.text for d in day.train + day.validation + day.test) == ["One.", "Two."] and day.skipped == 1
+
+
+def test_a_record_dated_after_today_is_refused_or_skipped(tmp_path):
+    from monim.stream import list_dates, read_day
+
+    future = dt.date.today() + dt.timedelta(days=30)
+    rows = [{"id": "a", "date": "2022-06-01", "text": "One."}, {"id": "b", "date": future.isoformat(), "text": "Later."}]
+    path = tmp_path / "feed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(StreamError, match=rf"1 day\(s\) after today .*from {future}"):
+        list_dates(path)
+    assert list_dates(path, on_error="skip") == [D(2022, 6, 1)]
+    with pytest.raises(StreamError, match=rf"feed.jsonl:2: field 'date': {future} is after today"):
+        read_day(path, future)
+
+
+def test_a_bom_is_read_and_a_json_array_refused_saying_so(tmp_path):
+    path = tmp_path / "feed.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "date": "2022-06-01", "text": "One."}).encode() + b"\n")
+    (day,) = iter_days(open_source(path))
+    assert day.train[0].text == "One."
+    array = tmp_path / "feed.json"
+    array.write_text(json.dumps([{"id": "a", "date": "2022-06-01", "text": "One."}]))
+    with pytest.raises(StreamError, match=r"feed.json: line 1: a JSON array; monim reads JSON Lines.*jq -c"):
+        open_source(array)
+
+
+def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
+    from monim.stream import Day
+
+    long, short = Document("l", D(2022, 6, 1), "word " * 50), Document("s", D(2022, 6, 1), "a few words")
+    cut = lambda text, n: " ".join(text.split()[:n]) if len(text.split()) > n else None  # noqa: E731  (n words)
+    day = Day(D(2022, 6, 1), [short], [long], []).truncate(10, cut)
+    assert day.validation[0].text == " ".join(["word"] * 10) and day.train == [short]
+    assert day.counts()["truncated"] == 1
 
 
 def test_news_crawl_docs_format(tmp_path):
@@ -134,7 +185,7 @@ def test_news_crawl_docs_format(tmp_path):
 
 def test_datasets_source_on_local_files(tmp_path):
     path = tmp_path / "rows.jsonl"
-    rows = [{"date": "2022-06-02", "text": "later"}, {"date": "2022-06-01", "text": "earlier"}]
+    rows = [{"id": "l", "date": "2022-06-02", "text": "later"}, {"id": "e", "date": "2022-06-01", "text": "earlier"}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     days = list(iter_days(DatasetsSource("json", data_files=str(path))))  # sorted by its date column
     assert [(d.date, d.train[0].text) for d in days] == [(D(2022, 6, 1), "earlier"), (D(2022, 6, 2), "later")]
@@ -173,7 +224,7 @@ def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, t
 
 
 def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
-    from monim import dayindex, stream
+    from monim import dayindex, sources
     from monim.stream import read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
@@ -181,8 +232,8 @@ def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
     _write_days(path, [(f"2022-06-{d:02d}", 50) for d in range(1, 21)])
     read_day(path, D(2022, 6, 1))  # builds the index
     parsed = []
-    real = stream.to_document
-    monkeypatch.setattr(stream, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
+    real = sources.to_document
+    monkeypatch.setattr(sources, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
     dayindex.READS.clear()
     day = read_day(path, D(2022, 6, 20))
     assert len(day) == 50 and dayindex.READS[str(path)] == 1

@@ -6,6 +6,9 @@ and Prefect are imported only by the command that runs, so that `--help` is inst
 
 from __future__ import annotations
 
+import functools
+import os
+import warnings
 from typing import Optional
 
 import typer
@@ -26,11 +29,36 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
-                                                help="Print monim's version and exit.")) -> None:
+                                                help="Print monim's version and exit."),
+         verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and, on a failure, the "
+                                      "whole traceback (by default one line says what failed)."),
+         ) -> None:
     """monim: keep a language model up to date with a daily news stream (MoNIM)."""
+    if verbose:
+        os.environ["MONIM_VERBOSE"] = "1"
+    else:
+        warnings.filterwarnings("ignore")
+
+
+def guarded(command):
+    """A command whose failure is one line on stderr (exit status 1), the traceback only with --verbose."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("MONIM_VERBOSE"):
+                raise
+            typer.echo(f"error: {str(e).strip() or type(e).__name__} ({type(e).__name__}; --verbose shows where)",
+                       err=True)
+            raise typer.Exit(1)
+
+    return run
 
 
 for command in (learning.run, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,
                 reading.report, reading.serve_model, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui,
                 upkeep.promote, upkeep.rollback):
-    app.command("eval" if command is reading.evaluate else None)(command)
+    app.command("eval" if command is reading.evaluate else None)(guarded(command))

@@ -88,6 +88,8 @@ def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
 def use_workdir(workdir: Path, api: bool = True) -> None:
     """Point Prefect's local state at the work directory (unless a server or home is configured) and,
     for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C."""
+    if workdir.exists() and not workdir.is_dir():
+        raise fail(f"{workdir} is a file, not a work directory: give another --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
     servers.interruptible()
     if "PREFECT_API_URL" not in os.environ:
@@ -96,15 +98,51 @@ def use_workdir(workdir: Path, api: bool = True) -> None:
             os.environ["PREFECT_API_URL"] = servers.prefect_api()
     import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
 
+    servers.guard_prefect_stops()
+    if not os.environ.get("MONIM_VERBOSE"):
+        quiet_tracebacks()
 
-def check_source(source: str, start: Optional[str], end: Optional[str]) -> list:
-    """The dates with articles, or a clear error for a missing file or an empty range."""
-    from monim.stream import StreamError, list_dates
+
+def quiet_tracebacks() -> None:
+    """Prefect's lines on the terminal keep their message but not their traceback (its UI keeps both;
+    --verbose shows them here too): a failure reads as one line."""
+    import logging
+
+    from prefect.logging.configuration import ensure_logging_setup
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    ensure_logging_setup()  # its handlers, made now (else at the first flow run), to filter
+    for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler) and _drop_traceback not in handler.filters:
+                handler.addFilter(_drop_traceback)
+
+
+def _drop_traceback(record) -> bool:
+    record.exc_info = record.exc_text = None
+    return True
+
+
+def use_tracking(workdir: Path, uri: Optional[str]) -> str:
+    """The MLflow store's URI, the store checked (a damaged one is a clear error, before any work)."""
+    from tasks.tracking import ensure_store, tracking_uri
+
+    resolved = tracking_uri(str(workdir), uri)
+    with clear_errors(ValueError):
+        ensure_store(resolved)
+    return resolved
+
+
+def check_source(spec: RunConfig, start: Optional[str], end: Optional[str]) -> list:
+    """The dates with articles, every record of them read first: a missing file, an empty range or
+    a bad record (its file, line and field) is a clear error before any work."""
+    from monim.sources import StreamError
+    from monim.stream import check_records
 
     with clear_errors(FileNotFoundError, StreamError):
-        dates = list_dates(source, day(start), day(end))
+        dates = check_records(spec.source, day(start), day(end), spec.on_error, spec.fields())
     if not dates:
-        raise fail(f"{source} has no articles between {start or 'the start'} and {end or 'the end'}")
+        raise fail(f"{spec.source} has no articles between {start or 'the start'} and {end or 'the end'}")
     return dates
 
 
@@ -155,6 +193,13 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
                   model: Optional[str] = MODEL,
                   max_docs: Optional[int] = typer.Option(None, "--max-docs", help="Training articles taken per day (the "
                                                          "first ones; default: all)."),
+                  max_article_tokens: int = typer.Option(16384, "--max-article-tokens", help="Articles longer than this "
+                                                         "many tokens are cut to them (0: no cap)."),
+                  on_error: str = typer.Option("raise", "--on-error", help="A bad record (a broken line, a missing field, "
+                                               "an id met twice, a date after today): raise (the default) or skip "
+                                               "(counted in the day's docs_skipped)."),
+                  missing_id: str = typer.Option("error", "--missing-id", help="A record without an id: error (the "
+                                                 "default), or hash (named by a hash of its date and text)."),
                   constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
                   calibration: str = typer.Option("train", "--calibration", help="Calibration examples: train (a sample "
                                                   "of the day's training articles, their own near-duplicates left out), "
@@ -217,7 +262,8 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
              model: Optional[str] = None, max_docs: Optional[int] = None, constant_lam: bool = False,
              skip: Optional[float] = None, calibration: str = "train", text: Optional[Path] = None,
              text_chars: Optional[int] = None, train_tokens: Optional[int] = None, lr: Optional[float] = None,
-             review: Optional[Path] = None, cluster: Optional[str] = None, **_) -> RunConfig:
+             review: Optional[Path] = None, cluster: Optional[str] = None, max_article_tokens: int = 16384,
+             on_error: str = "raise", missing_id: str = "error", **_) -> RunConfig:
     """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
     error naming the field."""
     from pydantic import ValidationError
@@ -234,7 +280,8 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
     try:
         return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
                          calibrated=not constant_lam, calibrator_params=calibrator, learner_params=learner,
-                         feature_store=feature_store, cluster=cluster)
+                         feature_store=feature_store, cluster=cluster, max_article_tokens=max_article_tokens or None,
+                         on_error=on_error, missing_id=missing_id)
     except ValidationError as e:
         raise fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
                              for err in e.errors()))

@@ -12,7 +12,7 @@ import typer
 from flows import servers
 from monim import catalogue  # names and help only: no torch
 from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, emit, fail,
-                              learning_options, table, use_workdir)
+                              learning_options, table, use_tracking, use_workdir)
 
 if TYPE_CHECKING:
     from monim.config import RunConfig
@@ -31,6 +31,10 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
     from monim.records import memories
     from monim.theta import SettingsMismatch
 
+    from monim.datastore import Datastore
+    from monim.lm import cached_lm
+    from monim.manifest import MemoryMismatch
+
     model = spec.model or DEFAULT_MODEL
     for root in memories(spec.workdir):
         with clear_errors(ManifestError):
@@ -41,8 +45,9 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
         run = spec.model_copy(update={"policy": policy})
         path = run.memory_dir / "manifest.json"
         if run.kind == MEMORY and path.exists():
-            with clear_errors(SettingsMismatch):
+            with clear_errors(SettingsMismatch, MemoryMismatch):
                 refuse_other(read_manifest(path), model, run.settings(), where=run.memory_dir)
+                Datastore.for_lm(run.memory_dir, cached_lm(spec.model, spec.dtype))  # its weights (loaded once, kept)
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
@@ -57,10 +62,11 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     from flows.cli.common import run_spec
     from monim.stream import DEMO_STREAM
 
-    dates = check_source(str(DEMO_STREAM), None, None)[:days]
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
+    dates = check_source(spec, None, None)[:days]
     preflight(spec, ["fullmem", "monim-amt"])
     use_workdir(workdir)
+    use_tracking(workdir, None)
     from flows.compare import compare_policies
 
     summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
@@ -86,9 +92,10 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     run the evaluation suite on it if asked)."""
     from monim.records import memory_status
 
-    check_source(source, start, end)
+    check_source(spec, start, end)
     preflight(spec, [spec.policy])
     use_workdir(workdir)
+    use_tracking(workdir, tracking_uri)
     from flows.stream import learn_stream
 
     with clear_errors():
@@ -109,9 +116,10 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
     for policy in names:
         with clear_errors(ValueError):
             spec.model_validate(spec.model_dump() | {"policy": policy})
-    check_source(source, start, end)
+    check_source(spec, start, end)
     preflight(spec, names)
     use_workdir(workdir)
+    use_tracking(workdir, tracking_uri)
     from flows.compare import compare_policies
 
     with clear_errors():

@@ -49,7 +49,7 @@ def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Opt
     """PPL and next-word accuracy of the LM alone and with a memory (as of a past day, if asked) on a
     source's articles (overall and per period), a text file, and multiple-choice questions, by the
     evaluation suite's rules."""
-    from monim.stream import StreamError
+    from monim.sources import StreamError
     from monim.suite import evaluate_memory
 
     if source is None and text is None and qa is None:

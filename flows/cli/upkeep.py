@@ -23,14 +23,16 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
     MLflow's steps against them; exit status 1 when something is wrong (and not repaired)."""
     if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
         raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
-    use_workdir(workdir)
+    use_workdir(workdir, api=False)  # no Prefect server: a check runs no flow
     from flows.fsck import check_workdir
 
     problems = check_workdir(str(workdir), tracking_uri, repair)
-    wrong = [p for p in problems if not p["repaired"]]
+    wrong = [p for p in problems if not p["repaired"] and not p.get("warning")]
     if problems:
         console.print(table(f"fsck {workdir}", problems, ["where", "what", "repair", "repaired"]))
-    console.print(f"{len(problems)} problems, {len(problems) - len(wrong)} repaired" if problems else f"{workdir}: clean")
+    warned = sum(bool(p.get("warning")) for p in problems)
+    console.print(f"{len(problems)} problems ({warned} warnings), {sum(p['repaired'] for p in problems)} repaired"
+                  if problems else f"{workdir}: clean")
     emit({"clean": not wrong, "problems": problems}, as_json)
     if wrong:
         raise typer.Exit(1)
@@ -62,9 +64,17 @@ def forget(workdir: Path = WORKDIR,
     from monim.memory import Memory
     from monim.records import memories
 
+    from monim.datastore import Datastore
+
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
+    stores = [Datastore.read(root) for root in roots]
+    held = {d for ds in stores for rec in ds.days for d in ds.shard_docs(rec.shard)}
+    dates = {rec.date for ds in stores for rec in ds.days}
+    unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days or [] if d not in dates]
+    if unknown:
+        raise fail(f"no memory in {workdir} holds {', '.join(unknown)} (nothing was removed)")
     removed = {}
     for root in roots:
         with clear_errors(ValueError):
