@@ -133,7 +133,6 @@ def test_a_changed_model_or_window_is_refused_before_any_work(prefect, model, cl
     refused naming the field, nothing learned, no feature of the new weights kept."""
     from flows.stream import learn_stream
     from monim.config import RunConfig
-    from monim.theta import SettingsMismatch
 
     changed = tmp_path / "model"
     shutil.copytree(model, changed)
