@@ -91,7 +91,8 @@ def content(path: Path) -> str:
 
 def fingerprint(memory: Path) -> dict[str, str]:
     """What every committed file of a memory says (shards by their checksums at commit, Θ's folders
-    by content), named by day rather than by random suffix; and the manifest without those names."""
+    by content), named by day rather than by random suffix; and the manifest without those names (nor
+    the checksums of Θ's files, whose bytes hold write times)."""
     manifest = json.loads((memory / "manifest.json").read_text())
     out = {}
     for day in manifest["days"]:
@@ -100,7 +101,8 @@ def fingerprint(memory: Path) -> dict[str, str]:
         folder = memory / theta["dir"]
         out |= {f"theta/{theta['date']}/{p.name}": content(p) for p in sorted(folder.iterdir())}
     strip = {**manifest, "days": [{k: v for k, v in d.items() if k != "shard"} for d in manifest["days"]],
-             "thetas": [{k: v for k, v in t.items() if k != "dir"} for t in manifest["thetas"]]}
+             "thetas": [{k: v for k, v in t.items() if k not in ("dir", "checksums")}  # (bytes with write times:
+                        for t in manifest["thetas"]]}                                  # their content is compared above)
     out["manifest"] = hashlib.sha256(json.dumps(_timeless(strip), sort_keys=True).encode()).hexdigest()
     return out
 

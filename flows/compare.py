@@ -14,7 +14,8 @@ from monim import catalogue
 from monim.config import RunConfig
 from monim.suite import EvalConfig
 from monim.report import summarize
-from tasks.tracking import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking import ended, experiment_name, open_comparison, tracking_uri as resolve_tracking_uri
+
 
 @flow(name="monim-compare")
 def compare_policies(run: RunConfig, start: str | None = None, end: str | None = None, policies: list[str] | None = None,
@@ -24,16 +25,20 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
     when MoNIM runs too), run the evaluation suite over them, and write the report. `wait`: as in
     learn_stream."""
     policies = policies or list(catalogue.COMPARED)
+    experiment, uri = experiment or experiment_name(run.source), resolve_tracking_uri(run.workdir, tracking_uri)
     summary: dict[str, dict] = {}
     runs: dict[str, RunConfig] = {}
-    for policy in catalogue.learning_order(policies):
-        params = catalogue.followed_params(policy, {p: s["memrate"] for p, s in summary.items()})
-        runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
-        summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, tracking_uri, wait=wait))
-    table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()} for p in policies]
-    create_table_artifact(table, key="monim-comparison", description=f"{run.source} {start}..{end}")
-    if evaluation:
-        evaluate_runs([runs[p] for p in policies], start, end, evaluation, experiment, tracking_uri)
-    report_runs(experiment or experiment_name(run.source), resolve_tracking_uri(run.workdir, tracking_uri),
-                str(Path(run.workdir) / "report"))
+    parent = open_comparison(run, experiment, uri)
+    with ended(parent, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side; the report "
+                                    "is among this run's artifacts"):
+        for policy in catalogue.learning_order(policies):
+            params = catalogue.followed_params(policy, {p: s["memrate"] for p, s in summary.items()})
+            runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
+            summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, uri, wait=wait, parent=parent))
+        table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()}
+                 for p in policies]
+        create_table_artifact(table, key="monim-comparison", description=f"{run.source} {start}..{end}")
+        if evaluation:
+            evaluate_runs([runs[p] for p in policies], start, end, evaluation, experiment, uri)
+        report_runs(experiment, uri, str(Path(run.workdir) / "report"), parent)
     return {p: summary[p] for p in policies}

@@ -33,13 +33,14 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
     row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
             "featurize_workers": lm_pass.get("workers", 1)}
-    row |= run.learn(day, step)
-    row["seconds_learn"] = time.perf_counter() - started
-    row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
-    if run_id:
-        row |= run.register(day, run_id, tracking_uri)
-        log_day(run_id, tracking_uri, step, {k: v for k, v in row.items() if k not in ("date", "policy")})
-    record_day(cfg, row, run.memory)
+    with run.writing():  # learned, evaluated and recorded as one: a forget waits for the whole day
+        row |= run.learn(day, step)
+        row["seconds_learn"] = time.perf_counter() - started
+        row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
+        if run_id:
+            row |= run.register(day, run_id, tracking_uri)
+            log_day(run_id, tracking_uri, step, row)
+        record_day(cfg, row, run.memory)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
                           description=f"{cfg.name}, {date}")
     return row

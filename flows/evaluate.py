@@ -4,6 +4,8 @@ probe on general-domain text, and multiple-choice QA, each logged to the runs in
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from contextlib import ExitStack
 from typing import Callable
 
 from prefect import flow
@@ -12,7 +14,7 @@ from monim.config import RunConfig
 from monim.suite import EvalConfig, period_of
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
 from tasks.learning import recorded_days
-from tasks.tracking import experiment_name, log_points, metric_steps, open_run, step_of, tracking_uri as resolve_tracking_uri
+from tasks.tracking import describe, ended, experiment_name, log_points, metric_steps, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:
@@ -37,6 +39,15 @@ def evaluate_runs(configs: list[RunConfig], start: str | None = None, end: str |
     source, workdir = configs[0].source, configs[0].workdir
     uri = resolve_tracking_uri(workdir, tracking_uri)
     opened = {c.name: open_run(c, experiment or experiment_name(source), uri) for c in configs}
+    with ExitStack() as stack:  # each run ended with this invocation
+        for c in configs:
+            stack.enter_context(ended(opened[c.name][0], uri, functools.partial(describe, c)))
+        return _measure(configs, days, e, uri, opened)
+
+
+def _measure(configs: list[RunConfig], days: list[str], e: EvalConfig, uri: str, opened: dict[str, tuple[str, str]]) -> dict:
+    """The suite's measures each run lacks, logged to its run (run name -> (run id, origin) in `opened`)."""
+    source = configs[0].source
     run_ids = {name: run_id for name, (run_id, _) in opened.items()}
     origins = {name: origin for name, (_, origin) in opened.items()}
 

@@ -15,7 +15,7 @@ from monim.lock import hold
 from monim.stream import list_dates
 from tasks.learning import logger, recorded_days, run_lock
 from tasks.runs import run_for
-from tasks.tracking import experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
+from tasks.tracking import describe, ended, experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:
@@ -24,12 +24,15 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 
 @flow(name="monim-stream")
 def learn_stream(run: RunConfig, start: str | None = None, end: str | None = None, experiment: str | None = None,
-                 tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True) -> list[dict]:
+                 tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True,
+                 parent: str | None = None) -> list[dict]:
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are skipped.
 
-    The run is named after its policy ('<policy>-const' when Θ uses the constant λ). `evaluation`
-    runs the evaluation suite on the run afterwards. While another process learns the same run, this
-    one waits (saying who holds it), or fails at once when `wait` is False.
+    The MLflow run is named after its policy ('<policy>-const' when Θ uses the constant λ), reopened
+    while this invocation learns and ended with it (FINISHED, FAILED or KILLED); `parent` is the run of
+    a comparison it belongs to. `evaluation` runs the evaluation suite on the run afterwards. While
+    another process learns the same run, this one waits (saying who holds it), or fails at once when
+    `wait` is False.
     """
     with hold(run_lock(run), wait, say=logger().warning):
         done = recorded_days(run)
@@ -39,12 +42,13 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
             run_for(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
         logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
-        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri)
-        for date in todo:
-            learn_day(run, date, run_id, uri, step=step_of(origin, date))
-        rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
-        if todo:
-            log_summary(run_id, uri, rows)
+        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri, parent)
+        with ended(run_id, uri, lambda: describe(run)):
+            for date in todo:
+                learn_day(run, date, run_id, uri, step=step_of(origin, date))
+            rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
+            if todo:
+                log_summary(run_id, uri, rows)
     if evaluation:
         evaluate_runs([run], start, end, evaluation, experiment, tracking_uri)
     return [r for r in rows if r["date"] in dates]

@@ -7,13 +7,16 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import faiss
 import numpy as np
 import psutil
+import torch
 
 from monim.atomic import checksum, replacing, write_json
 from monim.datastore import Datastore
+from monim.exact import TorchExact, gpu_free_bytes, search_backend
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,12 @@ def pq_subquantizers(d: int, code_bytes: int) -> int:
     return max(m for m in range(1, code_bytes + 1) if d % m == 0)
 
 
-def searches_on_gpu(cfg: IndexConfig) -> bool:
-    """Whether searches run on a GPU: as set, else wherever FAISS sees one."""
-    return cfg.gpu if cfg.gpu is not None else faiss.get_num_gpus() > 0
+def backend(cfg: IndexConfig, n_keys: int, dim: int) -> str:
+    """Where a memory's full searches run (monim.exact.search_backend) unless `gpu` is False: FAISS's
+    GPU index, exact torch on the GPU, or FAISS on the CPU."""
+    if cfg.gpu is False:
+        return "faiss-cpu"
+    return search_backend(n_keys, dim, faiss.get_num_gpus(), torch.cuda.is_available(), gpu_free_bytes())
 
 
 def new_ivf(d: int, nlist: int, cfg: IndexConfig) -> faiss.IndexIVF:
@@ -132,7 +138,8 @@ class MemoryIndex:
         self.index: faiss.Index | None = None
         self.mapped = False  # the lists are read from disk as searched (a large "pq" index): read-only
         self.obsolete = False  # an exact index a monim before 0.2 wrote to disk: removed by the next save
-        self._search_index: faiss.Index | None = None
+        self._search_index: faiss.Index | TorchExact | None = None
+        self._ds: Datastore | None = None  # the datastore last synced to: an exact torch search reads its keys
         self._load(mappable=True)
 
     def _load(self, mappable: bool) -> None:
@@ -174,6 +181,7 @@ class MemoryIndex:
         started = time.perf_counter()
         stats = {"added": 0, "removed": 0, "rebuilt": False}
         if self.current(ds) and not retrain:
+            self._ds = ds
             return stats | {"seconds": 0.0}
         if self.mapped:  # mapped lists cannot change: read them into RAM
             self._load(mappable=False)
@@ -205,6 +213,7 @@ class MemoryIndex:
                     self._build(ds, kind)
                     stats.update(added=n, rebuilt=True)
         self.meta |= {"version": ds.version, "ntotal": self.index.ntotal}
+        self._ds, self._search_index = ds, None
         if save:
             self._save()
         return stats | {"seconds": time.perf_counter() - started}
@@ -261,23 +270,32 @@ class MemoryIndex:
 
     def _add_ids(self, ds: Datastore, ids: np.ndarray) -> None:
         """Add the entries with these ids, reading their keys shard by shard."""
-        if not len(ids):
-            return
-        for day in ds.days:
-            shard_ids = np.asarray(ds.shard(day.shard, "ids"))
-            rows = np.flatnonzero(np.isin(shard_ids, ids))
-            for i in range(0, len(rows), 65536):
-                part = rows[i : i + 65536]
-                keys = np.asarray(ds.shard(day.shard, "keys")[part], dtype=np.float32)
-                self.index.add_with_ids(keys, shard_ids[part])
+        for keys, part_ids in self._key_parts(ds, ids):
+            self.index.add_with_ids(np.asarray(keys, dtype=np.float32), part_ids)
         self._search_index = None
 
-    def _searcher(self) -> faiss.Index:
-        """The index to search: a GPU copy (float16 lookup tables) when a GPU is there and FAISS can
-        put it there (not a fast-scan index, nor one larger than the GPU's memory)."""
+    @staticmethod
+    def _key_parts(ds: Datastore, ids: np.ndarray, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The keys (fp16, as stored) and ids of these entries, shard by shard, `rows` at a time."""
+        for day in ds.days if len(ids) else ():
+            shard_ids = np.asarray(ds.shard(day.shard, "ids"))
+            at = np.flatnonzero(np.isin(shard_ids, ids))
+            for i in range(0, len(at), rows):
+                part = at[i : i + rows]
+                yield ds.shard(day.shard, "keys")[part], shard_ids[part]
+
+    def _searcher(self) -> faiss.Index | TorchExact:
+        """The index to search: on a GPU, FAISS's copy of it (float16 lookup tables; not a fast-scan
+        index, nor one larger than the GPU's memory) or, without FAISS's GPU build, every key exact in
+        torch while they fit; else the index itself."""
         if self._search_index is None:
             self._search_index = self.index
-            if searches_on_gpu(self.cfg) and self.meta.get("codec") != "fastscan":
+            where = backend(self.cfg, self.ntotal, self.d)
+            if where == "torch" and self._ds is not None:
+                self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.array("ids")),
+                                                           self.ntotal, self.d, "cuda")
+                return self._search_index
+            if where == "faiss-gpu" and self.meta.get("codec") != "fastscan":
                 try:
                     self._search_index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, self.index,
                                                                 gpu_options(self.index, self.d))

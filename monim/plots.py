@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def memory_growth(rows: list[dict]) -> Figure:
@@ -43,9 +44,16 @@ def lines(title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, li
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, "--" if label in dashed else "o-", label=label, markersize=3)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    _whole_days(ax, series)
     ax.legend(fontsize=8)
     plt.close(fig)
     return fig
+
+
+def _whole_days(ax, series: dict[str, tuple[list, list]]) -> None:
+    """Ticks at whole numbers where x counts days (never "day 2.5")."""
+    if all(isinstance(x, (int, float)) for xs, _ in series.values() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def panels(title: str, xlabel: str, ylabel: str, groups: dict[str, dict[str, tuple[list, list]]]) -> Figure:
@@ -55,6 +63,7 @@ def panels(title: str, xlabel: str, ylabel: str, groups: dict[str, dict[str, tup
         for label, (xs, ys) in series.items():
             ax.plot(xs, ys, "o-", label=label, markersize=3)
         ax.set(xlabel=xlabel, title=group)
+        _whole_days(ax, series)
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(title)

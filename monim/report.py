@@ -52,11 +52,16 @@ def _ordered(runs: dict) -> list[str]:
     return shown_order(list(runs))
 
 
+def shown(value, key: str = "") -> str:
+    """A number as the report and the terminal show it: MemRate as a percent, other floats to 4 digits."""
+    if key in ("memrate", "MemRate") and isinstance(value, (int, float)):
+        return f"{100 * value:.1f}%"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _table(header: list[str], rows: list[list]) -> str:
-    def cell(v) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
     lines_ = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines_ + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
+    return "\n".join(lines_ + ["| " + " | ".join(shown(v, h) for h, v in zip(header, r)) + " |" for r in rows])
 
 
 def _policies(runs: dict) -> str:
@@ -67,7 +72,7 @@ def _policies(runs: dict) -> str:
             continue
         s = summarize(days)
         memory = any("entries" in r for r in days)  # a parametric learner keeps weights, not entries
-        rows.append([name, s["days"], f"{100 * s['memrate']:.1f}%" if memory else "–", int(s["entries"]) if memory else "–",
+        rows.append([name, s["days"], s["memrate"] if memory else "–", int(s["entries"]) if memory else "–",
                      s["ppl"], s["ppl_lm"], f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"],
                      s["bytes"] / 2**20, s["bytes"] / 2**20 / s["days"], s["seconds_per_day"]])
     return _table(["policy", "days", "MemRate", "entries", "test PPL", "LM alone", "change", "next-word acc.", "MB",

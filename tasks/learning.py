@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import astuple
@@ -84,22 +85,33 @@ def memory_for(cfg: RunConfig) -> Memory:
     return _MEMORIES[key]
 
 
+LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
+
+
 @contextmanager
 def progress(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A stage's progress as (tokens done, tokens in all): a terminal bar with tokens/s, and a
-    Prefect progress artifact."""
+    """A stage's progress as (tokens done, tokens in all): a bar with tokens/s on a terminal, else a
+    log line every LOG_EVERY%; and a Prefect progress artifact."""
     artifact = create_progress_artifact(0.0, description=description)
-    bar = tqdm(desc=description, unit="tok", unit_scale=True, mininterval=1.0, leave=False)
+    bar = tqdm(desc=description, unit="tok", unit_scale=True, mininterval=1.0, leave=False) if sys.stderr.isatty() else None
+    started, said = time.perf_counter(), [0]
 
     def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-        update_progress_artifact(artifact, 100.0 * done / max(total, 1))
+        percent = 100.0 * done / max(total, 1)
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+        elif percent >= said[0] + LOG_EVERY:
+            said[0] = int(percent // LOG_EVERY * LOG_EVERY)
+            logger().info("%s: %d%% (%s of %s tokens, %.0f tokens/s)", description, percent, f"{done:,}", f"{total:,}",
+                          done / max(time.perf_counter() - started, 1e-9))
+        update_progress_artifact(artifact, percent)
 
     try:
         yield update
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         update_progress_artifact(artifact, 100.0)
 
 

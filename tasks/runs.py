@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import nullcontext
+from typing import ContextManager
 
 from prefect import task
 
@@ -42,6 +44,11 @@ class BareRun:
     def open(self) -> None:
         """Open what the run learns into, before any work: refused where another model, other weights
         or other settings learned it, or where it fails its checks."""
+
+    def writing(self) -> ContextManager:
+        """Held while a day is learned, evaluated and recorded: a writer of the same memory (a forget)
+        waits for the whole day, so the day's readers never meet a shard it replaced."""
+        return nullcontext()
 
     def learn(self, day: Day, step: int) -> dict:
         """Learn the day (memorize and calibrate, or train); the day's row of what it did."""
@@ -85,6 +92,9 @@ class MemoryRun(BareRun):
             raise ValueError(f"{memory.ds.root} fails its checks, so no day is added to it: {problems[0].where}: "
                              f"{problems[0].what}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                              + f"; `monim fsck --workdir {self.cfg.workdir}` lists them, `--repair` mends what can be")
+
+    def writing(self) -> ContextManager:
+        return self.memory.writing()
 
     def learn(self, day: Day, step: int) -> dict:
         memory = self.memory

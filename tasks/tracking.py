@@ -9,8 +9,9 @@ import inspect
 import os
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Callable, Iterator
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -18,10 +19,16 @@ from prefect.cache_policies import NO_CACHE
 from monim import records
 from monim.atomic import create_once, sqlite_damage
 from monim.config import RunConfig
+from monim.lm import DEFAULT_MODEL
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
 from monim.stream import list_dates
-from tasks.learning import logger
+from tasks.charts import NOT_LOGGED, VIEW, VIEW_TAG, chart_name, row_key, saved_view
+from tasks.learning import logger, recorded_days
+
+
+KIND = "mlflow.experimentKind"
+MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
 
 
 def tracking_uri(workdir: str, uri: str | None = None) -> str:
@@ -75,15 +82,17 @@ def client(uri: str):
 
 
 def experiment_id(uri: str, name: str, workdir: str) -> str:
-    """The experiment's id, created on first use (artifacts inside the work directory for SQLite)."""
+    """The experiment's id, created on first use (artifacts inside the work directory for SQLite) as
+    a model-training experiment (MLflow 3's UI would open a GenAI one) with monim's saved view."""
     c = client(uri)
     found = c.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = (Path(workdir).resolve() / "mlartifacts" / name).as_uri() if uri.startswith("sqlite") else None
-    # the MLflow 3 UI shows runs side by side (not its GenAI trace view) for this experiment kind
-    return c.create_experiment(name, artifact_location=location,
-                               tags={"mlflow.experimentKind": "custom_model_development"})
+    if found is None:
+        location = (Path(workdir).resolve() / "mlartifacts" / name).as_uri() if uri.startswith("sqlite") else None
+        found = c.get_experiment(c.create_experiment(name, artifact_location=location))
+    if KIND not in found.tags or VIEW_TAG not in found.tags:  # also for experiments made before these
+        c.set_experiment_tag(found.experiment_id, KIND, "custom_model_development")
+        c.set_experiment_tag(found.experiment_id, VIEW_TAG, saved_view())
+    return found.experiment_id
 
 
 def step_of(origin: str, date: str) -> int:
@@ -93,23 +102,30 @@ def step_of(origin: str, date: str) -> int:
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
-def open_run(cfg: RunConfig, experiment: str, uri: str) -> tuple[str, str]:
-    """The MLflow run of this policy on this work directory, resumed if it exists, else created; and
-    its origin, the date of step 0: the stream's first day, tagged once when the run is created (so
-    that a step always names the same date, and readers can turn steps back into dates)."""
+def open_run(cfg: RunConfig, experiment: str, uri: str, parent: str | None = None) -> tuple[str, str]:
+    """The MLflow run of this policy on this work directory, resumed (RUNNING again) if it exists,
+    else created (under `parent`, a comparison's run, if given); and its origin, the date of step 0:
+    the stream's first day, tagged once when the run is created (so that a step always names the
+    same date, and readers can turn steps back into dates)."""
     c = client(uri)
     memory = str(cfg.memory_dir.resolve())
     every = [e.experiment_id for e in c.search_experiments()]  # a renamed source keeps its run and experiment
     runs = c.search_runs(every, filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1) if every else []
     exp = runs[0].info.experiment_id if runs else experiment_id(uri, experiment, cfg.workdir)
-    if runs and "monim.origin" in runs[0].data.tags:
-        return runs[0].info.run_id, runs[0].data.tags["monim.origin"]
+    if runs:
+        run_id = runs[0].info.run_id
+        if runs[0].info.status != "RUNNING":
+            c.update_run(run_id, status="RUNNING")
+        if parent is not None:
+            c.set_tag(run_id, "mlflow.parentRunId", parent)
+        origin = runs[0].data.tags.get("monim.origin")
+        if origin is None:  # a run made before origins were tagged at creation
+            origin = list_dates(cfg.source, on_error=cfg.on_error, fields=cfg.fields())[0].isoformat()
+            c.set_tag(run_id, "monim.origin", origin)
+        return run_id, origin
     origin = list_dates(cfg.source, on_error=cfg.on_error, fields=cfg.fields())[0].isoformat()
-    if runs:  # a run made before origins were tagged at creation
-        c.set_tag(runs[0].info.run_id, "monim.origin", origin)
-        return runs[0].info.run_id, origin
     tags = {"monim.memory": memory, "monim.policy": cfg.policy, "monim.source": cfg.source,
-            "monim.model": cfg.model or "default", "monim.origin": origin}
+            "monim.model": cfg.model or "default", "monim.origin": origin} | ({"mlflow.parentRunId": parent} if parent else {})
     run = c.create_run(exp, run_name=cfg.name, tags=tags)
     from mlflow.entities import Param
 
@@ -121,14 +137,63 @@ def open_run(cfg: RunConfig, experiment: str, uri: str) -> tuple[str, str]:
     return run.info.run_id, origin
 
 
+@contextmanager
+def ended(run_id: str, uri: str, note: Callable[[], str]) -> Iterator[None]:
+    """An invocation's MLflow run, ended with it: FINISHED (the runs table shows its duration), FAILED
+    on an error or KILLED on a stop; `note()` is its description, said at the end."""
+    status = "FAILED"
+    try:
+        yield
+        status = "FINISHED"
+    except (KeyboardInterrupt, SystemExit):
+        status = "KILLED"
+        raise
+    finally:
+        close_run(run_id, uri, status, note())
+
+
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
-def log_day(run_id: str, uri: str, step: int, metrics: dict) -> bool:
-    """Log one day's numeric metrics at step = day index, once (a re-run logs nothing again)."""
+def close_run(run_id: str, uri: str, status: str, note: str) -> None:
+    """End the run with this status and description."""
     c = client(uri)
-    if any(m.step == step for m in c.get_metric_history(run_id, "ppl")):
+    c.set_tag(run_id, "mlflow.note.content", note)
+    c.set_terminated(run_id, status)
+
+
+def describe(cfg: RunConfig) -> str:
+    """What a policy's run is: the policy, the stream, the days learned so far, the model."""
+    days = sorted(recorded_days(cfg))
+    return (f"**{cfg.name}** on `{Path(cfg.source).name}`: {len(days)} days learned"
+            + (f", {days[0]} .. {days[-1]}" if days else "") + f"; model `{cfg.model or DEFAULT_MODEL}`"
+            + (f", at most {cfg.max_docs} training articles a day" if cfg.max_docs else ", every article"))
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
+def open_comparison(cfg: RunConfig, experiment: str, uri: str) -> str:
+    """The run that groups a comparison's policy runs (their parent) in this work directory's
+    experiment, resumed (RUNNING again) if it exists; the report's figures are logged to it."""
+    c = client(uri)
+    exp = experiment_id(uri, experiment, cfg.workdir)
+    where = str(Path(cfg.workdir).resolve())
+    runs = c.search_runs([exp], filter_string=f"tags.`monim.comparison` = '{where}'", max_results=1)
+    if runs:
+        c.update_run(runs[0].info.run_id, status="RUNNING")
+        return runs[0].info.run_id
+    tags = {"monim.comparison": where, "monim.source": cfg.source, "monim.model": cfg.model or DEFAULT_MODEL}
+    return c.create_run(exp, run_name="comparison", tags=tags).info.run_id
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
+def log_day(run_id: str, uri: str, step: int, row: dict) -> bool:
+    """Log one day's numeric metrics at step = day index (and the day's date as their time), once (a
+    re-run logs nothing again)."""
+    c = client(uri)
+    if step in logged_steps(c, run_id, MARK):
         return False
-    _log(c, run_id, [(k, step, v) for k, v in metrics.items()])
+    _log(c, run_id, [(k, step, v) for k, v in row.items() if k not in NOT_LOGGED])
     return True
 
 
@@ -140,7 +205,7 @@ def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> i
     have: dict[str, set[int]] = {}
     for key, _, _ in points:
         if key not in have:
-            have[key] = {m.step for m in c.get_metric_history(run_id, key)}
+            have[key] = set(logged_steps(c, run_id, key))
     return _log(c, run_id, [(k, step, v) for k, step, v in points if step not in have[k]])
 
 
@@ -149,22 +214,29 @@ def log_points(run_id: str, uri: str, points: list[tuple[str, int, float]]) -> i
 def metric_steps(run_id: str, uri: str, keys: list[str]) -> dict[str, list[int]]:
     """The steps at which each of these metrics is logged in the run."""
     c = client(uri)
-    return {k: sorted({m.step for m in c.get_metric_history(run_id, k)}) for k in keys}
+    return {k: sorted(set(logged_steps(c, run_id, k))) for k in keys}
+
+
+def logged_steps(c, run_id: str, key: str) -> list[int]:
+    """The steps a row's metric is logged at, under its section or under its plain name (as runs
+    made before sections logged it: old runs stay as they are, charted in MLflow's last section)."""
+    return [m.step for name in (chart_name(key), key) for m in c.get_metric_history(run_id, name)]
 
 
 def _log(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
-    """Log the numeric (finite or infinite, not NaN) points in batches."""
+    """Log the numeric (finite or infinite, not NaN) points (row key, step, value) in batches, each
+    under its chart name, at its step and with its day (the run's origin + step) as its time, so
+    MLflow's time axis shows the stream's dates."""
     from mlflow.entities import Metric
 
-    now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step) for k, step, v in points
+    origin = c.get_run(run_id).data.tags.get("monim.origin")
+    start = dt.datetime.fromisoformat(origin).replace(tzinfo=dt.timezone.utc).timestamp() if origin else None
+    day_ms = lambda step: int(((start + 86400 * step) if start is not None else time.time()) * 1000)  # noqa: E731
+    batch = [Metric(chart_name(k), float(v), day_ms(step), step) for k, step, v in points
              if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
     for i in range(0, len(batch), 1000):  # MLflow's limit per batch
         c.log_batch(run_id, metrics=batch[i : i + 1000])
     return len(batch)
-
-
-MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
 
 
 @one_at_a_time
@@ -172,7 +244,11 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     """Each run's evaluated days against its MLflow runs: a day must be logged once (with `repair`,
     the metrics of a day not logged, or logged in part, are logged from the memory's manifest or the
     bare LM's record, never twice). A run that names the work directory's memory at another path
-    (the work directory moved or was copied) is a warning; `repair` points it here."""
+    (the work directory moved or was copied) is a warning; `repair` points it here. A run MLflow does
+    not know, or no local store at all (memories copied without it), is a warning: nothing is lost."""
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return [{"where": f"MLflow at {uri}", "what": "no MLflow store: the runs' days are not logged here",
+                 "repair": None, "repaired": False, "warning": True}] if records.run_names(workdir) else []
     c = client(uri)
     experiments = [e.experiment_id for e in c.search_experiments()]
     problems = []
@@ -185,7 +261,7 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
                                  if experiments else []) if r.data.tags.get("monim.memory")]
             if not moved:
                 problems.append({"where": f"MLflow at {uri}", "what": f"no run of {name}: {len(rows)} days not logged",
-                                 "repair": None, "repaired": False})
+                                 "repair": None, "repaired": False, "warning": True})
                 continue
             run = moved[0]
             problems.append({"where": f"MLflow run {name} ({run.info.run_id})", "warning": True, "repaired": repair,
@@ -196,7 +272,7 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
                 c.set_tag(run.info.run_id, "monim.memory", memory)
             runs = [run]
         for run in runs:
-            history = [m.step for m in c.get_metric_history(run.info.run_id, MARK)]
+            history = logged_steps(c, run.info.run_id, MARK)
             logged = set(history)
             where = f"MLflow run {run.info.run_name} ({run.info.run_id})"
             missing = [r for r in rows.values() if r["step"] not in logged]
@@ -205,7 +281,7 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
                                  "repair": "log them from the run's rows", "repaired": repair})
                 if repair:
                     log_points.fn(run.info.run_id, uri, [(k, r["step"], v) for r in missing for k, v in r.items()
-                                                         if k not in ("date", "policy")])
+                                                         if k not in NOT_LOGGED])
             if twice := sorted({s for s in history if history.count(s) > 1}):
                 problems.append({"where": where, "what": f"steps {twice} logged more than once", "repaired": False,
                                  "repair": None})
@@ -234,6 +310,13 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
+def log_folder(run_id: str, uri: str, folder: str, artifact_path: str) -> None:
+    """A folder's files (a report: markdown and figures) as the run's artifacts."""
+    client(uri).log_artifacts(run_id, folder, artifact_path)
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
 def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
     """Every run of an experiment: {name: {"tags", "params", "metrics": {key: [(step, value)]}}}."""
     c = client(uri)
@@ -242,17 +325,24 @@ def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
         raise ValueError(f"no MLflow experiment {experiment!r} at {uri}")
     out = {}
     for run in c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
-        metrics = {k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
+        if "monim.comparison" in run.data.tags:  # the run that groups a comparison, no policy's
+            continue
+        metrics: dict[str, list] = {}
+        for name in run.data.metrics:  # by the rows' keys, whether logged in sections or before them
+            metrics.setdefault(row_key(name), []).extend((m.step, m.value) for m in c.get_metric_history(run.info.run_id, name))
+        metrics = {k: sorted(v) for k, v in metrics.items()}
         out[run.info.run_name] = {"tags": dict(run.data.tags), "params": dict(run.data.params), "metrics": metrics}
     return out
 
 
 def ui_links(uri: str, mlflow_url: str, prefect_url: str) -> list[tuple[str, str]]:
-    """Direct links into both UIs: the Prefect flow runs, each experiment's runs side by side and each
-    registered model's versions (MLflow 3's root opens on its GenAI view, where monim's runs are not)."""
+    """Direct links into both UIs: the Prefect flow runs, each experiment's runs table and charts in
+    monim's saved view, and each registered model's versions."""
     c = client(uri)
     out = [("Prefect flow runs", f"{prefect_url}/runs")]
-    out += [(f"MLflow runs of {e.name}", f"{mlflow_url}/#/experiments/{e.experiment_id}/runs")
-            for e in c.search_experiments() if e.name != "Default"]
+    for e in c.search_experiments():
+        if e.name != "Default":
+            view = f"{mlflow_url}/#/experiments/{e.experiment_id}/runs?viewStateShareKey={VIEW}&workflowType=machine_learning"
+            out += [(f"MLflow runs of {e.name}", view), (f"MLflow charts of {e.name}", view + "&compareRunsMode=CHART")]
     out += [(f"model versions of {m.name}", f"{mlflow_url}/#/models/{m.name}") for m in c.search_registered_models()]
     return out

@@ -192,6 +192,22 @@ def test_help_lists_every_verb():
         assert verb in out
 
 
+def test_every_option_says_what_it_takes():
+    import click
+    import typer.main
+
+    from flows.cli import app
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for p in command.params:
+            if isinstance(p, click.Option):
+                assert p.help and len(p.help) > 10, (name, p.name)
+                assert p.is_flag or not isinstance(p.type, click.types.BoolParamType), (name, p.name)  # --json, not --json <bool>
+                if p.name in ("start", "end", "as_of"):
+                    assert p.metavar == "YYYY-MM-DD" and "YYYY-MM-DD" in p.help, (name, p.name)
+    assert monim("--version").stdout.startswith("monim ")
+
+
 def test_the_cli_imports_prefect_only_after_it_sets_prefects_home():
     """Prefect reads its settings at import: imported before use_workdir, it would start its own
     temporary server (one no kill of monim stops) and keep state outside the work directory."""
@@ -270,8 +286,10 @@ def test_fsck_clean_then_a_flipped_byte(learned, tmp_path):
     data[-1] ^= 0x80
     keys.write_bytes(bytes(data))
     proc = monim("fsck", "--workdir", copy, "--repair", "--json", check=False)
-    (problem,) = last_json(proc)["problems"]
+    problems = last_json(proc)["problems"]
+    (problem,) = [p for p in problems if not p.get("warning")]  # (the copy has no MLflow store: a warning)
     assert proc.returncode == 1 and "keys.npy corrupt" in problem["what"] and "day 1987-03-03" in problem["what"]
+    assert [p["what"] for p in problems if p.get("warning")] == ["no MLflow store: the runs' days are not logged here"]
 
 
 def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(tiny_model_dir, tmp_path):

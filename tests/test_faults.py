@@ -169,7 +169,7 @@ def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(model, clean, tmp
 
     c = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     run = c.search_runs([e.experiment_id for e in c.search_experiments()], "attributes.run_name = 'fullmem'")[0]
-    steps = [m.step for m in c.get_metric_history(run.info.run_id, "docs_train")]
+    steps = [m.step for m in c.get_metric_history(run.info.run_id, "8_data/docs_train")]
     assert sorted(steps) == sorted(set(steps))  # each day logged once
     root = workdir / "memories" / "fullmem"
     theta = Datastore.read(root).manifest["thetas"][-1]

@@ -62,14 +62,23 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt"}
+    assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt", "comparison"}
+    comparison = runs.pop("comparison")  # groups the policies' runs, and holds the report
+    assert comparison.info.status == "FINISHED" and "report/report.md" in {
+        a.path for a in client.list_artifacts(comparison.info.run_id, "report")}
+    day_ms = {0: 541641600000, 1: 541728000000}  # 1987-03-02 and 1987-03-03, 00:00 UTC
     for name, run in runs.items():
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "ppl")] == [0, 1]
+        ppl = client.get_metric_history(run.info.run_id, "1_results/ppl")
+        assert [m.step for m in ppl] == [0, 1] and {m.step: m.timestamp for m in ppl} == day_ms
         assert run.data.params["policy"] == name and run.data.params["model"] == model
+        assert run.data.tags["mlflow.parentRunId"] == comparison.info.run_id
+        assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time
+        assert run.data.tags["mlflow.note.content"].startswith(f"**{name}** on `reuters-1987-03-02_03-13.jsonl.gz`: 2 days")
+        assert "step" not in {k.rpartition("/")[2] for k in run.data.metrics}
     fullmem = runs["fullmem"]
-    tokens = [m.value for m in client.get_metric_history(fullmem.info.run_id, "tokens_seen")]
+    tokens = [m.value for m in client.get_metric_history(fullmem.info.run_id, "2_learned/tokens_seen")]
     assert sum(tokens) == summary["fullmem"]["tokens_seen"]
-    assert client.get_metric_history(fullmem.info.run_id, "memrate")[-1].value == 1.0
+    assert client.get_metric_history(fullmem.info.run_id, "1_results/memrate")[-1].value == 1.0
     assert runs["randmem"].data.params["policy.rate"] == str(round(summary["monim-amt"]["memrate"], 4))
     artifacts = {a.path for a in client.list_artifacts(fullmem.info.run_id)}
     assert {"config.json", "days.csv", "plots"} <= artifacts
@@ -90,7 +99,8 @@ def test_rerunning_the_stream_changes_nothing(compared):
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
                              filter_string="attributes.run_name = 'monim-amt'")[0]
-    assert len(client.get_metric_history(run.info.run_id, "ppl")) == 2
+    assert len(client.get_metric_history(run.info.run_id, "1_results/ppl")) == 2
+    assert run.info.status == "FINISHED"  # reopened by the re-run, and ended again
 
 
 def test_stream_resumes_after_the_last_learned_day(compared):
@@ -120,7 +130,8 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     run = client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'monim-amt'")[0]
-    for metric in ("heldout_nll_calibrator", "heldout_nll_lm", "theta_fallback", "twin_share", "docs_twin_groups"):
+    for metric in ("5_calibration/heldout_nll_calibrator", "5_calibration/heldout_nll_lm", "5_calibration/theta_fallback",
+                   "3_quality/twin_share", "8_data/docs_twin_groups"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [0, 1], metric
     assert run.data.params["calibrated"] == "True" and run.data.params["calibrator.groups"] == str(("distribution", "lexical", "density"))
     # constant λ is its own run and memory, named after it
@@ -148,7 +159,7 @@ def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     run = client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'fullmem'")[0]
     rows = json.loads((workdir / "runs" / "fullmem.json").read_text())
-    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ppl"))
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "1_results/ppl"))
     assert history == sorted((r["step"], r["ppl"]) for r in rows.values())  # each day once, with the record's value
 
 
@@ -185,7 +196,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
     assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == ("2" if new <= champion else "1")
     run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
                              filter_string="attributes.run_name = 'monim-amt'")[0]
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "gate_ppl")] == pytest.approx([new])
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "7_registry/gate_ppl")] == pytest.approx([new])
     # a version references the memory, it holds no copy of it; loaded, it is Θ as of its day
     served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(MODEL_NAME, "1"))
     assert served.model_config["memory"] == str(root.resolve()) and served.model_config["as_of"] == DAYS[0]

@@ -37,9 +37,9 @@ HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN w
                          "of age (nothing is deleted).")
 MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
 POLICY = typer.Option(None, "--policy", help="Which memory (default: the only one, else monim-amt).")
-AS_OF = typer.Option(None, "--as-of", help=f"Read the memory as it stood after this day ({DATE}).")
-START = typer.Option(None, "--start", help=f"The first day to learn ({DATE}; default: the source's first).")
-END = typer.Option(None, "--end", help=f"The last day to learn ({DATE}; default: the source's last).")
+AS_OF = typer.Option(None, "--as-of", metavar="YYYY-MM-DD", help=f"Read the memory as it stood after this day ({DATE}).")
+START = typer.Option(None, "--start", metavar="YYYY-MM-DD", help=f"The first day to learn ({DATE}; default: the source's first).")
+END = typer.Option(None, "--end", metavar="YYYY-MM-DD", help=f"The last day to learn ({DATE}; default: the source's last).")
 WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns the same run in this work directory: "
                     "wait for it, saying who it is (default), or fail at once.")
 
@@ -59,8 +59,10 @@ def table(title: str, rows: list[dict], columns: list[str]) -> Table:
     out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # fits 80 columns
     for col in columns:
         out.add_column(col, justify="left" if col == columns[0] else "right")
+    from monim.report import shown
+
     for r in rows:
-        out.add_row(*[f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
+        out.add_row(*[shown(r.get(c, ""), c) for c in columns])
     return out
 
 
@@ -92,35 +94,45 @@ def use_workdir(workdir: Path, api: bool = True) -> None:
         raise fail(f"{workdir} is a file, not a work directory: give another --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
     servers.interruptible()
+    private = "PREFECT_API_URL" not in os.environ and api
     if "PREFECT_API_URL" not in os.environ:
         os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
         if api:
             os.environ["PREFECT_API_URL"] = servers.prefect_api()
+            console.print(f"Prefect: this command's flow runs are kept in {os.environ['PREFECT_HOME']} "
+                          f"(`monim ui --workdir {workdir}` shows them)", highlight=False, soft_wrap=True)
     import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
 
     servers.guard_prefect_stops()
-    if not os.environ.get("MONIM_VERBOSE"):
-        quiet_tracebacks()
+    quiet_console(tracebacks=not os.environ.get("MONIM_VERBOSE"), links=private)
 
 
-def quiet_tracebacks() -> None:
-    """Prefect's lines on the terminal keep their message but not their traceback (its UI keeps both;
-    --verbose shows them here too): a failure reads as one line."""
+def quiet_console(tracebacks: bool, links: bool) -> None:
+    """Prefect's lines on the terminal without their traceback (its UI keeps both; --verbose shows
+    them here too), so a failure reads as one line; and, with `links`, without the "View at" links
+    into this command's private API, which is gone when the command ends."""
     import logging
 
     from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.handlers import PrefectConsoleHandler
 
     ensure_logging_setup()  # its handlers, made now (else at the first flow run), to filter
+    wanted = [f for f, on in ((_drop_traceback, tracebacks), (_drop_link, links)) if on]
     for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
         for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, PrefectConsoleHandler) and _drop_traceback not in handler.filters:
-                handler.addFilter(_drop_traceback)
+            if isinstance(handler, PrefectConsoleHandler):
+                for f in wanted:
+                    if f not in handler.filters:
+                        handler.addFilter(f)
 
 
 def _drop_traceback(record) -> bool:
     record.exc_info = record.exc_text = None
     return True
+
+
+def _drop_link(record) -> bool:
+    return not str(record.msg).startswith("View at ")
 
 
 def use_tracking(workdir: Path, uri: Optional[str]) -> str:

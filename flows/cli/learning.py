@@ -72,8 +72,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     console.print(table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
                         summary_rows(summary), SUMMARY_COLUMNS))
-    console.print(f"Prefect runs: PREFECT_HOME={os.environ.get('PREFECT_HOME')}  ·  MLflow: "
-                  f"{(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
+    console.print(f"MLflow: {(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
     console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
     print_links(workdir, "http://127.0.0.1:5000", "http://127.0.0.1:4200")
     print_next_steps(workdir)

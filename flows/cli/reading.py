@@ -98,12 +98,12 @@ def report(workdir: Path = WORKDIR,
                                               "WORKDIR/report)."),
            tracking_uri: Optional[str] = TRACKING) -> None:
     """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
-    use_workdir(workdir)
-    from flows.report import report_runs
+    use_workdir(workdir, api=False)  # a plain function: no Prefect run, no server
+    from flows.report import write_report
     from tasks.tracking import tracking_uri as resolve
 
     with clear_errors(ValueError):
-        path = report_runs(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
+        path, _ = write_report(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
     console.print(f"report: {path}")
 
 

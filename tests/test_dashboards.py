@@ -1,0 +1,137 @@
+"""The dashboards as a user meets them: a comparison run from a fresh shell (its terminal quiet), its
+MLflow experiment, and every page `monim ui` links, opened in a real headless browser."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monim.stream import DEMO_STREAM
+
+MONIM = str(Path(sys.executable).parent / "monim")
+NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
+
+
+def fresh_env() -> dict:
+    """A fresh shell's environment: no Prefect home or server of the test session."""
+    return {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+
+
+@pytest.fixture(scope="module")
+def compared(tiny_model_dir, tmp_path_factory):
+    """FullMem and MoNIM-AMT over three days, as `monim compare` from a fresh shell runs them (its
+    output going to a pipe, as under a scheduler)."""
+    workdir = tmp_path_factory.mktemp("dashboards")
+    proc = subprocess.run([MONIM, "compare", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-04",
+                           "--policies", "fullmem,monim-amt", "--workdir", str(workdir), "--model", tiny_model_dir("gpt2"),
+                           "--max-docs", "2"], capture_output=True, text=True, timeout=900, env=fresh_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir, proc
+
+
+def test_the_terminal_is_quiet(compared, tiny_model_dir):
+    workdir, proc = compared
+    out = proc.stdout + proc.stderr
+    assert not NOISE.findall(out), [line for line in out.splitlines() if NOISE.search(line)]
+    assert "\r" not in out  # no progress bar redrawn into a pipe: log lines at every 25% instead
+    assert re.search(r"LM features 1987-03-02 train: 100% \(", out)
+    assert out.count("flow runs are kept in") == 1  # where the records are, said once
+    gen = subprocess.run([MONIM, "generate", "--workdir", str(workdir), "--policy", "monim-amt", "--prompt", "The dollar",
+                          "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=fresh_env())
+    assert gen.returncode == 0 and not NOISE.findall(gen.stderr), gen.stderr[-3000:]
+
+
+def test_the_experiment_reads_like_the_papers_tables(compared):
+    from mlflow.tracking import MlflowClient
+
+    workdir, _ = compared
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3's model-training mode
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"fullmem", "monim-amt", "comparison"}
+    for name in ("fullmem", "monim-amt"):
+        metrics = runs[name].data.metrics
+        assert {"1_results/ppl", "1_results/ppl_lm", "1_results/memrate", "1_results/entries"} <= set(metrics)
+        assert all("/" in k for k in metrics) and not any(k.endswith("/step") or k == "step" for k in metrics)
+        assert runs[name].info.status == "FINISHED" and runs[name].info.end_time
+    report = {a.path for a in client.list_artifacts(runs["comparison"].info.run_id, "report")}
+    assert {"report/report.md", "report/memory_growth.png"} <= report
+
+
+def browser():
+    """A headless Chromium through Playwright: the system's (Debian's `chromium`), else Playwright's own."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
+    system = shutil.which("chromium") or shutil.which("chromium-browser")
+    return sync_api, ({"executable_path": system} if system else {})
+
+
+def read_links(log: Path, proc: subprocess.Popen) -> dict[str, str]:
+    """The links `monim ui` prints, once both servers answer."""
+    deadline = time.time() + 240
+    while "Ctrl-C" not in log.read_text():
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    return dict(re.findall(r"^\s+(.+?): (http://\S+)$", log.read_text(), re.MULTILINE))
+
+
+def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
+    sync_api, launch = browser()
+    workdir, _ = compared
+    shots = Path(os.environ.get("MONIM_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "ui.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([MONIM, "ui", "--workdir", str(workdir), "--prefect-port", "0", "--mlflow-port", "0"],
+                                env=fresh_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        links = read_links(log, proc)
+        experiment = "monim-reuters-1987-03-02_03-13"
+        assert {"Prefect flow runs", f"MLflow runs of {experiment}", f"MLflow charts of {experiment}",
+                f"model versions of {experiment}-monim-amt"} <= set(links), links
+        with sync_api.sync_playwright() as p:
+            try:
+                chromium = p.chromium.launch(args=["--no-sandbox"], **launch)
+            except sync_api.Error as e:
+                pytest.skip(f"no headless Chromium could start: {str(e).splitlines()[0]}")
+            page = chromium.new_page(viewport={"width": 1600, "height": 1000})
+
+            page.goto(links[f"MLflow runs of {experiment}"])
+            header = page.locator("[role=columnheader]")
+            header.filter(has_text="1_results/memrate").first.wait_for(timeout=60_000)
+            columns = header.all_inner_texts()
+            page.screenshot(path=shots / "mlflow-runs.png")
+            assert {"Duration", "1_results/ppl", "1_results/ppl_lm", "1_results/memrate"} <= set(columns), columns
+            rows = page.locator("[role=row]").all_inner_texts()
+            assert any("fullmem" in r for r in rows) and any("monim-amt" in r for r in rows)
+
+            page.goto(links[f"MLflow charts of {experiment}"])
+            page.get_by_text("1_results", exact=False).first.wait_for(timeout=60_000)
+            page.wait_for_timeout(2000)
+            page.screenshot(path=shots / "mlflow-charts.png")
+            sections = page.locator("[data-testid^=experiment-view-compare-runs-section-header]").all_inner_texts()
+            titles = page.locator("[data-testid=experiment-view-compare-runs-chart-title]").all_inner_texts()
+            text = page.inner_text("body")
+            first = text.index("1_results")
+            assert all(text.index(s) > first for s in ("2_learned", "5_calibration", "8_data") if s in text), sections
+            assert "Time" in text  # charts over the stream's days
+
+            page.goto(links[f"model versions of {experiment}-monim-amt"])
+            page.get_by_text("Version 1", exact=False).first.wait_for(timeout=60_000)
+            page.screenshot(path=shots / "mlflow-models.png")
+            assert "champion" in page.inner_text("body")
+
+            page.goto(links["Prefect flow runs"])
+            page.get_by_text("monim-compare", exact=False).first.wait_for(timeout=60_000)
+            page.screenshot(path=shots / "prefect-runs.png")
+            chromium.close()
+            del titles
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
