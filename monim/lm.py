@@ -9,12 +9,14 @@ import importlib.util
 import inspect
 import json
 import os
+import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 from monim.atomic import replacing
@@ -238,6 +240,8 @@ def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    if not sys.stderr.isatty():  # a bar redrawn into a file or a pipe is one line per update
+        transformers.utils.logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()

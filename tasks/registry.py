@@ -30,6 +30,7 @@ from monim.stream import Day
 from tasks.learning import features_for, logger
 from tasks.tracking import client, experiment_name, one_at_a_time
 
+MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
 CHAMPION, PREVIOUS = "champion", "previous"
 SIGNATURE = ModelSignature(
     inputs=Schema([ColSpec("string", "text", required=False), ColSpec("string", "prompt", required=False)]),
@@ -120,8 +121,8 @@ def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str
     config = {"memory": root, "as_of": date, "checksum": checksum, "overrides": {}}  # Θ's settings: the memory's own
     path = f"theta-{date}-{checksum}"
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():  # saved, then uploaded: no fluent state
-        warnings.filterwarnings("ignore", "An input example was not provided")  # one would load the LM to check it
-        mlflow.pyfunc.save_model(Path(tmp) / path, python_model=MonimModel(), model_config=config,
+        warnings.filterwarnings("ignore", ".*An input example was not provided")  # one would load the LM to check it
+        mlflow.pyfunc.save_model(Path(tmp) / path, python_model=str(MODEL_CODE), model_config=config,
                                  signature=SIGNATURE, pip_requirements=["monim"])
         c.log_artifacts(run_id, str(Path(tmp) / path), path)
     tags = {"monim.as_of": date, "monim.memory": root, "monim.checksum": checksum, "monim.run_id": run_id}
