@@ -28,17 +28,17 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
     experiment, uri = experiment or experiment_name(run.source), resolve_tracking_uri(run.workdir, tracking_uri)
     summary: dict[str, dict] = {}
     runs: dict[str, RunConfig] = {}
-    parent = open_comparison(run, experiment, uri)
-    with ended(parent, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side; the report "
+    comparison = open_comparison(run, experiment, uri)
+    with ended(comparison, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side; the report "
                                     "is among this run's artifacts"):
         for policy in catalogue.learning_order(policies):
             params = catalogue.followed_params(policy, {p: s["memrate"] for p, s in summary.items()})
             runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
-            summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, uri, wait=wait, parent=parent))
+            summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, uri, wait=wait, comparison=comparison))
         table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()}
                  for p in policies]
         create_table_artifact(table, key="monim-comparison", description=f"{run.source} {start}..{end}")
         if evaluation:
             evaluate_runs([runs[p] for p in policies], start, end, evaluation, experiment, uri)
-        report_runs(experiment, uri, str(Path(run.workdir) / "report"), parent)
+        report_runs(experiment, uri, str(Path(run.workdir) / "report"), comparison)
     return {p: summary[p] for p in policies}

@@ -25,11 +25,11 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 @flow(name="monim-stream")
 def learn_stream(run: RunConfig, start: str | None = None, end: str | None = None, experiment: str | None = None,
                  tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True,
-                 parent: str | None = None) -> list[dict]:
+                 comparison: str | None = None) -> list[dict]:
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are skipped.
 
     The MLflow run is named after its policy ('<policy>-const' when Θ uses the constant λ), reopened
-    while this invocation learns and ended with it (FINISHED, FAILED or KILLED); `parent` is the run of
+    while this invocation learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of
     a comparison it belongs to. `evaluation` runs the evaluation suite on the run afterwards. While
     another process learns the same run, this one waits (saying who holds it), or fails at once when
     `wait` is False.
@@ -42,7 +42,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
             run_for(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
         logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
-        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri, parent)
+        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri, comparison)
         with ended(run_id, uri, lambda: describe(run)):
             for date in todo:
                 learn_day(run, date, run_id, uri, step=step_of(origin, date))

@@ -45,9 +45,11 @@ VIEW_TAG = f"mlflow.sharedViewState.{VIEW}"  # where MLflow's "Share" button kee
 
 def saved_view() -> str:
     """The experiment's saved view, as MLflow's UI stores one: the runs table with each run's
-    duration and the results section's columns, charts over the stream's dates (metric times)."""
+    duration and the results section's columns, in order and wide enough to read; charts over the
+    stream's dates (the metrics' times)."""
     columns = ["attributes.`Duration`"] + [f"metrics.`{chart_name(k)}`" for k in SECTIONS[0][1]]
-    state = {"selectedColumns": columns, "hideEmptyCharts": True, "useGroupedValuesInCharts": True,
+    state = {"selectedColumns": columns, "columnOrder": columns[1:], "columnWidths": {c: 150 for c in columns[1:]},
+             "hideEmptyCharts": True, "useGroupedValuesInCharts": True,
              "globalLineChartConfig": {"xAxisKey": "time", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
     now = int(time.time() * 1000)
     return json.dumps({"name": "monim: results by day", "createdAt": now, "updatedAt": now, "state": json.dumps(state)})

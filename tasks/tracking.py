@@ -28,6 +28,7 @@ from tasks.learning import logger, recorded_days
 
 
 KIND = "mlflow.experimentKind"
+COMPARISON = "monim.comparison"
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
 
 
@@ -102,9 +103,10 @@ def step_of(origin: str, date: str) -> int:
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
-def open_run(cfg: RunConfig, experiment: str, uri: str, parent: str | None = None) -> tuple[str, str]:
+def open_run(cfg: RunConfig, experiment: str, uri: str, comparison: str | None = None) -> tuple[str, str]:
     """The MLflow run of this policy on this work directory, resumed (RUNNING again) if it exists,
-    else created (under `parent`, a comparison's run, if given); and its origin, the date of step 0:
+    else created; tagged with `comparison`, the run that groups a comparison, if given (a tag: MLflow's
+    parent link would fold the policies' rows away in the runs table); and its origin, the date of step 0:
     the stream's first day, tagged once when the run is created (so that a step always names the
     same date, and readers can turn steps back into dates)."""
     c = client(uri)
@@ -116,8 +118,8 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, parent: str | None = Non
         run_id = runs[0].info.run_id
         if runs[0].info.status != "RUNNING":
             c.update_run(run_id, status="RUNNING")
-        if parent is not None:
-            c.set_tag(run_id, "mlflow.parentRunId", parent)
+        if comparison is not None:
+            c.set_tag(run_id, COMPARISON, comparison)
         origin = runs[0].data.tags.get("monim.origin")
         if origin is None:  # a run made before origins were tagged at creation
             origin = list_dates(cfg.source, on_error=cfg.on_error, fields=cfg.fields())[0].isoformat()
@@ -125,7 +127,7 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, parent: str | None = Non
         return run_id, origin
     origin = list_dates(cfg.source, on_error=cfg.on_error, fields=cfg.fields())[0].isoformat()
     tags = {"monim.memory": memory, "monim.policy": cfg.policy, "monim.source": cfg.source,
-            "monim.model": cfg.model or "default", "monim.origin": origin} | ({"mlflow.parentRunId": parent} if parent else {})
+            "monim.model": cfg.model or "default", "monim.origin": origin} | ({COMPARISON: comparison} if comparison else {})
     run = c.create_run(exp, run_name=cfg.name, tags=tags)
     from mlflow.entities import Param
 
@@ -172,17 +174,20 @@ def describe(cfg: RunConfig) -> str:
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
 def open_comparison(cfg: RunConfig, experiment: str, uri: str) -> str:
-    """The run that groups a comparison's policy runs (their parent) in this work directory's
-    experiment, resumed (RUNNING again) if it exists; the report's figures are logged to it."""
+    """The run that groups a comparison in this work directory's experiment (its policies' runs carry
+    its id in their `monim.comparison` tag), resumed (RUNNING again) if it exists; the report is
+    logged to it."""
     c = client(uri)
     exp = experiment_id(uri, experiment, cfg.workdir)
     where = str(Path(cfg.workdir).resolve())
-    runs = c.search_runs([exp], filter_string=f"tags.`monim.comparison` = '{where}'", max_results=1)
+    runs = c.search_runs([exp], filter_string=f"tags.`monim.kind` = 'comparison' and tags.`monim.workdir` = '{where}'",
+                         max_results=1)
     if runs:
         c.update_run(runs[0].info.run_id, status="RUNNING")
         return runs[0].info.run_id
-    tags = {"monim.comparison": where, "monim.source": cfg.source, "monim.model": cfg.model or DEFAULT_MODEL}
-    return c.create_run(exp, run_name="comparison", tags=tags).info.run_id
+    tags = {"monim.kind": "comparison", "monim.workdir": where, "monim.source": cfg.source,
+            "monim.model": cfg.model or DEFAULT_MODEL}
+    return c.create_run(exp, run_name="comparison (report)", tags=tags).info.run_id
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
@@ -325,7 +330,7 @@ def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
         raise ValueError(f"no MLflow experiment {experiment!r} at {uri}")
     out = {}
     for run in c.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
-        if "monim.comparison" in run.data.tags:  # the run that groups a comparison, no policy's
+        if run.data.tags.get("monim.kind") == "comparison":  # the run that groups a comparison, no policy's
             continue
         metrics: dict[str, list] = {}
         for name in run.data.metrics:  # by the rows' keys, whether logged in sections or before them

@@ -55,13 +55,13 @@ def test_the_experiment_reads_like_the_papers_tables(compared):
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3's model-training mode
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"fullmem", "monim-amt", "comparison"}
+    assert set(runs) == {"fullmem", "monim-amt", "comparison (report)"}
     for name in ("fullmem", "monim-amt"):
         metrics = runs[name].data.metrics
         assert {"1_results/ppl", "1_results/ppl_lm", "1_results/memrate", "1_results/entries"} <= set(metrics)
         assert all("/" in k for k in metrics) and not any(k.endswith("/step") or k == "step" for k in metrics)
         assert runs[name].info.status == "FINISHED" and runs[name].info.end_time
-    report = {a.path for a in client.list_artifacts(runs["comparison"].info.run_id, "report")}
+    report = {a.path for a in client.list_artifacts(runs["comparison (report)"].info.run_id, "report")}
     assert {"report/report.md", "report/memory_growth.png"} <= report
 
 
@@ -100,7 +100,7 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
                 chromium = p.chromium.launch(args=["--no-sandbox"], **launch)
             except sync_api.Error as e:
                 pytest.skip(f"no headless Chromium could start: {str(e).splitlines()[0]}")
-            page = chromium.new_page(viewport={"width": 1600, "height": 1000})
+            page = chromium.new_page(viewport={"width": 1920, "height": 1080})
 
             page.goto(links[f"MLflow runs of {experiment}"])
             header = page.locator("[role=columnheader]")
@@ -108,19 +108,23 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
             columns = header.all_inner_texts()
             page.screenshot(path=shots / "mlflow-runs.png")
             assert {"Duration", "1_results/ppl", "1_results/ppl_lm", "1_results/memrate"} <= set(columns), columns
-            rows = page.locator("[role=row]").all_inner_texts()
-            assert any("fullmem" in r for r in rows) and any("monim-amt" in r for r in rows)
+            order = list(dict.fromkeys(c for c in columns if c.startswith("1_results/")))
+            assert order[:3] == ["1_results/ppl", "1_results/ppl_lm", "1_results/memrate"], order  # the paper's first
+            rows = page.locator("[role=row]").all_inner_texts()  # each policy a row of its own, ended
+            assert any("fullmem" in r for r in rows) and any("monim-amt" in r for r in rows), rows
 
             page.goto(links[f"MLflow charts of {experiment}"])
-            page.get_by_text("1_results", exact=False).first.wait_for(timeout=60_000)
+            page.locator("h4[title='1_results/ppl']").first.wait_for(timeout=60_000)
             page.wait_for_timeout(2000)
             page.screenshot(path=shots / "mlflow-charts.png")
-            sections = page.locator("[data-testid^=experiment-view-compare-runs-section-header]").all_inner_texts()
-            titles = page.locator("[data-testid=experiment-view-compare-runs-chart-title]").all_inner_texts()
+            titles = page.locator("h4[title]").evaluate_all("els => els.map(e => e.title)")
+            first = [t for t in titles[: next((i for i, t in enumerate(titles) if "/" in t and not t.startswith("1_results/")),
+                                              len(titles))] if "/" in t]
+            assert first[0].startswith("1_results/") and {"1_results/ppl", "1_results/memrate"} <= set(first), titles
             text = page.inner_text("body")
-            first = text.index("1_results")
-            assert all(text.index(s) > first for s in ("2_learned", "5_calibration", "8_data") if s in text), sections
             assert "Time" in text  # charts over the stream's days
+            sections = [s for s in ("1_results", "2_learned", "5_calibration", "8_data") if s in text]
+            assert sections[0] == "1_results" and sorted(sections, key=text.index) == sections
 
             page.goto(links[f"model versions of {experiment}-monim-amt"])
             page.get_by_text("Version 1", exact=False).first.wait_for(timeout=60_000)
@@ -131,7 +135,6 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
             page.get_by_text("monim-compare", exact=False).first.wait_for(timeout=60_000)
             page.screenshot(path=shots / "prefect-runs.png")
             chromium.close()
-            del titles
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -62,8 +62,8 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt", "comparison"}
-    comparison = runs.pop("comparison")  # groups the policies' runs, and holds the report
+    assert set(runs) == {"bare", "fullmem", "randmem", "monim-amt", "comparison (report)"}
+    comparison = runs.pop("comparison (report)")  # groups the policies' runs, and holds the report
     assert comparison.info.status == "FINISHED" and "report/report.md" in {
         a.path for a in client.list_artifacts(comparison.info.run_id, "report")}
     day_ms = {0: 541641600000, 1: 541728000000}  # 1987-03-02 and 1987-03-03, 00:00 UTC
@@ -71,7 +71,7 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
         ppl = client.get_metric_history(run.info.run_id, "1_results/ppl")
         assert [m.step for m in ppl] == [0, 1] and {m.step: m.timestamp for m in ppl} == day_ms
         assert run.data.params["policy"] == name and run.data.params["model"] == model
-        assert run.data.tags["mlflow.parentRunId"] == comparison.info.run_id
+        assert run.data.tags["monim.comparison"] == comparison.info.run_id
         assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time
         assert run.data.tags["mlflow.note.content"].startswith(f"**{name}** on `reuters-1987-03-02_03-13.jsonl.gz`: 2 days")
         assert "step" not in {k.rpartition("/")[2] for k in run.data.metrics}
