@@ -36,7 +36,9 @@ def suite(prefect, tiny_model_dir, tmp_path_factory):
     compare_policies(run, DAYS[0], DAYS[1], ["bare", "fullmem", "monim-amt"], evaluation=evaluation)
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     exp = client.get_experiment_by_name(EXPERIMENT)
-    runs = {r.info.run_name: r.info.run_id for r in client.search_runs([exp.experiment_id])}
+    runs = {r.info.run_name: r.info.run_id for r in client.search_runs([exp.experiment_id])
+            if r.data.tags.get("monim.kind") != "comparison"}  # the policies' runs, not the report's
+    assert set(runs) == {"bare", "fullmem", "monim-amt"}
     return workdir, model, client, runs, qa
 
 
