@@ -47,8 +47,10 @@ def saved_view() -> str:
     """The experiment's saved view, as MLflow's UI stores one: the runs table with each run's
     duration and the results section's columns, in order and wide enough to read; charts over the
     stream's dates (the metrics' times)."""
-    columns = ["attributes.`Duration`"] + [f"metrics.`{chart_name(k)}`" for k in SECTIONS[0][1]]
-    state = {"selectedColumns": columns, "columnOrder": columns[1:], "columnWidths": {c: 150 for c in columns[1:]},
+    metrics = [f"metrics.`{chart_name(k)}`" for k in SECTIONS[0][1]]
+    # the grid names the duration column by its field, not by its selection key
+    state = {"selectedColumns": ["attributes.`Duration`", *metrics], "columnOrder": ["duration", *metrics],
+             "columnWidths": {c: 150 for c in metrics},
              "hideEmptyCharts": True, "useGroupedValuesInCharts": True,
              "globalLineChartConfig": {"xAxisKey": "time", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
     now = int(time.time() * 1000)
