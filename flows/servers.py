@@ -65,8 +65,9 @@ def start(cmd: list[str], health: str, timeout: float = 120, env: dict | None = 
 
 def prefect_server(port: int) -> subprocess.Popen:
     """A Prefect server (API and UI) on 127.0.0.1:port, once it answers."""
+    api = f"http://127.0.0.1:{port}/api"  # the UI's own: else it calls the default port's API
     return start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                 f"http://127.0.0.1:{port}/api/health")
+                 f"{api}/health", env={"PREFECT_UI_API_URL": api})
 
 
 def prefect_api(attempts: int = 3) -> str:
