@@ -226,6 +226,8 @@ def convert_gguf(gguf: Path) -> Path:
 def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | None = None) -> LM:
     """Load an LM: a packaged alias (default SmolLM2-135M), a .gguf file, a local dir or a hub name;
     on a GPU when there is one."""
+    if not sys.stderr.isatty():  # a bar redrawn into a file or a pipe is one line per update
+        transformers.utils.logging.disable_progress_bar()
     spec = name_or_path or DEFAULT_MODEL
     if spec in PACKAGED_GGUF:
         path: str | Path = convert_gguf(packaged_gguf(spec))
@@ -240,8 +242,6 @@ def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
-    if not sys.stderr.isatty():  # a bar redrawn into a file or a pipe is one line per update
-        transformers.utils.logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
