@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import sys
@@ -205,7 +207,10 @@ def convert_gguf(gguf: Path) -> Path:
     if out.is_dir():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers' GGUF reader draws a tqdm bar of its own (disable_progress_bar does not reach it):
+    # into a file or a pipe each redraw is a line, so there it is dropped
+    with contextlib.nullcontext() if sys.stderr.isatty() else contextlib.redirect_stderr(io.StringIO()):
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # save_pretrained refuses a GGUF-quantized model: rebuild it from a config without quantization.
     config = loaded.config

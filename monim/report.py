@@ -53,10 +53,13 @@ def _ordered(runs: dict) -> list[str]:
 
 
 def shown(value, key: str = "") -> str:
-    """A number as the report and the terminal show it: MemRate as a percent, other floats to 4 digits."""
+    """A number as the report and the terminal show it: MemRate as a percent, other floats to 4
+    digits, trailing zeros kept so a column's numbers line up (18.90 beside 19.21), thousands whole."""
     if key in ("memrate", "MemRate") and isinstance(value, (int, float)):
         return f"{100 * value:.1f}%"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
+    return str(value)
 
 
 def _table(header: list[str], rows: list[list]) -> str:
