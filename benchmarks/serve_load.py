@@ -55,19 +55,28 @@ def requests_pool(n_texts: int, n_prompts: int, new_tokens: int) -> list[dict]:
 
 
 def same(a: dict, b: dict) -> bool:
-    """Whether two answers to one request agree (scores within 1e-4 relative; the same tokens)."""
+    """Whether an answer agrees with the one given alone (scores within 1e-4 relative; the same tokens,
+    or their beginning where the continuation was stopped by its time limit)."""
     if "ppl" in a:
         return a["tokens"] == b["tokens"] and abs(a["ppl"] - b["ppl"]) <= 1e-4 * b["ppl"]
-    return a["tokens"] == b["tokens"]
+    cut = a.get("stopped", "").startswith("time limit")
+    return a["tokens"] == (b["tokens"][: len(a["tokens"])] if cut else b["tokens"])
+
+
+def difference(a: dict, b: dict) -> str:
+    """How a wrong answer differs from the one given alone."""
+    if "ppl" in a:
+        return f"text: PPL {a['ppl']:.6g} vs {b['ppl']:.6g} alone, {a['tokens']} vs {b['tokens']} tokens"
+    return f"prompt: {a['text']!r} vs {b['text']!r} alone (stopped: {a.get('stopped')})"
 
 
 def level(port: int, clients: int, pool: list[dict], reference: list[dict], per_client: int, seconds: float) -> dict:
     """`clients` threads, each sending `per_client` requests (round robin over the pool), within `seconds`."""
-    latencies, errors, wrong, tokens, done = [], [], 0, {"scored": 0, "generated": 0}, 0
+    latencies, errors, wrong, cut, tokens, done = [], [], [], 0, {"scored": 0, "generated": 0}, 0
     lock, deadline = threading.Lock(), time.monotonic() + seconds
 
     def client(c: int) -> None:
-        nonlocal wrong, done
+        nonlocal cut, done
         for i in range(per_client):
             if time.monotonic() > deadline:
                 return
@@ -82,7 +91,9 @@ def level(port: int, clients: int, pool: list[dict], reference: list[dict], per_
                     continue
                 done += 1
                 answer = out["predictions"][0]
-                wrong += not same(answer, reference[k])
+                cut += answer.get("stopped", "").startswith("time limit")
+                if not same(answer, reference[k]):
+                    wrong.append(difference(answer, reference[k]))
                 tokens["scored" if "ppl" in answer else "generated"] += answer["tokens"] if "ppl" in answer else len(answer["tokens"])
 
     started = time.perf_counter()
@@ -93,7 +104,8 @@ def level(port: int, clients: int, pool: list[dict], reference: list[dict], per_
         t.join()
     wall = time.perf_counter() - started
     lat = np.array(latencies) if latencies else np.array([np.nan])
-    return {"clients": clients, "requests": done, "errors": len(errors), "error_examples": errors[:3], "wrong": wrong,
+    return {"clients": clients, "requests": done, "errors": len(errors), "error_examples": errors[:3], "wrong": len(wrong),
+            "wrong_examples": wrong[:5], "cut_by_time_limit": cut,
             "requests_per_s": done / wall, "scored_tokens_per_s": tokens["scored"] / wall,
             "generated_tokens_per_s": tokens["generated"] / wall, "p50_s": float(np.percentile(lat, 50)),
             "p95_s": float(np.percentile(lat, 95)), "p99_s": float(np.percentile(lat, 99)), "wall_s": wall}
@@ -169,13 +181,17 @@ def main() -> None:
     results["stop"] = {"seconds": stop_s, "exit_code": server.returncode, "processes_left": alive}
 
     table = Table(title=f"monim serve-model on loopback (ready in {ready:.1f} s; LM body {results['bound']['body_tokens_per_s']:.0f} tok/s)")
-    for col in ("clients", "requests", "req/s", "scored tok/s", "generated tok/s", "p50 s", "p95 s", "p99 s", "errors", "wrong"):
+    for col in ("clients", "requests", "req/s", "scored tok/s", "generated tok/s", "p50 s", "p95 s", "p99 s", "errors", "cut",
+                "wrong"):
         table.add_column(col, justify="right")
     for r in results["levels"]:
         table.add_row(str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}", f"{r['scored_tokens_per_s']:.0f}",
                       f"{r['generated_tokens_per_s']:.1f}", f"{r['p50_s']:.2f}", f"{r['p95_s']:.2f}", f"{r['p99_s']:.2f}",
-                      str(r["errors"]), str(r["wrong"]))
+                      str(r["errors"]), str(r["cut_by_time_limit"]), str(r["wrong"]))
     console.print(table)
+    for r in results["levels"]:
+        for w in r["wrong_examples"]:
+            console.print(f"wrong at {r['clients']} clients: {w}")
     console.print(f"scoring at 16 clients: {results['scoring_vs_bound_at_16']:.2f}x the LM body's forward throughput; "
                   f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
                   f"processes left: {alive or 'none'}")

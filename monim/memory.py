@@ -309,7 +309,21 @@ class Memory:
             dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
             order = np.argsort(dist, axis=1)
             dist, ids = np.take_along_axis(dist, order, 1).astype(np.float32), np.take_along_axis(ids, order, 1)
+        elif self.index.meta.get("kind") != "ivfpq":
+            self._exact_head(np.asarray(keys, np.float32), dist, ids)
         return dist, ids
+
+    def _exact_head(self, keys: np.ndarray, dist: np.ndarray, ids: np.ndarray, m: int = 16, rows: int = 1024) -> None:
+        """FAISS's exact search computes |q|^2 + |x|^2 - 2 q.x, which loses a near neighbour's small
+        distance to cancellation, differently for each batch size (a text scored beside others got
+        another λ): the m nearest (the calibrator reads the top 10) are recomputed from the stored keys as |q - x|^2 and re-sorted
+        (ties by id), in place, so a query's nearest neighbours do not depend on what it is searched with."""
+        m = min(m, ids.shape[1])
+        for lo in range(0, len(keys), rows):
+            head = ids[lo : lo + rows, :m]
+            d = np.where(head >= 0, ((self.ds.keys_of(head.clip(min=0)) - keys[lo : lo + rows, None]) ** 2).sum(-1), np.inf)
+            order = np.lexsort((head, d), axis=1)
+            dist[lo : lo + rows, :m], ids[lo : lo + rows, :m] = np.take_along_axis(d, order, 1), np.take_along_axis(head, order, 1)
 
     def values_of(self, ids: np.ndarray) -> np.ndarray:
         """The value (next token) of each entry id; -1 for -1."""
