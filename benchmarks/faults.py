@@ -88,7 +88,8 @@ class Bench:
             verdict = "refused" if code not in (0, None) and len(errors) == 1 else "silent"
         else:
             verdict = "handled"
-        message = errors[0][7:] if errors else ("" if proc is None else proc.stdout.strip().splitlines()[-1:] or [""])[0]
+        last = [] if proc is None else proc.stdout.strip().splitlines()[-1:]
+        message = errors[0][7:] if errors else (last or [""])[0]
         self.rows.append({"fault": fault, "exit": code, "verdict": verdict, "message": message[:220]})
 
 

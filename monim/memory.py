@@ -316,8 +316,9 @@ class Memory:
     def _exact_head(self, keys: np.ndarray, dist: np.ndarray, ids: np.ndarray, m: int = 16, rows: int = 1024) -> None:
         """FAISS's exact search computes |q|^2 + |x|^2 - 2 q.x, which loses a near neighbour's small
         distance to cancellation, differently for each batch size (a text scored beside others got
-        another λ): the m nearest (the calibrator reads the top 10) are recomputed from the stored keys as |q - x|^2 and re-sorted
-        (ties by id), in place, so a query's nearest neighbours do not depend on what it is searched with."""
+        another λ): the m nearest (the calibrator reads the top 10) are recomputed from the stored
+        keys as |q - x|^2 and re-sorted, ties by id, in place, so that a query's nearest neighbours
+        do not depend on what it is searched with."""
         m = min(m, ids.shape[1])
         for lo in range(0, len(keys), rows):
             head = ids[lo : lo + rows, :m]
