@@ -93,6 +93,14 @@ class Bench:
         self.rows.append({"fault": fault, "exit": code, "verdict": verdict, "message": message[:220]})
 
 
+def last_json(p: subprocess.CompletedProcess) -> dict:
+    """The JSON a command printed last ({} if it printed none)."""
+    try:
+        return json.loads(p.stdout.splitlines()[-1])
+    except (IndexError, ValueError):
+        return {}
+
+
 def arrays(workdir: Path) -> tuple[list[str], dict]:
     ds = Datastore.read(workdir / "memories" / "fullmem")
     return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "positions")}
@@ -161,16 +169,17 @@ def main() -> None:
     # identity
     changed = root / "changed-model"
     shutil.copytree(model, changed)
-    b.learn(feed(root / "one.jsonl", days=1), root / "weights", changed)
+    first = b.learn(feed(root / "one.jsonl", days=1), root / "weights", "--model", changed)  # the last --model counts
+    assert first.returncode == 0, first.stderr[-2000:]
     from safetensors.torch import load_file, save_file
 
     weights = load_file(changed / "model.safetensors")
     weights[next(iter(weights))] += 0.5
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
-    p = b.learn(source, root / "weights", changed)
+    p = b.learn(source, root / "weights", "--model", changed)
     b.note("new weights of the same shape at the same path", p, arrays(root / "weights")[0] == DAYS[:1], "refused")
     code = ("from flows.stream import learn_stream; from monim.config import RunConfig; "
-            f"learn_stream(RunConfig(source={str(source)!r}, workdir={str(root / 'window')!r}, model={str(model)!r}, "
+            f"learn_stream(RunConfig(source={str(longer)!r}, workdir={str(root / 'window')!r}, model={str(model)!r}, "
             "policy='fullmem', stride=256))")
     shutil.copytree(clean, root / "window")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=b.env, timeout=600)
@@ -185,14 +194,14 @@ def main() -> None:
     b.note("fsck of days with fewer than 3 articles", p, p.returncode == 0, "handled")
     shutil.copytree(clean, root / "copied")
     p = b.run("fsck", "--workdir", root / "copied", "--json")
-    ok = p.returncode == 0 and all(x.get("warning") for x in json.loads(p.stdout.splitlines()[-1])["problems"])
+    ok = p.returncode == 0 and all(x.get("warning") for x in last_json(p).get("problems", [{}]))
     b.note("fsck of a copied work directory (a warning)", p, ok, "handled")
     b.run("fsck", "--workdir", root / "copied", "--repair")
     p = b.run("fsck", "--workdir", root / "copied", "--repair", "--json")
     b.note("fsck --repair twice (nothing logged twice)", p, p.returncode == 0 and same(root / "copied", clean), "handled")
     renamed = root / "renamed.jsonl"
-    shutil.copy(feed(root / "four.jsonl", days=4), renamed)
-    shutil.copytree(clean, root / "renamed")
+    assert b.learn(feed(root / "before-rename.jsonl"), root / "renamed").returncode == 0
+    shutil.copy(feed(root / "four.jsonl", days=4), renamed)  # the same feed under another name, a day longer
     p = b.learn(renamed, root / "renamed")
     from mlflow.tracking import MlflowClient
 
@@ -215,8 +224,8 @@ def main() -> None:
     keys.write_bytes(bytes(data))
     p = b.learn(feed(root / "four.jsonl", days=4), root / "shard")
     b.note("a flipped byte in a shard: learn", p, arrays(root / "shard")[0] == DAYS[:3], "refused")
-    p = b.run("fsck", "--workdir", root / "shard")
-    b.note("... fsck names it (day, entries lost)", p, p.returncode == 1 and "entries lost" in p.stderr + p.stdout,
+    p = b.run("fsck", "--workdir", root / "shard", "--json")
+    b.note("... fsck names it (day, entries lost)", p, p.returncode == 1 and "entries lost" in p.stdout,
            "handled")
 
     # errors
@@ -263,12 +272,12 @@ def main() -> None:
     p = b.learn(bom, root / "bom")
     b.note("a UTF-8 BOM", p, p.returncode == 0 and same(root / "bom", clean), "handled")
     p = b.learn(broken, root / "skipped", "--on-error", "skip", "--json")
-    skipped = sum(r["docs_skipped"] for r in json.loads(p.stdout.splitlines()[-1])["rows"]) if p.returncode == 0 else -1
+    skipped = sum(r["docs_skipped"] for r in last_json(p).get("rows", [])) if p.returncode == 0 else -1
     b.note(f"--on-error skip ({skipped} skipped, counted in the rows)", p, skipped == 4 and same(root / "skipped", clean),
            "handled")
     huge = feed(root / "huge.jsonl", extra=({"id": "huge", "date": DAYS[2], "text": "word " * 300_000},))
     p = b.learn(huge, root / "huge", "--max-article-tokens", "2000", "--json")
-    cut = sum(r.get("docs_truncated", 0) for r in json.loads(p.stdout.splitlines()[-1])["rows"]) if p.returncode == 0 else -1
+    cut = sum(r.get("docs_truncated", 0) for r in last_json(p).get("rows", [])) if p.returncode == 0 else -1
     b.note(f"a 1.5 MB article ({cut} cut to 2,000 tokens, counted)", p, cut == 1, "handled")
 
     table = Table(title="monim against a daily job's faults (fresh work directories, the `monim` command)")

@@ -134,10 +134,12 @@ def latest_date() -> dt.date:
 def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
                    on_error: Literal["raise", "skip"]) -> Iterator[tuple[dt.date, list[Document], int]]:
     """(date, documents, bad records skipped) of each day from start to end, in date order; an id
-    met a second time, or a record dated after today, is a bad record."""
+    met a second time, or a record dated after today, is a bad record. Bad records between two days
+    count for the later one, whose range in the day index begins after the earlier one's last record,
+    so that reading the days one by one counts each once."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    date, docs, skipped, last = None, [], 0, None
+    date, docs, skipped, pending, last = None, [], 0, 0, None  # pending: bad records since the last good one
     first_at: dict[str, str] = {}  # id -> where it was met first
     for rec in source.records(start):
         if not isinstance(rec, BadRecord):
@@ -151,7 +153,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
         if isinstance(rec, BadRecord):
             if on_error == "raise":
                 raise StreamError(str(rec))
-            skipped += 1
+            pending += 1
             continue
         where, doc = rec
         if last is not None and doc.date < last:
@@ -161,18 +163,19 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
             )
         last = doc.date
         if start is not None and doc.date < start:
-            skipped = 0
+            pending = 0
             continue
         if end is not None and doc.date > end:
+            pending = 0  # the next day's
             break
         if doc.date != date:
             if docs:
                 yield date, docs, skipped
-                skipped = 0
-            date, docs = doc.date, []
+            date, docs, skipped = doc.date, [], 0
+        skipped, pending = skipped + pending, 0
         docs.append(doc)
     if docs:
-        yield date, docs, skipped
+        yield date, docs, skipped + pending  # bad records at the end of the source: the last day's
 
 
 def iter_days(
@@ -185,7 +188,7 @@ def iter_days(
     """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
 
     Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
-    skipped and counted in the `skipped` of the day being read when it was met. A text repeated
+    skipped and counted in the `skipped` of the day it falls in (between two days: the later). A text repeated
     within a day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
     """
     for date, docs, skipped in _day_documents(source, start, end, on_error):
