@@ -97,6 +97,15 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
     assert [d.skipped for d in days] == [0, 5, 0]  # met while reading 2022-06-02
 
 
+def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_path):
+    from monim.stream import list_dates, read_day
+
+    path = write(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
+    whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
+    one_by_one = [read_day(path, d, on_error="skip").skipped for d in list_dates(path, on_error="skip")]
+    assert whole == one_by_one == [0, 1, 1]  # between two days: the later's; at the end: the last day's
+
+
 def test_unsorted_source_is_refused(tmp_path):
     path = write(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
     with pytest.raises(StreamError, match=r"news.jsonl.gz:2: field 'date'.*sorted by date"):
