@@ -305,18 +305,15 @@ class Memory:
             dist, ids = self._search_recent(keys, k or self.index.cfg.k, below, exclude)
         else:
             dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=above)
-        if exact and self.index.meta.get("kind") == "ivfpq":
-            dist = np.where(ids >= 0, ((self.ds.keys_of(ids.clip(min=0)) - keys[:, None]) ** 2).sum(-1), np.inf)
-            order = np.argsort(dist, axis=1)
-            dist, ids = np.take_along_axis(dist, order, 1).astype(np.float32), np.take_along_axis(ids, order, 1)
-        elif self.index.meta.get("kind") != "ivfpq":
-            self._exact_head(np.asarray(keys, np.float32), dist, ids)
+        pq = self.index.meta.get("kind") == "ivfpq"
+        if exact or not pq:  # IVF-PQ's approximate distances: with `exact`, every candidate re-ranked
+            self._exact_head(np.asarray(keys, np.float32), dist, ids, ids.shape[1] if pq else 16)
         return dist, ids
 
-    def _exact_head(self, keys: np.ndarray, dist: np.ndarray, ids: np.ndarray, m: int = 16, rows: int = 1024) -> None:
+    def _exact_head(self, keys: np.ndarray, dist: np.ndarray, ids: np.ndarray, m: int, rows: int = 1024) -> None:
         """FAISS's exact search computes |q|^2 + |x|^2 - 2 q.x, which loses a near neighbour's small
         distance to cancellation, differently for each batch size (a text scored beside others got
-        another λ): the m nearest (the calibrator reads the top 10) are recomputed from the stored
+        another λ): the m nearest (16: the calibrator reads the top 10) are recomputed from the stored
         keys as |q - x|^2 and re-sorted, ties by id, in place, so that a query's nearest neighbours
         do not depend on what it is searched with."""
         m = min(m, ids.shape[1])
