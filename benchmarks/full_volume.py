@@ -5,7 +5,14 @@ Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the 
 PPL with each memory as of each week's end (the forgetting matrix), the WikiText probe every 7
 days, and the QA quiz with the final memories. Resumable: the work directory keeps the memories,
 the features and rows.json; a finished day is not redone (the suite is kept per date range).
-Writes the report's tables to benchmarks/results/full-volume.md (--report: only that, from what is learned).
+Per day besides: the share of the training tokens whose article has a twin in the memory of the
+days before (`twin_share_train`) or earlier in the same day (`same_day_twin_share`), the rate a
+θ-reading policy would store at with the LM alone (`memrate_lm`: what the memory moved below the
+threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
+`--policies`: runs besides the bare LM; `name@param=value` changes a policy's parameter (e.g.
+`monim-amt@delta=-1.0`), a `-const` suffix reads the memory with the constant λ. RandMem and KL store
+at the day's MoNIM-AMT rate. `--features` lets several work directories share one feature store.
+Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
@@ -20,11 +27,13 @@ from typing import Iterator
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 import numpy as np
+import scipy.stats
 from rich.console import Console
 
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
-from monim.evaluate import evaluate_many
+from monim.dedup import twin_groups
+from monim.evaluate import evaluate_many, theta_of
 from monim.suite import period_of, text_document
 from monim.features import Features
 from monim.lm import load_lm
@@ -38,7 +47,15 @@ from monim.stream import list_dates, read_day
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-POLICIES = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its rate of the day
+POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its rate of the day
+FOLLOWERS = ("randmem", "kl")  # store at the day's MoNIM-AMT rate
+
+
+def parse_run(spec: str) -> tuple[str, dict, bool]:
+    """'monim-amt@delta=-1.0' -> ('monim-amt', {'delta': -1.0}, False); a '-const' suffix: constant λ."""
+    name, *params = spec.split("@")
+    const = name.endswith("-const")
+    return name.removesuffix("-const"), {k: float(v) for k, v in (p.split("=") for p in params)}, const
 
 
 @contextmanager
@@ -49,6 +66,35 @@ def timed(seconds: dict, stage: str) -> Iterator[None]:
     seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
+def lam_quantiles(memory: Memory, docs: list, features: Features, name: str) -> dict:
+    """λ's mean and 10/50/90th percentiles over the documents' tokens, as Θ reads this memory."""
+    lams = [np.broadcast_to(np.asarray(memory.lam(b), float), (len(b),))
+            for b in features.scores(docs, name, memory.search) if len(b)]
+    lam = np.concatenate(lams) if lams else np.zeros(0)
+    if not len(lam):
+        return {}
+    return {"lam_mean": float(lam.mean())} | {f"lam_p{q}": float(np.quantile(lam, q / 100)) for q in (10, 50, 90)}
+
+
+def memrate_lm(policy, docs: list, features: Features, name: str) -> float:
+    """The share of the documents' tokens the policy would store reading the LM alone (an empty memory)."""
+    rng, stored, seen = np.random.default_rng(0), 0, 0
+    for b in features.scores(docs, name):
+        stored += int(policy.select(b, theta_of(b, None), features.lm, rng).sum())
+        seen += len(b)
+    return stored / max(seen, 1)
+
+
+def twin_shares(memory: Memory, docs: list, features: Features) -> tuple[float, float]:
+    """Token shares of the documents with a twin in the memory's earlier days, and earlier in the same day."""
+    sizes = np.array([len(t) for t in features.tokenize(docs)], float)
+    earlier = memory.has_twin(docs) if len(memory.days) else np.zeros(len(docs), bool)
+    groups = twin_groups([d.text for d in docs])
+    same_day = np.array([g != i for i, g in enumerate(groups)], bool)
+    total = max(sizes.sum(), 1.0)
+    return float(sizes[earlier].sum() / total), float(sizes[same_day].sum() / total)
+
+
 def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memory]) -> dict:
     seconds: dict[str, float] = {}
     with timed(seconds, "read"):
@@ -57,15 +103,24 @@ def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memor
         lm_tokens = sum(features.prepare(docs, f"{date}-{split}") for split, docs in
                         (("train", day.train), ("validation", day.validation), ("test", day.test)))
     row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": lm_tokens, "runs": {}}
+    with timed(seconds, "twins"):
+        row["twin_share_train"], row["same_day_twin_share"] = twin_shares(next(iter(memories.values())), day.train, features)
     for name, memory in memories.items():
-        params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} if name == "randmem" else {}
+        base, params, _ = parse_run(name)
+        if base in FOLLOWERS:
+            params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} | params
+        policy = make_policy(base, **params)
         with timed(seconds, f"memorize_{name}"):
-            stats = memorize_day(memory, day, make_policy(name, **params), features)
+            stats = memorize_day(memory, day, policy, features)
         with timed(seconds, f"calibrate_{name}"):
             record = calibrate(memory, day, features)
         row["runs"][name] = {"tokens": stats.tokens_seen, "stored": stats.stored, "memrate_day": stats.memrate,
                              "entries": len(memory), "memrate": memory.ds.memrate, "lam": memory.interpolation.lam,
                              "fallback": memory.fallback, "nll": record.get("nll"), "search_s": stats.seconds.get("search")}
+        with timed(seconds, f"measure_{name}"):
+            if policy.uses_theta:
+                row["runs"][name]["memrate_lm"] = memrate_lm(policy, day.train, features, f"{date}-train")
+            row["runs"][name] |= lam_quantiles(memory, day.test, features, f"{date}-test")
     with timed(seconds, "evaluate"):
         result = evaluate_many(features.lm, day.test, {"bare": None, **memories}, features, f"{date}-test")
     row["test_tokens"] = result["bare"]["tokens"]
@@ -97,11 +152,18 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
         r = evaluate_many(features.lm, [doc], {("bare", ""): None} | cells, features, "text")
         out["text"] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
                        "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
-    if args.qa:
-        questions = read_questions(args.qa, dates[0], dates[-1] + dt.timedelta(days=7))
+    questions = read_questions(args.qa, dates[0], dates[-1] + dt.timedelta(days=7)) if args.qa else []
+    if questions:
         answers = answer_questions(features.lm, questions, {"bare": None, **memories}, 0, read_questions(args.qa))
         out["qa"] = {n: {k: v for k, v in a.items()} for n, a in answers.items()}
     return out
+
+
+def novel_ppl(rows: list[dict], name: str) -> float:
+    """PPL over the test tokens of articles without a twin in the memory."""
+    pairs = [(r["test_tokens"] * (1 - r["runs"][name]["twin_share"]), r["runs"][name]["ppl_novel"]) for r in rows]
+    pairs = [(n, p) for n, p in pairs if n > 0 and not math.isnan(p)]
+    return math.exp(sum(n * math.log(p) for n, p in pairs) / sum(n for n, _ in pairs)) if pairs else math.nan
 
 
 def weighted_ppl(rows: list[dict], name: str | None) -> float:
@@ -110,50 +172,70 @@ def weighted_ppl(rows: list[dict], name: str | None) -> float:
     return math.exp(nll / sum(r["test_tokens"] for r in rows))
 
 
-def growth_exponent(rows: list[dict], name: str) -> float:
-    """b in entries ∝ (tokens seen)^b, least squares over the days (b < 1: sub-linear growth)."""
-    seen = np.cumsum([r["runs"][name]["tokens"] for r in rows])
-    entries = np.array([r["runs"][name]["entries"] for r in rows])
-    return float(np.polyfit(np.log(seen), np.log(entries), 1)[0])
+def growth_exponent(rows: list[dict], name: str) -> tuple[float, float, float]:
+    """b in entries ∝ (tokens seen)^b, least squares over the days (b < 1: sub-linear growth), with
+    its 95% confidence interval (the slope's t interval; needs 3 days or more)."""
+    x = np.log(np.cumsum([r["runs"][name]["tokens"] for r in rows]))
+    y = np.log([r["runs"][name]["entries"] for r in rows])
+    fit = scipy.stats.linregress(x, y)
+    half = scipy.stats.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.nan
+    return float(fit.slope), float(fit.slope - half), float(fit.slope + half)
 
 
 def _header(columns: list[str]) -> str:
     return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
 
 
+def label(name: str) -> str:
+    base, params, const = parse_run(name)
+    shown = {"fullmem": "FullMem", "randmem": "RandMem", "monim-amt": "MoNIM-AMT", "monim": "MoNIM", "kl": "KL"}
+    return shown.get(base, base) + "".join(f" {k}={v:g}" for k, v in params.items()) + (" (const λ)" if const else "")
+
+
 def render(rows: list[dict], suite: dict | None) -> str:
     """The report's tables, as markdown."""
-    names = {"fullmem": "FullMem", "randmem": "RandMem", "monim-amt": "MoNIM-AMT"}
-    out = [_header(["day", "articles", "train tokens", "test tokens", "LM", *names.values(), "MoNIM MemRate (day / all)",
-                    "entries MoNIM / FullMem", "s: LM, memorize, calibrate, evaluate"])]
+    names = list(rows[0]["runs"])
+    out = [_header(["day", "articles", "train tokens", "twins: earlier / same day", "test tokens", "LM", *map(label, names),
+                    "MoNIM MemRate: day / all / LM alone", "entries MoNIM / FullMem", "s: LM, memorize, calibrate, evaluate"])]
     for r in rows:
         m, s = r["runs"]["monim-amt"], r["seconds"]
         stage = [s["featurize"], *(sum(v for k, v in s.items() if k.startswith(p)) for p in ("memorize", "calibrate")),
                  s["evaluate"]]
-        out.append(f"| {r['date'][5:]} | {r['articles']} | {m['tokens']:,} | {r['test_tokens']:,} | {r['ppl_lm']:.2f} | "
+        lm_rate = f" / {m['memrate_lm']:.1%}" if "memrate_lm" in m else ""
+        out.append(f"| {r['date'][5:]} | {r['articles']} | {m['tokens']:,} | "
+                   + (f"{r['twin_share_train']:.1%} / {r['same_day_twin_share']:.1%}" if "twin_share_train" in r else "")
+                   + f" | {r['test_tokens']:,} | {r['ppl_lm']:.2f} | "
                    + " | ".join(f"{r['runs'][n]['ppl']:.2f}" + (" fb" if r["runs"][n]["fallback"] else "") for n in names)
-                   + f" | {m['memrate_day']:.1%} / {m['memrate']:.1%} | {m['entries']:,} / {r['runs']['fullmem']['entries']:,}"
+                   + f" | {m['memrate_day']:.1%} / {m['memrate']:.1%}{lm_rate} | "
+                   + f"{m['entries']:,} / {r['runs'].get('fullmem', m)['entries']:,}"
                    + f" | {', '.join(f'{x:.0f}' for x in stage)} |")
-    out.append(f"| all | {sum(r['articles'] for r in rows)} | {sum(r['runs']['fullmem']['tokens'] for r in rows):,} | "
+    out.append(f"| all | {sum(r['articles'] for r in rows)} | {sum(r['runs']['monim-amt']['tokens'] for r in rows):,} | | "
                f"{sum(r['test_tokens'] for r in rows):,} | **{weighted_ppl(rows, None):.2f}** | "
                + " | ".join(f"**{weighted_ppl(rows, n):.2f}**" for n in names)
-               + f" | growth exponent {growth_exponent(rows, 'monim-amt'):.3f} | | "
-               + f"{sum(sum(r['seconds'].values()) for r in rows) / 3600:.1f} h in all |")
+               + f" | | | {sum(sum(r['seconds'].values()) for r in rows) / 3600:.1f} h in all |")
+    out += ["", _header(["memory", "test PPL", "PPL, novel articles", "MemRate", "entries", "growth exponent (95% CI)",
+                         "λ on test tokens: mean (p10–p90), last day"])]
+    for n in names:
+        b, lo, hi = growth_exponent(rows, n)
+        last = rows[-1]["runs"][n]
+        lam = f"{last['lam_mean']:.2f} ({last['lam_p10']:.2f}–{last['lam_p90']:.2f})" if "lam_mean" in last else ""
+        out.append(f"| {label(n)} | {weighted_ppl(rows, n):.2f} | {novel_ppl(rows, n):.2f} | {last['memrate']:.1%} | "
+                   f"{last['entries']:,} | {b:.3f} ({lo:.3f}–{hi:.3f}) | {lam} |")
     if suite and suite.get("weeks"):
-        cells = sorted({c.split("@")[1] for w in suite["weeks"].values() for c in w["ppl"]})
-        out += ["", _header(["test week", "tokens", "LM", *(f"{names[n]} @ {d[5:]}" for n in names for d in cells)])]
+        cells = sorted({c.rsplit("@", 1)[1] for w in suite["weeks"].values() for c in w["ppl"]})
+        out += ["", _header(["test week", "tokens", "LM", *(f"{label(n)} @ {d[5:]}" for n in names for d in cells)])]
         for week, w in suite["weeks"].items():
             out.append(f"| {week} | {w['tokens']:,} | {w['ppl_lm']:.2f} | "
                        + " | ".join(f"{w['ppl'][f'{n}@{d}']:.2f}" if f"{n}@{d}" in w["ppl"] else "" for n in names for d in cells) + " |")
     if suite and suite.get("text"):
         t = suite["text"]
         out += ["", f"WikiText probe ({t['tokens']:,} tokens): LM {t['ppl_lm']:.2f}; "
-                + "; ".join(f"{names[n]} " + ", ".join(f"{v:.2f} @ {c.split('@')[1][5:]}" for c, v in t["ppl"].items()
-                                                     if c.split("@")[0] == n) for n in names)]
+                + "; ".join(f"{label(n)} " + ", ".join(f"{v:.2f} @ {c.rsplit('@', 1)[1][5:]}" for c, v in t["ppl"].items()
+                                                     if c.rsplit("@", 1)[0] == n) for n in names)]
     if suite and suite.get("qa"):
         qa = suite["qa"]
         out += ["", "QA quiz (0-shot, final memories): " + "; ".join(
-            f"{'LM' if n == 'bare' else names[n]} {a['qa_accuracy']:.1%} (n = {a['qa_n']}, 95% CI {a['qa_ci_low']:.1%}–"
+            f"{'LM' if n == 'bare' else label(n)} {a['qa_accuracy']:.1%} (n = {a['qa_n']}, 95% CI {a['qa_ci_low']:.1%}–"
             f"{a['qa_ci_high']:.1%})" for n, a in qa.items())]
     return "\n".join(out) + "\n"
 
@@ -168,12 +250,14 @@ def main() -> None:
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--policies", default=POLICIES, help="comma-separated runs (name[@param=value][-const])")
+    ap.add_argument("--features", type=Path, default=None, help="the feature store (default: WORKDIR/features)")
     ap.add_argument("--batch-size", type=int, default=None, help="rows per forward pass (default: 8 on a CPU, 64 on a GPU)")
     ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
     ap.add_argument("--report", action="store_true", help="Only write the report of the days already learned.")
     args = ap.parse_args()
     started, console = time.perf_counter(), Console(width=160)
-    rows_path, report_path = args.workdir / "rows.json", REPO / "benchmarks" / "results" / "full-volume.md"
+    rows_path, report_path = args.workdir / "rows.json", args.workdir / "report.md"
     if args.report:
         rows = [r for d, r in sorted(json.loads(rows_path.read_text()).items()) if args.start.isoformat() <= d <= args.end.isoformat()]
         suite_path = args.workdir / f"suite-{rows[0]['date']}-{rows[-1]['date']}.json"
@@ -181,8 +265,10 @@ def main() -> None:
         console.print(report_path.read_text())
         return
     lm = load_lm(args.model)
-    features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.workdir / "features")
-    memories = {name: Memory(args.workdir / name, lm, Settings(calibrator=CalibratorConfig())) for name in POLICIES}
+    features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.features or args.workdir / "features")
+    memories = {name: Memory(args.workdir / name.replace("@", "-").replace("=", ""), lm,
+                             Settings(calibrated=not parse_run(name)[2], calibrator=CalibratorConfig()))
+                 for name in args.policies.split(",")}
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
     for date in dates:
