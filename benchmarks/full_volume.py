@@ -10,7 +10,8 @@ days before (`twin_share_train`) or earlier in the same day (`same_day_twin_shar
 θ-reading policy would store at with the LM alone (`memrate_lm`: what the memory moved below the
 threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
 `--policies`: runs besides the bare LM; `name@param=value` changes a policy's parameter (e.g.
-`monim-amt@delta=-1.0`), a `-const` suffix reads the memory with the constant λ. RandMem and KL store
+`monim-amt@delta=-1.0`), a `-const` suffix reads the memory with the constant λ, `-val` with a calibrator
+trained on validation articles only (the paper's calibration). RandMem and KL store
 at the day's MoNIM-AMT rate. `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
@@ -51,11 +52,15 @@ POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its rat
 FOLLOWERS = ("randmem", "kl")  # store at the day's MoNIM-AMT rate
 
 
-def parse_run(spec: str) -> tuple[str, dict, bool]:
-    """'monim-amt@delta=-1.0' -> ('monim-amt', {'delta': -1.0}, False); a '-const' suffix: constant λ."""
+READINGS = {"-const": ("const λ", {"calibrated": False}),  # how Θ reads a memory, by a run name's suffix
+            "-val": ("validation-only calibrator", {"calibrator": CalibratorConfig(source="validation")})}
+
+
+def parse_run(spec: str) -> tuple[str, dict, str]:
+    """'monim-amt@delta=-1.0' -> ('monim-amt', {'delta': -1.0}, ''); 'fullmem-const' -> ('fullmem', {}, '-const')."""
     name, *params = spec.split("@")
-    const = name.endswith("-const")
-    return name.removesuffix("-const"), {k: float(v) for k, v in (p.split("=") for p in params)}, const
+    suffix = next((x for x in READINGS if name.endswith(x)), "")
+    return name.removesuffix(suffix) if suffix else name, {k: float(v) for k, v in (p.split("=") for p in params)}, suffix
 
 
 @contextmanager
@@ -187,9 +192,9 @@ def _header(columns: list[str]) -> str:
 
 
 def label(name: str) -> str:
-    base, params, const = parse_run(name)
+    base, params, suffix = parse_run(name)
     shown = {"fullmem": "FullMem", "randmem": "RandMem", "monim-amt": "MoNIM-AMT", "monim": "MoNIM", "kl": "KL"}
-    return shown.get(base, base) + "".join(f" {k}={v:g}" for k, v in params.items()) + (" (const λ)" if const else "")
+    return shown.get(base, base) + "".join(f" {k}={v:g}" for k, v in params.items()) + (f" ({READINGS[suffix][0]})" if suffix else "")
 
 
 def render(rows: list[dict], suite: dict | None) -> str:
@@ -250,7 +255,7 @@ def main() -> None:
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--policies", default=POLICIES, help="comma-separated runs (name[@param=value][-const])")
+    ap.add_argument("--policies", default=POLICIES, help="comma-separated runs (name[-const|-val][@param=value])")
     ap.add_argument("--features", type=Path, default=None, help="the feature store (default: WORKDIR/features)")
     ap.add_argument("--batch-size", type=int, default=None, help="rows per forward pass (default: 8 on a CPU, 64 on a GPU)")
     ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
@@ -267,7 +272,7 @@ def main() -> None:
     lm = load_lm(args.model)
     features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.features or args.workdir / "features")
     memories = {name: Memory(args.workdir / name.replace("@", "-").replace("=", ""), lm,
-                             Settings(calibrated=not parse_run(name)[2], calibrator=CalibratorConfig()))
+                             Settings(**{"calibrator": CalibratorConfig()} | READINGS.get(parse_run(name)[2], ("", {}))[1]))
                  for name in args.policies.split(",")}
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
