@@ -1,6 +1,7 @@
 """The paper's growth claim across streams: each memory's entries against the training tokens it has
 seen (log-log, one line per stream and policy), the growth exponent with its 95% interval, and how
-MoNIM's daily MemRate moves with the day's redundancy (twin shares) and with the days learned.
+MoNIM's daily MemRate moves after day 1 (where Θ is the bare LM) with the days learned, the day's
+redundancy (twin shares) and the rate the LM alone would store at.
 Reads the rows.json of `benchmarks/full_volume.py` runs (or `memory_cost.py`'s JSON).
 Usage: python benchmarks/claims.py --rows Reuters=DIR/rows.json RTQA=benchmarks/results/memory-cost.json --out docs/results/claims
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
@@ -52,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     streams = {s.split("=", 1)[0]: read_rows(Path(s.split("=", 1)[1])) for s in args.rows}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, rates) = plt.subplots(1, 2, figsize=(13, 4.5))
     lines = ["| stream | days | training tokens | memory | entries | MemRate | growth exponent (95% CI) |", "|---|---|---|---|---|---|---|"]
     for (stream, rows), style in zip(streams.items(), ("-", "--", ":")):
         seen = np.cumsum([r["runs"]["fullmem"]["tokens"] for r in rows])
@@ -60,23 +62,37 @@ def main() -> None:
             entries = [r["runs"][name]["entries"] for r in rows]
             b, lo, hi = growth_exponent(rows, name)
             ax.plot(seen, entries, style, marker=".", color=COLOURS[name], label=f"{stream} {label(name)} (b = {b:.3f})")
+            if name == "monim-amt":
+                rates.plot(seen, [r["runs"][name]["memrate_day"] for r in rows], style, marker=".", color=COLOURS[name],
+                           label=f"{stream}: MoNIM-AMT's day")
+                if "memrate_lm" in rows[0]["runs"][name]:
+                    rates.plot(seen, [r["runs"][name]["memrate_lm"] for r in rows], style, marker=".", color="grey",
+                               label=f"{stream}: the LM alone would store")
             lines.append(f"| {stream} | {len(rows)} | {seen[-1]:,} | {label(name)} | {entries[-1]:,} | "
                          f"{entries[-1] / seen[-1]:.1%} | {b:.3f} ({lo:.3f}–{hi:.3f}) |")
     ax.set(xscale="log", yscale="log", xlabel="training tokens seen", ylabel="entries in memory",
            title="Memory growth: entries ∝ tokens^b (b < 1: sub-linear)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    rates.set(xscale="log", xlabel="training tokens seen", ylabel="MemRate of the day", title="MoNIM-AMT's daily MemRate")
+    rates.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    rates.grid(True, alpha=0.3)
+    rates.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out / "growth.png", dpi=120)
-    lines += ["", "| stream | MoNIM's daily MemRate: trend per 1M tokens seen (95% CI) | against twins in memory | "
-              "twins the same day | day number | LM-alone rate |", "|---|---|---|---|---|---|"]
+    lines += ["", "| stream | MoNIM's MemRate, day 1 (Θ = the LM) | after day 1: mean (range) | trend from day 2, per 1M tokens "
+              "seen (95% CI) | the LM alone would store, after day 1 | r with the twins in memory | r with the same day's twins | "
+              "r with the LM-alone rate |", "|---|---|---|---|---|---|---|---|"]
     for stream, rows in streams.items():
         rate = [r["runs"]["monim-amt"]["memrate_day"] for r in rows]
-        before = np.cumsum([0] + [r["runs"]["fullmem"]["tokens"] for r in rows[:-1]]) / 1e6
-        cells = [trend(before, rate)] + [correlation([r[k] for r in rows], rate) if k in rows[0] else "n/a" for k in ("twin_share_train", "same_day_twin_share")]
-        cells.append(correlation(list(range(len(rows))), rate))
-        lm_alone = [r["runs"]["monim-amt"].get("memrate_lm") for r in rows]
-        cells.append(correlation(lm_alone, rate) if None not in lm_alone else "n/a")
+        later = rows[1:]
+        before = np.cumsum([r["runs"]["fullmem"]["tokens"] for r in rows])[:-1] / 1e6
+        cells = [f"{rate[0]:.1%}", f"{np.mean(rate[1:]):.1%} ({min(rate[1:]):.1%}–{max(rate[1:]):.1%})", trend(before, rate[1:])]
+        lm_alone = [r["runs"]["monim-amt"].get("memrate_lm") for r in later]
+        cells.append(f"{np.mean(lm_alone):.1%}" if None not in lm_alone else "n/a")
+        for key in ("twin_share_train", "same_day_twin_share"):
+            cells.append(correlation([r[key] for r in later], rate[1:]) if key in rows[0] else "n/a")
+        cells.append(correlation(lm_alone, rate[1:]) if None not in lm_alone else "n/a")
         lines.append(f"| {stream} | " + " | ".join(cells) + " |")
     (args.out / "growth.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
