@@ -285,7 +285,7 @@ def main() -> None:
         row = learn_day(date, args, features, memories)
         rows[row["date"]] = row
         rows_path.write_text(json.dumps(rows, indent=1))
-        console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['fullmem']['tokens']} tokens; PPL LM "
+        console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['monim-amt']['tokens']} tokens; PPL LM "
                       f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
                                                          for n, r in row["runs"].items())
                       + f"; {sum(row['seconds'].values()):.0f} s")
