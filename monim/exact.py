@@ -74,6 +74,14 @@ class TorchExact:
             out_d[i : i + len(q), :kk], out_i[i : i + len(q), :kk] = dist.cpu().numpy(), self.ids[found].cpu().numpy()
         return out_d, out_i
 
+    @staticmethod
+    def _dot(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """q . keys as fp32 scores; on a GPU, fp16 products summed straight into fp32 (scores rounded to
+        fp16 lost 5.5% of the 1,024 nearest of 10M keys on an H200, and were slower)."""
+        if keys.is_cuda and keys.dtype == torch.float16:
+            return torch.mm(q, keys.T, out_dtype=torch.float32)
+        return (q @ keys.T).float()
+
     def _nearest(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k nearest rows of scaled queries: candidates by score = 2 q.k - |k|^2 (the larger, the
         nearer) chunk by chunk, then their distances recomputed from the keys in fp32, ascending."""
@@ -81,7 +89,7 @@ class TorchExact:
         best_i = torch.zeros((len(q), 0), dtype=torch.long, device=self.device)
         qd = q.to(self.keys.dtype)
         for lo in range(0, self.ntotal, self.chunk):
-            s = 2 * (qd @ self.keys[lo : lo + self.chunk].T).float() - self.norms[lo : lo + self.chunk]
+            s = 2 * self._dot(qd, self.keys[lo : lo + self.chunk]) - self.norms[lo : lo + self.chunk]
             top = s.topk(min(k, s.shape[1]), dim=1)
             best_s, at = torch.cat([best_s, top.values], 1).topk(k, dim=1)
             best_i = torch.cat([best_i, top.indices + lo], 1).gather(1, at)
