@@ -38,13 +38,19 @@ def correlation(x: list[float], y: list[float]) -> str:
     return f"r = {r:+.2f} (p = {p:.2g})"
 
 
-def trend(x: np.ndarray, y: list[float]) -> str:
-    """The least-squares slope of y on x in percentage points, with its 95% t interval."""
-    if len(x) < 3:
+def trend(y: list[float], weights: list[float], x: np.ndarray, *controls: list[float]) -> str:
+    """The slope of y on x in percentage points with its 95% t interval, by least squares weighted by
+    `weights` (a day's tokens: a small day's rate is noisy), with `controls` held fixed."""
+    X = np.column_stack([np.ones(len(x)), x, *controls])
+    if len(x) <= X.shape[1]:
         return "n/a"
-    fit = scipy.stats.linregress(x, y)
-    half = scipy.stats.t.ppf(0.975, len(x) - 2) * fit.stderr
-    return f"{100 * fit.slope:+.1f} pp ({100 * (fit.slope - half):+.1f} to {100 * (fit.slope + half):+.1f})"
+    w = np.sqrt(np.asarray(weights, float))
+    coef, *_ = np.linalg.lstsq(X * w[:, None], np.asarray(y) * w, rcond=None)
+    resid = (np.asarray(y) - X @ coef) * w
+    dof = len(x) - X.shape[1]
+    se = np.sqrt(resid @ resid / dof * np.linalg.inv((X * w[:, None]).T @ (X * w[:, None]))[1, 1])
+    half = scipy.stats.t.ppf(0.975, dof) * se
+    return f"{100 * coef[1]:+.1f} pp ({100 * (coef[1] - half):+.1f} to {100 * (coef[1] + half):+.1f})"
 
 
 def main() -> None:
@@ -81,18 +87,23 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.out / "growth.png", dpi=120)
     lines += ["", "| stream | MoNIM's MemRate, day 1 (Θ = the LM) | after day 1: mean (range) | trend from day 2, per 1M tokens "
-              "seen (95% CI) | the LM alone would store, after day 1 | r with the twins in memory | r with the same day's twins | "
-              "r with the LM-alone rate |", "|---|---|---|---|---|---|---|---|"]
+              "seen (95% CI) | the same, twin shares held fixed | the LM alone would store, after day 1 | the memory's effect "
+              "(LM alone − MemRate): trend | r with the twins in memory | r with the same day's twins | r with the LM-alone rate |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for stream, rows in streams.items():
         rate = [r["runs"]["monim-amt"]["memrate_day"] for r in rows]
         later = rows[1:]
         before = np.cumsum([r["runs"]["fullmem"]["tokens"] for r in rows])[:-1] / 1e6
-        cells = [f"{rate[0]:.1%}", f"{np.mean(rate[1:]):.1%} ({min(rate[1:]):.1%}–{max(rate[1:]):.1%})", trend(before, rate[1:])]
+        tokens = [r["runs"]["monim-amt"]["tokens"] for r in later]
+        twins = [[r[key] for r in later] for key in ("twin_share_train", "same_day_twin_share") if key in rows[0]]
         lm_alone = [r["runs"]["monim-amt"].get("memrate_lm") for r in later]
-        cells.append(f"{np.mean(lm_alone):.1%}" if None not in lm_alone else "n/a")
-        for key in ("twin_share_train", "same_day_twin_share"):
-            cells.append(correlation([r[key] for r in later], rate[1:]) if key in rows[0] else "n/a")
-        cells.append(correlation(lm_alone, rate[1:]) if None not in lm_alone else "n/a")
+        known = None not in lm_alone
+        cells = [f"{rate[0]:.1%}", f"{np.mean(rate[1:]):.1%} ({min(rate[1:]):.1%}–{max(rate[1:]):.1%})",
+                 trend(rate[1:], tokens, before), trend(rate[1:], tokens, before, *twins) if twins else "n/a",
+                 f"{np.mean(lm_alone):.1%}" if known else "n/a",
+                 trend(list(np.subtract(lm_alone, rate[1:])), tokens, before) if known else "n/a"]
+        cells += [correlation(t, rate[1:]) for t in twins] or ["n/a", "n/a"]
+        cells.append(correlation(lm_alone, rate[1:]) if known else "n/a")
         lines.append(f"| {stream} | " + " | ".join(cells) + " |")
     (args.out / "growth.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
