@@ -45,10 +45,11 @@ def trend(y: list[float], weights: list[float], x: np.ndarray, *controls: list[f
     if len(x) <= X.shape[1]:
         return "n/a"
     w = np.sqrt(np.asarray(weights, float))
-    coef, *_ = np.linalg.lstsq(X * w[:, None], np.asarray(y) * w, rcond=None)
-    resid = (np.asarray(y) - X @ coef) * w
+    Xw, yw = X * w[:, None], np.asarray(y) * w
+    coef, *_ = np.linalg.lstsq(Xw, yw, rcond=None)
+    resid = yw - Xw @ coef
     dof = len(x) - X.shape[1]
-    se = np.sqrt(resid @ resid / dof * np.linalg.inv((X * w[:, None]).T @ (X * w[:, None]))[1, 1])
+    se = np.sqrt(resid @ resid / dof * np.linalg.inv(Xw.T @ Xw)[1, 1])
     half = scipy.stats.t.ppf(0.975, dof) * se
     return f"{100 * coef[1]:+.1f} pp ({100 * (coef[1] - half):+.1f} to {100 * (coef[1] + half):+.1f})"
 
