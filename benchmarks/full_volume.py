@@ -1,9 +1,10 @@
 """Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at that
 day's MoNIM rate) and MoNIM-AMT, beside the bare LM; the LM runs once per article (feature store).
 
-Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: weekly test
-PPL with each memory as of each week's end (the forgetting matrix), the WikiText probe every 7
-days, and the QA quiz with the final memories. Resumable: the work directory keeps the memories,
+Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: each week's
+(--period) test PPL with each memory as of every later week's end (the forgetting matrix), the
+WikiText probe at each week's end, and the QA quiz by month with each memory as of every month's
+end (the paper's Tables 6 and 7). Resumable: the work directory keeps the memories,
 the features and rows.json; a finished day is not redone (the suite is kept per date range).
 Per day besides: the share of the training tokens whose article has a twin in the memory of the
 days before (`twin_share_train`) or earlier in the same day (`same_day_twin_share`), the rate a
@@ -42,7 +43,7 @@ from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.theta import Settings
 from monim.catalogue import make_policy
-from monim.qa import answer_questions, read_questions
+from monim.qa import answer_questions, read_questions, wilson
 from monim.scoring import ScoreConfig
 from monim.stream import list_dates, read_day
 
@@ -137,30 +138,31 @@ def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memor
 
 
 def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.date]) -> dict:
-    """Weekly PPL as of each later week's end, the WikiText probe every 7 days, the QA quiz."""
-    out: dict = {"weeks": {}, "text": {}, "qa": {}}
-    ends: dict[str, dt.date] = {}
-    for d in dates:
-        ends[period_of(d, "week")] = d
+    """Each period's test PPL with each memory as of every later period's end, the WikiText probe at
+    each period's end, and the QA quiz by month with each memory as of every month's end (Table 7)."""
+    out: dict = {"periods": {}, "text": {}, "qa": {}}
+    ends = {period_of(d, args.period): d for d in dates}
     tests: dict[str, list] = {}
     for d in dates:
-        tests.setdefault(period_of(d, "week"), []).extend(read_day(args.source, d).test)
-    for week, docs in tests.items():
-        cells = {(n, str(end)): m.at(end) for n, m in memories.items() for w, end in ends.items() if w >= week}
-        r = evaluate_many(features.lm, docs, {("bare", ""): None} | cells, features, f"week-{week}")
-        out["weeks"][week] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
-                              "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+        tests.setdefault(period_of(d, args.period), []).extend(read_day(args.source, d).test)
+    for period, docs in tests.items():
+        cells = {(n, str(end)): m.at(end) for n, m in memories.items() for p, end in ends.items() if p >= period}
+        r = evaluate_many(features.lm, docs, {("bare", ""): None} | cells, features, f"{args.period}-{period}")
+        out["periods"][period] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
+                                  "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
     if args.text:
-        probes = sorted({*dates[6::7], dates[-1]})
         doc = text_document(args.text, args.text_chars)
-        cells = {(n, str(d)): m.at(d) for n, m in memories.items() for d in probes}
+        cells = {(n, str(d)): m.at(d) for n, m in memories.items() for d in ends.values()}
         r = evaluate_many(features.lm, [doc], {("bare", ""): None} | cells, features, "text")
         out["text"] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
                        "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
     questions = read_questions(args.qa, dates[0], dates[-1] + dt.timedelta(days=7)) if args.qa else []
-    if questions:
-        answers = answer_questions(features.lm, questions, {"bare": None, **memories}, 0, read_questions(args.qa))
-        out["qa"] = {n: {k: v for k, v in a.items()} for n, a in answers.items()}
+    month_ends = {period_of(d, "month"): d for d in dates}.values()
+    cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
+    for month in sorted({period_of(q.date, "month") for q in questions}):
+        asked = [q for q in questions if period_of(q.date, "month") == month]
+        answers = answer_questions(features.lm, asked, cells, 0, read_questions(args.qa))
+        out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
     return out
 
 
@@ -197,6 +199,36 @@ def label(name: str) -> str:
     return shown.get(base, base) + "".join(f" {k}={v:g}" for k, v in params.items()) + (f" ({READINGS[suffix][0]})" if suffix else "")
 
 
+def qa_tables(qa: dict, names: list[str]) -> list[str]:
+    """The quiz with the final memories (Table 6), then accuracy by month and by two months as the
+    memories learn (Table 7: a row per memory as of a period's end, a column per period's questions)."""
+    months = list(qa)
+    ends = {e[:7]: e for e in sorted({c.rsplit("@", 1)[1] for c in qa[months[0]] if "@" in c})}
+
+    def accuracy(cell: str, asked: list[str]) -> str:
+        hits, n = (sum(qa[m][cell][k] for m in asked) for k in ("hits", "n"))
+        return f"{hits / n:.1%}" if n else ""
+
+    last = list(ends.values())[-1]
+    final = []
+    for cell in ["bare", *(f"{n}@{last}" for n in names)]:
+        hits, n = (sum(qa[m][cell][k] for m in months) for k in ("hits", "n"))
+        low, high = wilson(hits, n)
+        final.append(f"{'LM' if cell == 'bare' else label(cell.rsplit('@', 1)[0])} {hits / n:.1%} (95% CI {low:.1%}–{high:.1%})")
+    out = [f"QA quiz (0-shot, all {sum(qa[m]['bare']['n'] for m in months)} questions, the final memories): "
+           + "; ".join(final)]
+    for blocks in ([[m] for m in months], [months[i:i + 2] for i in range(0, len(months), 2)]):
+        columns = [f"{b[0]}" + (f"..{b[-1][5:]}" if len(b) > 1 else "") + f" (n = {sum(qa[m]['bare']['n'] for m in b)})"
+                   for b in blocks]
+        out += ["", _header(["memory", "learned through", *columns]),
+                "| LM | | " + " | ".join(accuracy("bare", b) for b in blocks) + " |"]
+        for n in names:
+            for b in blocks:
+                if b[-1] in ends:
+                    out.append(f"| {label(n)} | {ends[b[-1]]} | " + " | ".join(accuracy(f"{n}@{ends[b[-1]]}", c) for c in blocks) + " |")
+    return out
+
+
 def render(rows: list[dict], suite: dict | None) -> str:
     """The report's tables, as markdown."""
     names = list(rows[0]["runs"])
@@ -226,22 +258,19 @@ def render(rows: list[dict], suite: dict | None) -> str:
         lam = f"{last['lam_mean']:.2f} ({last['lam_p10']:.2f}–{last['lam_p90']:.2f})" if "lam_mean" in last else ""
         out.append(f"| {label(n)} | {weighted_ppl(rows, n):.2f} | {novel_ppl(rows, n):.2f} | {last['memrate']:.1%} | "
                    f"{last['entries']:,} | {b:.3f} ({lo:.3f}–{hi:.3f}) | {lam} |")
-    if suite and suite.get("weeks"):
-        cells = sorted({c.rsplit("@", 1)[1] for w in suite["weeks"].values() for c in w["ppl"]})
-        out += ["", _header(["test week", "tokens", "LM", *(f"{label(n)} @ {d[5:]}" for n in names for d in cells)])]
-        for week, w in suite["weeks"].items():
-            out.append(f"| {week} | {w['tokens']:,} | {w['ppl_lm']:.2f} | "
-                       + " | ".join(f"{w['ppl'][f'{n}@{d}']:.2f}" if f"{n}@{d}" in w["ppl"] else "" for n in names for d in cells) + " |")
+    if suite and suite.get("periods"):
+        cells = sorted({c.rsplit("@", 1)[1] for p in suite["periods"].values() for c in p["ppl"]})
+        out += ["", _header(["test period", "tokens", "LM", *(f"{label(n)} @ {d[5:]}" for n in names for d in cells)])]
+        for period, p in suite["periods"].items():
+            out.append(f"| {period} | {p['tokens']:,} | {p['ppl_lm']:.2f} | "
+                       + " | ".join(f"{p['ppl'][f'{n}@{d}']:.2f}" if f"{n}@{d}" in p["ppl"] else "" for n in names for d in cells) + " |")
     if suite and suite.get("text"):
         t = suite["text"]
         out += ["", f"WikiText probe ({t['tokens']:,} tokens): LM {t['ppl_lm']:.2f}; "
                 + "; ".join(f"{label(n)} " + ", ".join(f"{v:.2f} @ {c.rsplit('@', 1)[1][5:]}" for c, v in t["ppl"].items()
                                                      if c.rsplit("@", 1)[0] == n) for n in names)]
     if suite and suite.get("qa"):
-        qa = suite["qa"]
-        out += ["", "QA quiz (0-shot, final memories): " + "; ".join(
-            f"{'LM' if n == 'bare' else label(n)} {a['qa_accuracy']:.1%} (n = {a['qa_n']}, 95% CI {a['qa_ci_low']:.1%}–"
-            f"{a['qa_ci_high']:.1%})" for n, a in qa.items())]
+        out += ["", *qa_tables(suite["qa"], names)]
     return "\n".join(out) + "\n"
 
 
@@ -254,6 +283,7 @@ def main() -> None:
     ap.add_argument("--text", type=Path, default=DATA / "wikitext" / "wiki.test.raw")
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
+    ap.add_argument("--period", choices=("week", "month"), default="week", help="the forgetting matrix's periods")
     ap.add_argument("--model", default=None)
     ap.add_argument("--policies", default=POLICIES, help="comma-separated runs (name[-const|-val][@param=value])")
     ap.add_argument("--features", type=Path, default=None, help="the feature store (default: WORKDIR/features)")
