@@ -238,8 +238,9 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
 @torch.inference_mode()
 def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighbors | None,
              keep_hidden: bool) -> Iterator[TokenScores]:
-    """Sequences of equal step sizes (the last one excepted) in lockstep, the previous steps'
-    keys and values kept as a KV cache: under carry, the last `context` of them and the first
+    """Sequences with the same first step in lockstep, longest first (later steps are `stride` long,
+    a last one shorter: a sequence that ends leaves the batch), the previous steps' keys and values
+    kept as a KV cache: under carry, the last `context` of them and the first
     `sink` (without the first tokens, which soak up attention, the model's predictions collapse:
     PPL 33 instead of 21 on real news; "attention sinks", Xiao et al. 2023)."""
     limit = getattr(lm.model.config, "max_position_embeddings", None) or 1 << 30
@@ -259,6 +260,10 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
         past = torch.cat([past, mask], dim=1)
         hidden, keys = lm.forward(ids.to(lm.device), past.to(lm.device), pos.to(lm.device), cache)
         yield from _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)], cfg, neighbors, keep_hidden)
+        live = [b for b, steps in enumerate(docs) if len(steps) > j + 1]
+        if len(live) < len(docs):
+            docs, origin, past = [docs[b] for b in live], [origin[b] for b in live], past[live]
+            cache.batch_select_indices(torch.tensor(live, dtype=torch.long, device=lm.device))
         if past.shape[1] > sink + keep:
             for layer in cache.layers:
                 layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
@@ -268,10 +273,10 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
 
 def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,
           keep_hidden: bool) -> Iterator[TokenScores]:
-    """Score a buffer of sequences: one-step spans packed, longer sequences stepped in groups of
-    equal step sizes."""
+    """Score a buffer of sequences: one-step spans packed, longer sequences stepped in lockstep
+    batches of equal first steps."""
     single: list[Span] = []
-    stepped: dict[tuple, list[list[Span]]] = {}
+    stepped: dict[int, list[list[Span]]] = {}
     for seq_id, toks, first in seqs:
         if cfg.context_mode == "recompute":
             single += [Span(seq_id, toks, a, e - 1, s - 1) for a, s, e in windows(len(toks), cfg, first)]
@@ -280,10 +285,11 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
         if len(steps) == 1:
             single += steps
         elif steps:
-            stepped.setdefault(tuple(sp.e - sp.a for sp in steps[:-1]), []).append(steps)
+            stepped.setdefault(steps[0].e - steps[0].a, []).append(steps)
     if single:
         yield from _packed(lm, single, cfg, neighbors, keep_hidden)
     for group in stepped.values():
+        group.sort(key=len, reverse=True)
         for i in range(0, len(group), cfg.batch_size):
             yield from _stepped(lm, group[i : i + cfg.batch_size], cfg, neighbors, keep_hidden)
 

@@ -147,11 +147,12 @@ def banded_pass(lm, ids, stride, context, sink):
 @pytest.mark.parametrize("stride,context,sink", [(5, 6, 4), (8, 3, 2), (8, 3, 0)])
 def test_carried_context_equals_banded_single_pass(stride, context, sink, tiny_model_dir):
     """Carry: each step sees the previous step's last `context` inputs and the document's first
-    `sink` through the KV cache."""
+    `sink` through the KV cache, in lockstep batches that documents of fewer steps leave early."""
     lm = load_lm(str(tiny_model_dir("llama")))
     docs = [DOC, Document("d2", dt.date(2022, 6, 1), TEXT[:150]), Document("d3", dt.date(2022, 6, 1), TEXT[40:190]),
-            Document("d4", dt.date(2022, 6, 1), "Rates rose.")]
-    got = collect(lm, docs, ScoreConfig(stride=stride, context=context, batch_size=2, head_chunk=7, sink=sink))
+            Document("d4", dt.date(2022, 6, 1), "Rates rose."), Document("d5", dt.date(2022, 6, 1), TEXT[:70]),
+            Document("d6", dt.date(2022, 6, 1), TEXT[90:])]
+    got = collect(lm, docs, ScoreConfig(stride=stride, context=context, batch_size=3, head_chunk=7, sink=sink))
     for doc in docs:
         ids = lm.tokenizer(doc.text)["input_ids"]
         ref = banded_pass(lm, ids, stride, context, sink)
