@@ -118,6 +118,32 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
         service.close()
 
 
+def test_long_texts_scored_together_get_what_each_gets_alone(theta):
+    """Texts of one to many windows, sent at once from many threads, share carried lockstep batches
+    (each leaving the batch when it ends): each answer equals the same request's alone."""
+    from monim.serving import Limits, Service
+
+    whole = " ".join(texts(60, 4000))
+    items = [whole[300 * i : 300 * i + n] for i, n in enumerate((600, 2500, 4500, 7000, 9500, 3500))]
+    steps = {-(-len(theta.lm.tokenizer(t)["input_ids"]) // 512) for t in items}
+    assert len(steps) >= 4  # the texts span different numbers of windows
+    service = Service(theta, Limits(max_rows=4, max_chars=10000, seconds=300))
+    try:
+        bodies = [{"dataframe_records": [{"text": t}]} for t in items]
+        alone = [service.answer(b) for b in bodies]
+        together: list = [None] * len(bodies)
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
+                   for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for a, b in zip(alone, together):
+            assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
+    finally:
+        service.close()
+
+
 def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(theta):
     """A clock that moves one second each time it is read: the budget of 10 s ends the continuation
     after a few tokens; a caller that leaves after the fifth look ends it too."""
