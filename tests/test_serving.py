@@ -48,6 +48,18 @@ def texts(n: int, chars: int = 600) -> list[str]:
     return [d.text[:chars] for d in docs[:n]]
 
 
+def at_once(service, bodies: list[dict]) -> list:
+    """The service's answers to the bodies, each sent from its own thread at the same time."""
+    together: list = [None] * len(bodies)
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
+               for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return together
+
+
 def test_threads_on_one_theta_get_what_each_gets_alone(theta):
     """Eight threads score and continue different texts on one LM and one memory at once: each answer
     is the one the same call gives alone (the key is captured per call; no counter is shared)."""
@@ -90,13 +102,7 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
                   {"dataframe_records": [{"prompt": " ".join(t.split()[:8])}], "params": {"max_new_tokens": 5}}
                   for i, t in enumerate(texts(12))]
         alone = [service.answer(b) for b in bodies]
-        together: list = [None] * len(bodies)
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
-                   for i in range(len(bodies))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = at_once(service, bodies)
         for a, b in zip(alone, together):
             if "ppl" in a[0]:  # scored beside other texts in packed rows: the same to float precision
                 assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
@@ -131,13 +137,7 @@ def test_long_texts_scored_together_get_what_each_gets_alone(theta):
     try:
         bodies = [{"dataframe_records": [{"text": t}]} for t in items]
         alone = [service.answer(b) for b in bodies]
-        together: list = [None] * len(bodies)
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
-                   for i in range(len(bodies))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        together = at_once(service, bodies)
         for a, b in zip(alone, together):
             assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
     finally:
