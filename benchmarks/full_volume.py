@@ -156,12 +156,13 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
         r = evaluate_many(features.lm, [doc], {("bare", ""): None} | cells, features, "text")
         out["text"] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
                        "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
-    questions = read_questions(args.qa, dates[0], dates[-1] + dt.timedelta(days=7)) if args.qa else []
+    pool = read_questions(args.qa) if args.qa else []
+    questions = [q for q in pool if dates[0] <= q.date <= dates[-1] + dt.timedelta(days=7)]
     month_ends = {period_of(d, "month"): d for d in dates}.values()
     cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
     for month in sorted({period_of(q.date, "month") for q in questions}):
         asked = [q for q in questions if period_of(q.date, "month") == month]
-        answers = answer_questions(features.lm, asked, cells, 0, read_questions(args.qa))
+        answers = answer_questions(features.lm, asked, cells, 0, pool)
         out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
     return out
 
@@ -205,14 +206,17 @@ def qa_tables(qa: dict, names: list[str]) -> list[str]:
     months = list(qa)
     ends = {e[:7]: e for e in sorted({c.rsplit("@", 1)[1] for c in qa[months[0]] if "@" in c})}
 
+    def tally(cell: str, asked: list[str]) -> tuple[int, int]:
+        return sum(qa[m][cell]["hits"] for m in asked), sum(qa[m][cell]["n"] for m in asked)
+
     def accuracy(cell: str, asked: list[str]) -> str:
-        hits, n = (sum(qa[m][cell][k] for m in asked) for k in ("hits", "n"))
+        hits, n = tally(cell, asked)
         return f"{hits / n:.1%}" if n else ""
 
     last = list(ends.values())[-1]
     final = []
     for cell in ["bare", *(f"{n}@{last}" for n in names)]:
-        hits, n = (sum(qa[m][cell][k] for m in months) for k in ("hits", "n"))
+        hits, n = tally(cell, months)
         low, high = wilson(hits, n)
         final.append(f"{'LM' if cell == 'bare' else label(cell.rsplit('@', 1)[0])} {hits / n:.1%} (95% CI {low:.1%}–{high:.1%})")
     out = [f"QA quiz (0-shot, all {sum(qa[m]['bare']['n'] for m in months)} questions, the final memories): "
