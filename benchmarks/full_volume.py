@@ -15,6 +15,7 @@ threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
 trained on validation articles only (the paper's calibration). RandMem and KL store
 at the day's MoNIM-AMT rate. `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
+SIGINT or SIGTERM stops after the day being learned (resumably); a second one stops at once.
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
@@ -22,6 +23,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -278,6 +280,22 @@ def render(rows: list[dict], suite: dict | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def stop_asked(console: Console) -> list[int]:
+    """The signals received so far: the first SIGINT/SIGTERM lets the day being learned finish (its
+    memories and rows.json agree then), a second one stops at once."""
+    asked: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if asked:
+            signal.default_int_handler(signum, frame)
+        asked.append(signum)
+        console.print("stopping after this day (resumable); signal again to stop now")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+    return asked
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
@@ -310,10 +328,11 @@ def main() -> None:
                  for name in args.policies.split(",")}
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
+    asked = stop_asked(console)
     for date in dates:
         if date.isoformat() in rows:
             continue
-        if args.stop_after and time.perf_counter() - started > args.stop_after:
+        if asked or args.stop_after and time.perf_counter() - started > args.stop_after:
             console.print("stopping (resumable)")
             return
         row = learn_day(date, args, features, memories)
@@ -325,6 +344,9 @@ def main() -> None:
                       + f"; {sum(row['seconds'].values()):.0f} s")
     suite_path = args.workdir / f"suite-{dates[0]}-{dates[-1]}.json"
     if not suite_path.exists():
+        if asked:
+            console.print("stopping before the suite (resumable)")
+            return
         suite_path.write_text(json.dumps(suite(args, features, memories, dates), indent=1))
     report_path.write_text(render([rows[d.isoformat()] for d in dates], json.loads(suite_path.read_text())))
     console.print(report_path.read_text())
