@@ -131,7 +131,8 @@ def test_long_texts_scored_together_get_what_each_gets_alone(theta):
 
     whole = " ".join(texts(60, 4000))
     items = [whole[300 * i : 300 * i + n] for i, n in enumerate((600, 2500, 4500, 7000, 9500, 3500))]
-    steps = {-(-len(theta.lm.tokenizer(t)["input_ids"]) // 512) for t in items}
+    stride = theta.settings.window.stride
+    steps = {-(-len(theta.lm.tokenizer(t)["input_ids"]) // stride) for t in items}
     assert len(steps) >= 4  # the texts span different numbers of windows
     service = Service(theta, Limits(max_rows=4, max_chars=10000, seconds=300))
     try:
