@@ -26,6 +26,9 @@ from monim.knnlm import TEMPERATURES
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
+# λ's ceiling, as the copy rule's largest: at λ = 1 the LM gets no weight, and one token whose target
+# the neighbours miss costs -inf (a full-volume day saw a float32 λ round to exactly 1.0)
+LAM_CEIL = 0.99
 TOP = 10  # neighbours described by the density features
 
 
@@ -196,7 +199,9 @@ class CalibratorNet(nn.Module):
         parts = [key] + [net(scalars[:, i : i + 1]) for i, net in enumerate(self.scalar_nets)]
         if self.density_net is not None:
             parts.append(self.density_net((density - self.density_mean) / self.density_std))
-        return torch.log_softmax(self.out(self.mlp(torch.cat(parts, dim=1))), dim=-1)
+        z = self.out(self.mlp(torch.cat(parts, dim=1)))
+        logit = (z[:, 1] - z[:, 0]).clamp(max=math.log(LAM_CEIL / (1 - LAM_CEIL)))
+        return torch.stack([nn.functional.logsigmoid(-logit), nn.functional.logsigmoid(logit)], dim=1)
 
 
 @dataclass

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from monim.calibration import calibrate
-from monim.calibrator import (TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
+from monim.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
                               train_calibrator)
 from monim.datastore import Datastore, Entries
-from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, perplexity, theta_scores
+from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
 from monim.lexical import LexicalCounts, day_counts
 from monim.scoring import TokenScores
 from monim.memorize import memorize_day
@@ -137,6 +137,19 @@ def test_calibrator_separates_a_useful_memory_from_a_useless_one():
     # warm start keeps training from where yesterday's net stopped
     again = train_calibrator(ex, cfg, 0.25, 1.0, start=cal, epochs=1)
     assert again.record["warm_start"] and again.record["held_out_nll_start"] == pytest.approx(cal.record["held_out_nll"], rel=1e-5)
+
+
+def test_calibrator_lambda_never_reaches_one():
+    """However sure the net is, the LM keeps 1 - LAM_CEIL of the weight: a token whose target the
+    neighbours miss costs at most log(1 - LAM_CEIL) nats more than under the LM (at λ = 1.0: -inf)."""
+    ex, _ = synthetic(600, 0)
+    cal = train_calibrator(ex, CalibratorConfig(max_epochs=1), lam=0.25, temperature=1.0)
+    with torch.no_grad():
+        cal.net.out.bias.copy_(torch.tensor([-100.0, 100.0]))  # a logit far past float32's λ = 1.0
+    lam = cal.lam(ex)
+    assert lam.max() == pytest.approx(LAM_CEIL, rel=1e-6) and lam.max() < 1.0
+    missed = interpolate(torch.tensor([math.log(0.1)]), torch.tensor([-math.inf]), torch.from_numpy(lam[:1]))
+    assert missed.item() == pytest.approx(math.log(0.1) + math.log(1 - LAM_CEIL), rel=1e-6)
 
 
 def test_per_token_lambda_in_theta_scores_matches_numpy():
