@@ -143,7 +143,7 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     assert int(np.argmax(gen.logprobs[0])) == int(torch.argmax(want[0]))
 
 
-def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny_model_dir, tmp_path):
+def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny_model_dir, tmp_path, prefect_api):
     """`monim forget` holds the memory's lock: started while `learn` writes a day, it waits for the
     commit and then removes the article; the memory equals a clean run's after that forget."""
     import time
@@ -152,7 +152,7 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
 
     from monim.datastore import Datastore
 
-    model, env = str(tiny_model_dir("gpt2")), {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    model, env = str(tiny_model_dir("gpt2")), os.environ | {"PREFECT_API_URL": prefect_api}  # the session's API: no start-up per learn
     args = ["learn", "--source", str(DEMO_STREAM), "--start", DAYS[0], "--end", "1987-03-04", "--policy", "fullmem",
             "--model", model, "--max-docs", "3"]
     victim = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[0].id
