@@ -18,10 +18,10 @@ run: $(STAMP)
 	$(VENV)/bin/monim run
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV)

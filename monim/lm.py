@@ -168,7 +168,8 @@ def file_digest(path: Path) -> str:
             h.update(chunk)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(h.hexdigest())
+        with replacing(memo) as tmp:  # another process may read it meanwhile: never a half-written note
+            tmp.write_text(h.hexdigest())
     except OSError:  # a read-only cache: computed again next time
         pass
     return h.hexdigest()
