@@ -1,5 +1,6 @@
 # `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests;
-# `make test-fast`: the tests without the real LM, flows, servers or shared data (a few minutes).
+# `make test-fast`: the tests without the real LM, flows, servers or shared data (about 2 minutes);
+# both on two pytest-xdist workers, a test file per worker.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

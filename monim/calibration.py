@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from monim.calibrator import Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
+from monim.calibrator import LAM_CEIL, Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.atomic import checksum, replacing, write_json
 from monim.datastore import Datastore
 from monim.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, interpolate, knn_logprobs_by_temperature,
@@ -175,7 +175,7 @@ def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Ex
     return kept
 
 
-COPY_LAMBDAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)  # the prior's λ where the memory holds the very context
+COPY_LAMBDAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, LAM_CEIL)  # the prior's λ where the memory holds the very context
 
 
 def _nll(ex: Examples, lam, temperature: float) -> float | None:

@@ -160,8 +160,8 @@ def file_digest(path: Path) -> str:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
     memo = cache_dir() / "digests" / key
-    if memo.is_file():
-        return memo.read_text()
+    if memo.is_file() and len(known := memo.read_text()) == 64:  # not a note cut short by an older writer
+        return known
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
