@@ -21,7 +21,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
 
-from monim.atomic import replacing
+from monim.atomic import checksum, replacing
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -162,17 +162,14 @@ def file_digest(path: Path) -> str:
     memo = cache_dir() / "digests" / key
     if memo.is_file() and len(known := memo.read_text()) == 64:  # not a note cut short by an older writer
         return known
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
+    digest = checksum(path)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         with replacing(memo) as tmp:  # another process may read it meanwhile: never a half-written note
-            tmp.write_text(h.hexdigest())
+            tmp.write_text(digest)
     except OSError:  # a read-only cache: computed again next time
         pass
-    return h.hexdigest()
+    return digest
 
 
 def last_mlp(model: PreTrainedModel) -> torch.nn.Module:
