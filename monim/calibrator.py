@@ -5,8 +5,9 @@ of the last context token and log(#distinct successors+1) over the memorized tex
 the top-10 neighbours' distances and the number of distinct values among the top-i ("density").
 Each scalar feature and the 20 density numbers go through a small Linear-LeakyReLU-Linear net,
 are concatenated with the key, then 4 layers of 128 (ReLU, dropout) give a 2-way log-softmax
-(LM weight, kNN weight) whose kNN weight is capped at LAM_CEIL. The output bias starts at the tuned constant λ, so training starts near
-the constant-λ model; early stopping on held-out tokens keeps the best epoch (0: that start).
+(LM weight, kNN weight), the kNN weight capped at LAM_CEIL. The output bias starts at the tuned
+constant λ, so training starts near the constant-λ model; early stopping on held-out tokens keeps
+the best epoch (0: that start).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from monim.knnlm import TEMPERATURES
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
-# λ's ceiling, also the copy rule's largest (monim.calibration.COPY_LAMBDAS): at λ = 1 the LM gets no weight, and one token whose target
-# the neighbours miss costs -inf (a full-volume day saw a float32 λ round to exactly 1.0)
+# λ's ceiling, also the copy rule's largest (monim.calibration.COPY_LAMBDAS): at λ = 1 the LM gets
+# no weight, and a token whose target the neighbours miss costs -inf (a full-volume day saw a
+# float32 λ round to exactly 1.0)
 LAM_CEIL = 0.99
 TOP = 10  # neighbours described by the density features
 
