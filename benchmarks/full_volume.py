@@ -4,8 +4,9 @@ day's MoNIM rate) and MoNIM-AMT, beside the bare LM; the LM runs once per articl
 Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: each week's
 (--period) test PPL with each memory as of every later week's end (the forgetting matrix), the
 WikiText probe at each week's end, and the QA quiz by month with each memory as of every month's
-end (the paper's Tables 6 and 7). Resumable: the work directory keeps the memories,
-the features and rows.json; a finished day is not redone (the suite is kept per date range).
+end (the paper's Tables 6 and 7). Resumable: the work directory keeps the memories, the features
+and rows.json; a finished day is not redone, nor a finished part of the suite (a period's row, the
+probe, a month of the quiz; kept per date range).
 Per day besides: the share of the training tokens whose article has a twin in the memory of the
 days before (`twin_share_train`) or earlier in the same day (`same_day_twin_share`), the rate a
 θ-reading policy would store at with the LM alone (`memrate_lm`: what the memory moved below the
@@ -15,7 +16,7 @@ threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
 trained on validation articles only (the paper's calibration). RandMem and KL store
 at the day's MoNIM-AMT rate. `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
-SIGINT or SIGTERM stops after the day being learned (resumably); a second one stops at once.
+SIGINT or SIGTERM stops after the day or suite part being measured (resumably); a second one stops at once.
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
@@ -27,13 +28,14 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 import numpy as np
 import scipy.stats
 from rich.console import Console
 
+from monim.atomic import write_json
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
 from monim.dedup import twin_groups
@@ -139,33 +141,50 @@ def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memor
     return row
 
 
-def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.date]) -> dict:
+def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.date], part: Path,
+          stop: Callable[[], bool]) -> dict | None:
     """Each period's test PPL with each memory as of every later period's end, the WikiText probe at
-    each period's end, and the QA quiz by month with each memory as of every month's end (Table 7)."""
-    out: dict = {"periods": {}, "text": {}, "qa": {}}
+    each period's end, and the QA quiz by month with each memory as of every month's end (Table 7).
+    Each part (a period's row, the probe, a month of the quiz) is kept in `part` as it ends, so a
+    stopped suite goes on from the next part; None when `stop()` asks to stop before one."""
+    out: dict = json.loads(part.read_text()) if part.exists() else {"periods": {}, "text": {}, "qa": {}}
     ends = {period_of(d, args.period): d for d in dates}
     tests: dict[str, list] = {}
     for d in dates:
         tests.setdefault(period_of(d, args.period), []).extend(read_day(args.source, d).test)
-    for period, docs in tests.items():
+
+    def period_row(period: str) -> dict:
         cells = {(n, str(end)): m.at(end) for n, m in memories.items() for p, end in ends.items() if p >= period}
-        r = evaluate_many(features.lm, docs, {("bare", ""): None} | cells, features, f"{args.period}-{period}")
-        out["periods"][period] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
-                                  "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
-    if args.text:
-        doc = text_document(args.text, args.text_chars)
+        r = evaluate_many(features.lm, tests[period], {("bare", ""): None} | cells, features, f"{args.period}-{period}")
+        return {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
+                "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+
+    def probe(_: str) -> dict:
         cells = {(n, str(d)): m.at(d) for n, m in memories.items() for d in ends.values()}
-        r = evaluate_many(features.lm, [doc], {("bare", ""): None} | cells, features, "text")
-        out["text"] = {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
-                       "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+        r = evaluate_many(features.lm, [text_document(args.text, args.text_chars)], {("bare", ""): None} | cells,
+                          features, "text")
+        return {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
+                "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
+
     pool = read_questions(args.qa) if args.qa else []
     questions = [q for q in pool if dates[0] <= q.date <= dates[-1] + dt.timedelta(days=7)]
     month_ends = {period_of(d, "month"): d for d in dates}.values()
-    cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
-    for month in sorted({period_of(q.date, "month") for q in questions}):
-        asked = [q for q in questions if period_of(q.date, "month") == month]
-        answers = answer_questions(features.lm, asked, cells, 0, pool)
-        out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
+    qa_cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
+
+    def quiz(month: str) -> dict:
+        answers = answer_questions(features.lm, [q for q in questions if period_of(q.date, "month") == month],
+                                   qa_cells, 0, pool)
+        return {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
+
+    parts = [(out["periods"], p, period_row) for p in tests] + ([(out, "text", probe)] if args.text else [])
+    parts += [(out["qa"], m, quiz) for m in sorted({period_of(q.date, "month") for q in questions})]
+    for section, key, measure in parts:
+        if section.get(key):
+            continue
+        if stop():
+            return None
+        section[key] = measure(key)
+        write_json(part, out)
     return out
 
 
@@ -281,15 +300,15 @@ def render(rows: list[dict], suite: dict | None) -> str:
 
 
 def stop_asked(console: Console) -> list[int]:
-    """The signals received so far: the first SIGINT/SIGTERM lets the day being learned finish (its
-    memories and rows.json agree then), a second one stops at once."""
+    """The signals received so far: the first SIGINT/SIGTERM lets the day being learned (or the suite's
+    part being measured) finish (its memories and rows.json agree then), a second one stops at once."""
     asked: list[int] = []
 
     def handler(signum, frame) -> None:
         if asked:
             signal.default_int_handler(signum, frame)
         asked.append(signum)
-        console.print("stopping after this day (resumable); signal again to stop now")
+        console.print("stopping after this day or part of the suite (resumable); signal again to stop now")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, handler)
@@ -318,7 +337,8 @@ def main() -> None:
     if args.report:
         rows = [r for d, r in sorted(json.loads(rows_path.read_text()).items()) if args.start.isoformat() <= d <= args.end.isoformat()]
         suite_path = args.workdir / f"suite-{rows[0]['date']}-{rows[-1]['date']}.json"
-        report_path.write_text(render(rows, json.loads(suite_path.read_text()) if suite_path.exists() else None))
+        kept = [p for p in (suite_path, suite_path.with_suffix(".part.json")) if p.exists()]  # a stopped suite: its parts
+        report_path.write_text(render(rows, json.loads(kept[0].read_text()) if kept else None))
         console.print(report_path.read_text())
         return
     lm = load_lm(args.model)
@@ -329,25 +349,31 @@ def main() -> None:
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
     asked = stop_asked(console)
+
+    def stop() -> bool:
+        if asked or args.stop_after and time.perf_counter() - started > args.stop_after:
+            console.print("stopping (resumable)")
+            return True
+        return False
+
     for date in dates:
         if date.isoformat() in rows:
             continue
-        if asked or args.stop_after and time.perf_counter() - started > args.stop_after:
-            console.print("stopping (resumable)")
+        if stop():
             return
         row = learn_day(date, args, features, memories)
         rows[row["date"]] = row
-        rows_path.write_text(json.dumps(rows, indent=1))
+        write_json(rows_path, rows)  # atomic: a kill while writing keeps the days before
         console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['monim-amt']['tokens']} tokens; PPL LM "
                       f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
                                                          for n, r in row["runs"].items())
                       + f"; {sum(row['seconds'].values()):.0f} s")
     suite_path = args.workdir / f"suite-{dates[0]}-{dates[-1]}.json"
     if not suite_path.exists():
-        if asked:
-            console.print("stopping before the suite (resumable)")
+        part = suite_path.with_suffix(".part.json")
+        if suite(args, features, memories, dates, part, stop) is None:
             return
-        suite_path.write_text(json.dumps(suite(args, features, memories, dates), indent=1))
+        part.replace(suite_path)
     report_path.write_text(render([rows[d.isoformat()] for d in dates], json.loads(suite_path.read_text())))
     console.print(report_path.read_text())
     console.print(f"done: {rows_path}, {suite_path}, {report_path} ({time.perf_counter() - started:.0f} s)")
