@@ -5,8 +5,8 @@ Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the 
 (--period) test PPL with each memory as of every later week's end (the forgetting matrix), the
 WikiText probe at each week's end, and the QA quiz by month with each memory as of every month's
 end (the paper's Tables 6 and 7). Resumable: the work directory keeps the memories, the features
-and rows.json; a finished day is not redone, nor a finished part of the suite (a period's row, the
-probe, a month of the quiz; kept per date range).
+and rows.json; a finished day is not redone, nor a finished part of the suite (a memory's PPL on a
+period or the probe, a month of the quiz; kept per date range).
 Per day besides: the share of the training tokens whose article has a twin in the memory of the
 days before (`twin_share_train`) or earlier in the same day (`same_day_twin_share`), the rate a
 θ-reading policy would store at with the LM alone (`memrate_lm`: what the memory moved below the
@@ -145,45 +145,38 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
           stop: Callable[[], bool]) -> dict | None:
     """Each period's test PPL with each memory as of every later period's end, the WikiText probe at
     each period's end, and the QA quiz by month with each memory as of every month's end (Table 7).
-    Each part (a period's row, the probe, a month of the quiz) is kept in `part` as it ends, so a
-    stopped suite goes on from the next part; None when `stop()` asks to stop before one."""
+    Each part (a memory's PPL on a period or the probe, a month of the quiz) is kept in `part` as it
+    ends, so a stopped suite goes on from the next part; None when `stop()` asks to stop before one."""
     out: dict = json.loads(part.read_text()) if part.exists() else {"periods": {}, "text": {}, "qa": {}}
     ends = {period_of(d, args.period): d for d in dates}
     tests: dict[str, list] = {}
     for d in dates:
         tests.setdefault(period_of(d, args.period), []).extend(read_day(args.source, d).test)
-
-    def period_row(period: str) -> dict:
-        cells = {(n, str(end)): m.at(end) for n, m in memories.items() for p, end in ends.items() if p >= period}
-        r = evaluate_many(features.lm, tests[period], {("bare", ""): None} | cells, features, f"{args.period}-{period}")
-        return {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
-                "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
-
-    def probe(_: str) -> dict:
-        cells = {(n, str(d)): m.at(d) for n, m in memories.items() for d in ends.values()}
-        r = evaluate_many(features.lm, [text_document(args.text, args.text_chars)], {("bare", ""): None} | cells,
-                          features, "text")
-        return {"ppl_lm": r[("bare", "")]["ppl_lm"], "tokens": r[("bare", "")]["tokens"],
-                "ppl": {f"{n}@{d}": v["ppl"] for (n, d), v in r.items() if n != "bare"}}
-
-    pool = read_questions(args.qa) if args.qa else []
-    questions = [q for q in pool if dates[0] <= q.date <= dates[-1] + dt.timedelta(days=7)]
-    month_ends = {period_of(d, "month"): d for d in dates}.values()
-    qa_cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
-
-    def quiz(month: str) -> dict:
-        answers = answer_questions(features.lm, [q for q in questions if period_of(q.date, "month") == month],
-                                   qa_cells, 0, pool)
-        return {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
-
-    parts = [(out["periods"], p, period_row) for p in tests] + ([(out, "text", probe)] if args.text else [])
-    parts += [(out["qa"], m, quiz) for m in sorted({period_of(q.date, "month") for q in questions})]
-    for section, key, measure in parts:
-        if section.get(key):
+    ppl_parts = [(out["periods"], period, docs, f"{n}@{end}", m.at(end), f"{args.period}-{period}")
+                 for period, docs in tests.items() for n, m in memories.items() for p, end in ends.items() if p >= period]
+    if args.text:
+        doc = text_document(args.text, args.text_chars)
+        ppl_parts += [(out, "text", [doc], f"{n}@{d}", m.at(d), "text") for n, m in memories.items() for d in ends.values()]
+    for section, key, docs, cell, memory, name in ppl_parts:  # the LM's features come from the store
+        row = section.get(key) or {"ppl": {}}
+        if cell in row["ppl"]:
             continue
         if stop():
             return None
-        section[key] = measure(key)
+        r = evaluate_many(features.lm, docs, {cell: memory}, features, name)[cell]
+        section[key] = row | {"ppl_lm": r["ppl_lm"], "tokens": r["tokens"], "ppl": row["ppl"] | {cell: r["ppl"]}}
+        write_json(part, out)
+    pool = read_questions(args.qa) if args.qa else []
+    questions = [q for q in pool if dates[0] <= q.date <= dates[-1] + dt.timedelta(days=7)]
+    month_ends = {period_of(d, "month"): d for d in dates}.values()
+    cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
+    for month in sorted({period_of(q.date, "month") for q in questions}):  # the LM runs on the quiz: a month at once
+        if month in out["qa"]:
+            continue
+        if stop():
+            return None
+        answers = answer_questions(features.lm, [q for q in questions if period_of(q.date, "month") == month], cells, 0, pool)
+        out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
         write_json(part, out)
     return out
 
