@@ -1,0 +1,56 @@
+"""benchmarks/full_volume.py, the claims' long runs: a stopped suite goes on from its kept parts."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_volume.py"
+DAYS = ("1987-03-27", "1987-04-01")  # two ISO weeks and two months: the matrix and the quiz have two parts each
+
+
+def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_dir, tmp_path):
+    """The suite resumed from a part file keeps every part it finds (a planted value stays) and
+    measures the missing ones to the values of the uninterrupted suite; stopped before a part, it
+    writes nothing."""
+    source, quiz = tmp_path / "news.jsonl", tmp_path / "quiz.jsonl"
+    with gzip.open(data_dir / "news" / "reuters21578.jsonl.gz", "rt") as f:
+        records = [r for r in map(json.loads, f) if r["date"] in DAYS]
+    source.write_text("".join(json.dumps(r) + "\n" for d in DAYS for r in [r for r in records if r["date"] == d][:8]))
+    quiz.write_text("".join(json.dumps({"id": f"q{i}", "date": d, "question": f"Which market moved on {d}?",
+                                        "choices": ["cocoa", "oil", "grain"], "answer": [i % 3], "source": "test"}) + "\n"
+                            for i, d in enumerate(DAYS * 2)))
+    work = tmp_path / "work"
+
+    def full_volume(*extra: str) -> subprocess.CompletedProcess:
+        args = ["--source", source, "--start", DAYS[0], "--end", DAYS[1], "--period", "week", "--workdir", work,
+                "--model", tiny_model_dir("gpt2"), "--policies", "monim-amt,fullmem", "--qa", quiz,
+                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", *extra]
+        proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    full_volume()
+    suite = work / f"suite-{DAYS[0]}-{DAYS[1]}.json"
+    whole = json.loads(suite.read_text())
+    (w13, w14), months = whole["periods"], sorted(whole["qa"])
+    assert list(whole["periods"][w13]["ppl"]) == [f"{n}@{d}" for n in ("monim-amt", "fullmem") for d in DAYS]
+    assert months == ["1987-03", "1987-04"] and whole["text"]["tokens"] > 0
+
+    kept = json.loads(suite.read_text())
+    kept["periods"][w13]["ppl"]["fullmem@" + DAYS[0]] = 123.0  # planted: a kept part is never measured again
+    del kept["periods"][w13]["ppl"]["monim-amt@" + DAYS[1]], kept["periods"][w14]
+    del kept["text"]["ppl"]["fullmem@" + DAYS[1]], kept["qa"][months[1]]
+    part = suite.with_suffix(".part.json")
+    part.write_text(json.dumps(kept))
+    suite.unlink()
+
+    assert "stopping (resumable)" in full_volume("--stop-after", "0.001").stdout
+    assert not suite.exists() and json.loads(part.read_text()) == kept
+
+    full_volume()
+    resumed = json.loads(suite.read_text())
+    assert not part.exists() and resumed["periods"][w13]["ppl"].pop("fullmem@" + DAYS[0]) == 123.0
+    whole["periods"][w13]["ppl"].pop("fullmem@" + DAYS[0])
+    assert resumed == whole
