@@ -175,7 +175,8 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
             continue
         if stop():
             return None
-        answers = answer_questions(features.lm, [q for q in questions if period_of(q.date, "month") == month], cells, 0, pool)
+        asked = [q for q in questions if period_of(q.date, "month") == month]
+        answers = answer_questions(features.lm, asked, cells, 0, pool)
         out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
         write_json(part, out)
     return out
