@@ -182,6 +182,12 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
     return out
 
 
+def suite_files(workdir: Path, first: str | dt.date, last: str | dt.date) -> tuple[Path, Path]:
+    """The suite of the days from `first` to `last`, and the part file it is kept in until whole."""
+    path = workdir / f"suite-{first}-{last}.json"
+    return path, path.with_suffix(".part.json")
+
+
 def novel_ppl(rows: list[dict], name: str) -> float:
     """PPL over the test tokens of articles without a twin in the memory."""
     pairs = [(r["test_tokens"] * (1 - r["runs"][name]["twin_share"]), r["runs"][name]["ppl_novel"]) for r in rows]
@@ -330,8 +336,7 @@ def main() -> None:
     rows_path, report_path = args.workdir / "rows.json", args.workdir / "report.md"
     if args.report:
         rows = [r for d, r in sorted(json.loads(rows_path.read_text()).items()) if args.start.isoformat() <= d <= args.end.isoformat()]
-        suite_path = args.workdir / f"suite-{rows[0]['date']}-{rows[-1]['date']}.json"
-        kept = [p for p in (suite_path, suite_path.with_suffix(".part.json")) if p.exists()]  # a stopped suite: its parts
+        kept = [p for p in suite_files(args.workdir, rows[0]["date"], rows[-1]["date"]) if p.exists()]  # or a stopped one's parts
         report_path.write_text(render(rows, json.loads(kept[0].read_text()) if kept else None))
         console.print(report_path.read_text())
         return
@@ -362,9 +367,8 @@ def main() -> None:
                       f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
                                                          for n, r in row["runs"].items())
                       + f"; {sum(row['seconds'].values()):.0f} s")
-    suite_path = args.workdir / f"suite-{dates[0]}-{dates[-1]}.json"
+    suite_path, part = suite_files(args.workdir, dates[0], dates[-1])
     if not suite_path.exists():
-        part = suite_path.with_suffix(".part.json")
         if suite(args, features, memories, dates, part, stop) is None:
             return
         part.replace(suite_path)

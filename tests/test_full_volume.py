@@ -17,7 +17,7 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     source, quiz = tmp_path / "news.jsonl", tmp_path / "quiz.jsonl"
     with gzip.open(data_dir / "news" / "reuters21578.jsonl.gz", "rt") as f:
         records = [r for r in map(json.loads, f) if r["date"] in DAYS]
-    source.write_text("".join(json.dumps(r) + "\n" for d in DAYS for r in [r for r in records if r["date"] == d][:8]))
+    source.write_text("".join(json.dumps(r) + "\n" for d in DAYS for r in [x for x in records if x["date"] == d][:8]))
     quiz.write_text("".join(json.dumps({"id": f"q{i}", "date": d, "question": f"Which market moved on {d}?",
                                         "choices": ["cocoa", "oil", "grain"], "answer": [i % 3], "source": "test"}) + "\n"
                             for i, d in enumerate(DAYS * 2)))
