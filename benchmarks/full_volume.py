@@ -167,7 +167,7 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
         section[key] = row | {"ppl_lm": r["ppl_lm"], "tokens": r["tokens"], "ppl": row["ppl"] | {cell: r["ppl"]}}
         write_json(part, out)
     pool = read_questions(args.qa) if args.qa else []
-    questions = [q for q in pool if dates[0] <= q.date <= dates[-1] + dt.timedelta(days=7)]
+    questions = [q for q in pool if dates[0] <= q.date <= (args.qa_end or dates[-1] + dt.timedelta(days=7))]
     month_ends = {period_of(d, "month"): d for d in dates}.values()
     cells = {"bare": None} | {f"{n}@{d}": m.at(d) for n, m in memories.items() for d in month_ends}
     for month in sorted({period_of(q.date, "month") for q in questions}):  # the LM runs on the quiz: a month at once
@@ -324,6 +324,8 @@ def main() -> None:
     ap.add_argument("--text", type=Path, default=DATA / "wikitext" / "wiki.test.raw")
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
+    ap.add_argument("--qa-end", type=dt.date.fromisoformat, default=None,
+                    help="the quiz's last question date (default: a week after --end); later months test what the memory cannot know yet")
     ap.add_argument("--period", choices=("week", "month"), default="week", help="the forgetting matrix's periods")
     ap.add_argument("--model", default=None)
     ap.add_argument("--policies", default=POLICIES, help="comma-separated runs (name[-const|-val][@param=value])")

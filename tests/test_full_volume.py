@@ -8,6 +8,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_volume.py"
 DAYS = ("1987-03-27", "1987-04-01")  # two ISO weeks and two months: the matrix and the quiz have two parts each
+LATER = "1987-05-04"  # a question past what is learned: asked with --qa-end (Table 7's upper triangle)
 
 
 def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_dir, tmp_path):
@@ -20,13 +21,13 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     source.write_text("".join(json.dumps(r) + "\n" for d in DAYS for r in [x for x in records if x["date"] == d][:8]))
     quiz.write_text("".join(json.dumps({"id": f"q{i}", "date": d, "question": f"Which market moved on {d}?",
                                         "choices": ["cocoa", "oil", "grain"], "answer": [i % 3], "source": "test"}) + "\n"
-                            for i, d in enumerate(DAYS * 2)))
+                            for i, d in enumerate(DAYS * 2 + (LATER,))))
     work = tmp_path / "work"
 
     def full_volume(*extra: str) -> subprocess.CompletedProcess:
         args = ["--source", source, "--start", DAYS[0], "--end", DAYS[1], "--period", "week", "--workdir", work,
                 "--model", tiny_model_dir("gpt2"), "--policies", "monim-amt,fullmem", "--qa", quiz,
-                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", *extra]
+                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", "--qa-end", "1987-05-31", *extra]
         proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
@@ -36,7 +37,7 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     whole = json.loads(suite.read_text())
     (w13, w14), months = whole["periods"], sorted(whole["qa"])
     assert list(whole["periods"][w13]["ppl"]) == [f"{n}@{d}" for n in ("monim-amt", "fullmem") for d in DAYS]
-    assert months == ["1987-03", "1987-04"] and whole["text"]["tokens"] > 0
+    assert months == ["1987-03", "1987-04", "1987-05"] and whole["qa"][months[2]]["bare"]["n"] == 1 and whole["text"]["tokens"] > 0
 
     kept = json.loads(suite.read_text())
     kept["periods"][w13]["ppl"]["fullmem@" + DAYS[0]] = 123.0  # planted: a kept part is never measured again
