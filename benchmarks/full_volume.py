@@ -6,7 +6,8 @@ Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the 
 WikiText probe at each week's end, and the QA quiz by month with each memory as of every month's
 end (the paper's Tables 6 and 7). Resumable: the work directory keeps the memories, the features
 and rows.json; a finished day is not redone, nor a finished part of the suite (a memory's PPL on a
-period or the probe, a month of the quiz; kept per date range).
+period or the probe, a month of the quiz; kept per date range), so a run repeated with a later
+--qa-end measures only the months it adds.
 Per day besides: the share of the training tokens whose article has a twin in the memory of the
 days before (`twin_share_train`) or earlier in the same day (`same_day_twin_share`), the rate a
 θ-reading policy would store at with the LM alone (`memrate_lm`: what the memory moved below the
@@ -370,10 +371,11 @@ def main() -> None:
                                                          for n, r in row["runs"].items())
                       + f"; {sum(row['seconds'].values()):.0f} s")
     suite_path, part = suite_files(args.workdir, dates[0], dates[-1])
-    if not suite_path.exists():
-        if suite(args, features, memories, dates, part, stop) is None:
-            return
-        part.replace(suite_path)
+    if suite_path.exists() and not part.exists():  # reopened: only what this run asks beyond it is measured
+        suite_path.replace(part)
+    if suite(args, features, memories, dates, part, stop) is None:
+        return
+    part.replace(suite_path)
     report_path.write_text(render([rows[d.isoformat()] for d in dates], json.loads(suite_path.read_text())))
     console.print(report_path.read_text())
     console.print(f"done: {rows_path}, {suite_path}, {report_path} ({time.perf_counter() - started:.0f} s)")

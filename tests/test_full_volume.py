@@ -9,6 +9,7 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_volume.py"
 DAYS = ("1987-03-27", "1987-04-01")  # two ISO weeks and two months: the matrix and the quiz have two parts each
 LATER = "1987-05-04"  # a question past what is learned: asked with --qa-end (Table 7's upper triangle)
+QA_END = ("--qa-end", "1987-05-31")
 
 
 def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_dir, tmp_path):
@@ -27,14 +28,19 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     def full_volume(*extra: str) -> subprocess.CompletedProcess:
         args = ["--source", source, "--start", DAYS[0], "--end", DAYS[1], "--period", "week", "--workdir", work,
                 "--model", tiny_model_dir("gpt2"), "--policies", "monim-amt,fullmem", "--qa", quiz,
-                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", "--qa-end", "1987-05-31", *extra]
+                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", *extra]
         proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
 
     full_volume()
     suite = work / f"suite-{DAYS[0]}-{DAYS[1]}.json"
+    first = json.loads(suite.read_text())
+    assert sorted(first["qa"]) == ["1987-03", "1987-04"]  # by default the quiz ends a week after the last day
+    full_volume(*QA_END)  # the finished suite is reopened: only the later month is measured
     whole = json.loads(suite.read_text())
+    assert {k: v for k, v in whole.items() if k != "qa"} == {k: v for k, v in first.items() if k != "qa"}
+    assert {m: whole["qa"][m] for m in first["qa"]} == first["qa"]
     (w13, w14), months = whole["periods"], sorted(whole["qa"])
     assert list(whole["periods"][w13]["ppl"]) == [f"{n}@{d}" for n in ("monim-amt", "fullmem") for d in DAYS]
     assert months == ["1987-03", "1987-04", "1987-05"] and whole["qa"][months[2]]["bare"]["n"] == 1 and whole["text"]["tokens"] > 0
@@ -47,10 +53,10 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     part.write_text(json.dumps(kept))
     suite.unlink()
 
-    assert "stopping (resumable)" in full_volume("--stop-after", "0.001").stdout
+    assert "stopping (resumable)" in full_volume(*QA_END, "--stop-after", "0.001").stdout
     assert not suite.exists() and json.loads(part.read_text()) == kept
 
-    full_volume()
+    full_volume(*QA_END)
     resumed = json.loads(suite.read_text())
     assert not part.exists() and resumed["periods"][w13]["ppl"].pop("fullmem@" + DAYS[0]) == 123.0
     whole["periods"][w13]["ppl"].pop("fullmem@" + DAYS[0])
