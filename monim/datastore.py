@@ -83,6 +83,7 @@ class Datastore:
         self.manifest = upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
         self._weights: np.ndarray | None = None
+        self._pinned: dict[tuple[str, str], object] | None = None
 
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
@@ -94,7 +95,7 @@ class Datastore:
         changed = manifest != self.manifest
         self.manifest = manifest
         if changed:
-            self._values = self._weights = None
+            self._values = self._weights = self._pinned = None
         return changed
 
     @classmethod
@@ -128,17 +129,43 @@ class Datastore:
         """The row of metrics of each evaluated day (date -> row)."""
         return {d["date"]: d["evaluation"] for d in self.manifest["days"] if d.get("evaluation")}
 
+    def pin(self) -> None:
+        """Open every committed shard's files now (arrays mapped, not read): a long-lived reader pinned so
+        answers from them even after a forget or a replaced day removed them from the directory (a
+        mapping outlives the file's name), until it opens the memory's new state."""
+        pinned: dict[str, dict[str, object]] = {}
+        for d in self.days:
+            folder = self.root / "shards" / d.shard
+            files = {p.name: np.load(p, mmap_mode="r") if p.suffix == ".npy" else json.loads(p.read_text())
+                     for p in folder.iterdir() if p.suffix in (".npy", ".json")}
+            if "docs.json" not in files:
+                raise FileNotFoundError(f"{folder / 'docs.json'}: the shard of {d.date} is incomplete")
+            pinned[d.shard] = files
+        self._pinned = pinned
+
+    def _held(self, name: str) -> dict[str, object] | None:
+        """A pinned shard's files by name (None: read from the directory)."""
+        return None if self._pinned is None else self._pinned.get(name)
+
     def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray:
+        if (held := self._held(name)) is not None:
+            return held[f"{array}.npy"] if mmap else np.array(held[f"{array}.npy"])
         return np.load(self.root / "shards" / name / f"{array}.npy", mmap_mode="r" if mmap else None)
 
     def has_array(self, name: str, array: str) -> bool:
+        if (held := self._held(name)) is not None:
+            return f"{array}.npy" in held
         return (self.root / "shards" / name / f"{array}.npy").exists()
 
     def shard_docs(self, name: str) -> list[str]:
+        if (held := self._held(name)) is not None:
+            return held["docs.json"]
         return json.loads((self.root / "shards" / name / "docs.json").read_text())
 
     def shard_titles(self, name: str) -> list[str] | None:
         """The headlines of a shard's documents (aligned with shard_docs), if they were stored."""
+        if (held := self._held(name)) is not None:
+            return held.get("titles.json")
         path = self.root / "shards" / name / "titles.json"
         return json.loads(path.read_text()) if path.exists() else None
 
@@ -278,8 +305,8 @@ class Datastore:
             elif drop_docs:
                 names = self.shard_docs(rec["shard"])
                 hit = [i for i, d in enumerate(names) if d in drop_docs]
-                if hit:
-                    keep = ~np.isin(self.shard(rec["shard"], "docs"), hit)
+                keep = ~np.isin(self.shard(rec["shard"], "docs"), hit) if hit else None
+                if keep is not None and not keep.all():  # (a document forgotten before keeps its name, not its entries)
                     n_drop = int((~keep).sum())
                     removed += n_drop
                     rec["forgotten"] += n_drop

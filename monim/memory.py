@@ -388,6 +388,17 @@ class Memory:
             self.sync()
         return removed
 
+    def pin(self) -> Memory:
+        """Read now everything Θ reads to answer (shards mapped, index, calibrator, counts), so that a
+        long-lived reader (a server) keeps answering from this state after a forget rewrites the memory."""
+        self.ds.pin()
+        self.sync()
+        self.calibrator()
+        self.ds.values_by_id(), self.ds.weights_by_id()
+        if self.rule == "calibrator":
+            self.lexical()
+        return self
+
     def checksum(self) -> str:
         """The state of what Θ reads as of `as_of` (Datastore.checksum): one identity for every cache and the registry."""
         return self.ds.checksum(self.as_of)

@@ -1,7 +1,8 @@
 """Serving Θ to many callers: requests checked against documented limits (each refusal names the
 field and the limit), one worker thread that alone runs Θ (concurrent texts are scored together in
 one LM pass, prompts continued one after another), and work bounded in time: a request that waits
-or runs past its budget, or whose caller is gone, stops and says so.
+or runs past its budget, or whose caller is gone, stops and says so. Another Θ, loaded whole
+elsewhere, is swapped in by the worker between requests: every request is answered by one Θ.
 
 A request is MLflow's scoring format: {"dataframe_records": [{"text": ...} | {"prompt": ...}, ...],
 "params": {"max_new_tokens", "temperature", "top_p", "seed", "sources"}}. A `text` row gets Θ's
@@ -123,15 +124,39 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class Service:
-    """Θ (one memory as of a day) answering requests from any number of threads, one at a time."""
+_WAKE = object()  # queued by a swap: the worker installs the new Θ even when no request comes
 
-    def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic):
+
+def now() -> str:
+    """The wall-clock time, as /health shows it."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Service:
+    """Θ (one memory as of a day) answering requests from any number of threads, one at a time;
+    `about` says what is served (shown by /health, with since when)."""
+
+    def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic,
+                 about: dict | None = None):
         self.memory, self.limits, self.clock = memory, limits or Limits(), clock
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self.about = dict(about or {}) | {"served_since": now()}
+        self.failing: str | None = None  # the last request's failure, until one is answered again
+        self._next: tuple[Memory, dict] | None = None
+        self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="monim-theta", daemon=True)
         self._stopping = False
         self._worker.start()
+
+    def swap(self, memory: Memory, about: dict) -> None:
+        """Answer with `memory` (already loaded whole) from the next request on; the one in flight ends first."""
+        self._next = (memory, about)
+        self._queue.put(_WAKE)
+
+    def _install(self) -> None:
+        if (nxt := self._next) is not None:
+            self._next = None
+            self.memory, self.about, self.failing = nxt[0], dict(nxt[1]) | {"served_since": now()}, None
+            log.warning("now serving %s", ", ".join(f"{k} {v}" for k, v in nxt[1].items()))
 
     def answer(self, body: object, cancelled: Callable[[], bool] = lambda: False) -> list[dict]:
         """The answers to a request body, in row order (BadRequest, Busy, or the failure, raised)."""
@@ -161,6 +186,8 @@ class Service:
             jobs = [job]
             while not self._queue.empty():  # everything that arrived meanwhile: its texts share one LM pass
                 jobs.append(self._queue.get())
+            self._install()
+            jobs = [j for j in jobs if j is not _WAKE]
             if None in jobs:
                 for j in jobs:
                     if j is not None:
@@ -222,7 +249,10 @@ class Service:
             job.error = e
         self._finish(job, job.error)
 
-    @staticmethod
-    def _finish(job: _Job, error: Exception | None) -> None:
+    def _finish(self, job: _Job, error: Exception | None) -> None:
+        if error is None:
+            self.failing = None
+        elif not isinstance(error, (BadRequest, Busy)):
+            self.failing = f"{type(error).__name__}: {error}"
         job.error = error
         job.done.set()

@@ -10,6 +10,7 @@ champion's on the same validation articles; `previous` keeps the one it replaced
 from __future__ import annotations
 
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.config import RunConfig
+from monim.datastore import Datastore
 from monim.evaluate import evaluate_many
 from monim.memory import Memory
 from monim.serving import BadRequest, Busy, Service
@@ -64,10 +66,21 @@ class MonimModel(mlflow.pyfunc.PythonModel):
     """Θ as of one day, answering through monim.serving.Service: rows with `text` get its PPL (and
     the LM's), rows with `prompt` a continuation with sources; params max_new_tokens, temperature,
     top_p, seed, sources. Concurrent calls (a server's threads) are answered one worker at a time,
-    their texts scored in one LM pass; the limits are monim.serving.Limits'."""
+    their texts scored in one LM pass; the limits are monim.serving.Limits'. Its memory is pinned
+    (Memory.pin): a forget after loading does not break it."""
 
     def load_context(self, context) -> None:
-        self.service = Service(open_memory(context.model_config))
+        self.memory = open_memory(context.model_config).pin()
+        self._service: Service | None = None
+        self._started = threading.Lock()
+
+    @property
+    def service(self) -> Service:
+        """The service answering with this model's Θ (its worker started on first use)."""
+        with self._started:
+            if self._service is None:
+                self._service = Service(self.memory)
+            return self._service
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:
         rows = model_input.to_dict("records") if isinstance(model_input, pd.DataFrame) else model_input
@@ -108,13 +121,10 @@ def move_champion(c, name: str, version: str) -> dict:
 
 
 @one_at_a_time
-def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
+def _new_version(name: str, root: Path, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
     """The version of Θ as of `date` of this memory with this checksum: found, or logged beside the
     run (in it, MLflow would log the config as run params) and registered with its tags."""
-    c, name, root = client(uri), model_name(cfg, uri, run_id), str(cfg.memory_dir.resolve())
-    if c.search_registered_models(f"name = '{name}'") == []:
-        c.create_registered_model(name, tags={"monim.policy": cfg.name},
-                                  description=f"Θ of {cfg.name} on {cfg.source}, one version per learned day")
+    c, root = client(uri), str(Path(root).resolve())
     for v in _versions(c, name):
         if (v.tags.get("monim.as_of"), v.tags.get("monim.memory"), v.tags.get("monim.checksum")) == (date, root, checksum):
             return str(v.version), False
@@ -128,6 +138,16 @@ def _new_version(cfg: RunConfig, date: str, checksum: str, run_id: str, uri: str
     tags = {"monim.as_of": date, "monim.memory": root, "monim.checksum": checksum, "monim.run_id": run_id}
     source = f"{c.get_run(run_id).info.artifact_uri}/{path}"  # where it lies: loadable without the tracking URI
     return str(c.create_model_version(name, source, run_id=run_id, tags=tags).version), True
+
+
+@one_at_a_time
+def _model_for(cfg: RunConfig, run_id: str, uri: str) -> str:
+    """The registered model of a run's memory, created on first use."""
+    c, name = client(uri), model_name(cfg, uri, run_id)
+    if c.search_registered_models(f"name = '{name}'") == []:
+        c.create_registered_model(name, tags={"monim.policy": cfg.name},
+                                  description=f"Θ of {cfg.name} on {cfg.source}, one version per learned day")
+    return name
 
 
 def _gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
@@ -161,8 +181,8 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
     """Register Θ as of a committed day as a new version (once per day and memory state), and move
     `champion` to it if its validation PPL is not worse than the champion's (never to an older day
     than the champion's); the gate's numbers are logged."""
-    name, date = model_name(cfg, uri, run_id), day.date.isoformat()
-    version, new = _new_version(cfg, date, memory.checksum(), run_id, uri)
+    name, date = _model_for(cfg, run_id, uri), day.date.isoformat()
+    version, new = _new_version(name, cfg.memory_dir, date, memory.checksum(), run_id, uri)
     if not new:
         return {"model_version": int(version), "registered": 0}
     champion = _alias(client(uri), name, CHAMPION)
@@ -188,19 +208,24 @@ def registered(uri: str, memory: Path) -> str:
 
 
 @one_at_a_time
-def load_version(uri: str, memory: Path, version: str | None = None) -> tuple[Service, dict]:
-    """A registered version of a memory's model (default: the champion) loaded as MLflow loads it,
-    its service, and what it is (model, version, day, memory)."""
+def find_version(uri: str, memory: Path, version: str | None = None) -> dict:
+    """What a registered version of a memory's model is (default: the one `champion` points to):
+    model, version, day, memory, checksum and where its files lie."""
     c, name = client(uri), registered(uri, memory)
     found = _alias(c, name, CHAMPION) if version is None else next(
         (v for v in _versions(c, name) if str(v.version) == str(version)), None)
     if found is None:
         raise ValueError(f"{name} has {'no champion' if version is None else f'no version {version}'}: "
                          f"`monim promote --workdir ...` sets one")
-    model = mlflow.pyfunc.load_model(c.get_model_version_download_uri(name, found.version))
-    about = {"model": name, "version": str(found.version), "as_of": found.tags.get("monim.as_of"),
-             "memory": found.tags.get("monim.memory")}
-    return model.unwrap_python_model().service, about
+    return {"model": name, "version": str(found.version), "as_of": found.tags.get("monim.as_of"),
+            "memory": found.tags.get("monim.memory"), "checksum": found.tags.get("monim.checksum"),
+            "uri": c.get_model_version_download_uri(name, found.version)}
+
+
+def load_theta(version: dict) -> Memory:
+    """A version found by find_version, loaded as MLflow loads it (its memory pinned): Θ, ready to answer."""
+    model = mlflow.pyfunc.load_model(version["uri"])
+    return model.unwrap_python_model().memory
 
 
 @one_at_a_time
@@ -224,3 +249,58 @@ def rollback(uri: str, memory: Path) -> dict:
     c.set_registered_model_alias(name, CHAMPION, str(back.version))
     c.delete_registered_model_alias(name, PREVIOUS)
     return {"model": name, "champion": str(back.version), "previous": None}
+
+
+def stale_champion(uri: str, memory: Path) -> dict | None:
+    """The champion of a memory's model if it can no longer load (what it reads changed since it was
+    registered: a forget), with the checksum its day has now; None if it loads, or there is none."""
+    champion = find_version(uri, memory) if _has_champion(uri, memory) else None
+    if champion is None:
+        return None
+    now = Datastore.read(memory).checksum(champion["as_of"])
+    return None if now == champion["checksum"] else champion | {"checksum_now": now}
+
+
+@one_at_a_time
+def _has_champion(uri: str, memory: Path) -> bool:
+    try:
+        return _alias(client(uri), registered(uri, memory), CHAMPION) is not None
+    except ValueError:  # no registered model
+        return False
+
+
+@one_at_a_time
+def register_state(uri: str, memory: Path, as_of: str | None = None) -> dict:
+    """Register a memory's current state (the day `as_of`, default its last, and the champion's day)
+    as new versions where that state is not registered yet; a champion that can no longer load (a
+    forget changed its day) is replaced by its day's new version, with no gate: it is the same day
+    without what was forgotten."""
+    c, name, ds = client(uri), registered(uri, memory), Datastore.read(memory)
+    if not ds.days:
+        raise ValueError(f"{memory} holds no committed day to register")
+    stale = stale_champion(uri, memory)
+    days = {as_of or ds.days[-1].date} | ({stale["as_of"]} if stale else set())
+    unknown = sorted(d for d in days if not ds.committed(d))
+    if unknown:
+        raise ValueError(f"{memory} has no committed day {', '.join(unknown)}; its days: {ds.days[0].date} to {ds.days[-1].date}")
+    run_id = _versions(c, name)[-1].tags["monim.run_id"]  # the versions' artifacts go beside the newest's
+    out = {"model": name, "registered": {}}
+    for day in sorted(days):
+        version, new = _new_version(name, memory, day, ds.checksum(day), run_id, uri)
+        out["registered"][day] = {"version": version, "new": new}
+    if stale:
+        moved = _move_if(uri, name, stale["version"], out["registered"][stale["as_of"]]["version"])
+        out |= {"champion": moved, "replaced": stale["version"]}
+    return out
+
+
+@one_at_a_time
+def _move_if(uri: str, name: str, expected: str, version: str) -> str:
+    """Move `champion` to `version` if it still points at `expected`; where it points after."""
+    c = client(uri)
+    now = _alias(c, name, CHAMPION)
+    if now is not None and str(now.version) == str(expected):
+        move_champion(c, name, version)
+        return str(version)
+    return str(now.version) if now is not None else None
+

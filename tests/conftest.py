@@ -2,9 +2,12 @@
 
 import atexit
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,23 @@ def prefect_api(prefect) -> str:
 
 
 SLOW_FIXTURES = {"smollm", "prefect", "data_dir"}  # the real LM, a Prefect server, the real data
+
+
+def post_invocations(port: int, body: dict | bytes, timeout: float = 120) -> tuple[int, dict]:
+    """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="session")
+def invoke():
+    """post_invocations, for tests that ask a model server."""
+    return post_invocations
 
 
 def pytest_collection_modifyitems(config, items):

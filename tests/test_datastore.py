@@ -130,6 +130,29 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
     assert (ds.days[0].entries, ds.days[0].forgotten, len(ds)) == (0, 12, 9)
 
 
+def test_a_forget_repeated_leaves_no_stray_and_a_pinned_reader_keeps_its_state(tmp_path):
+    """A document forgotten twice writes no second shard version (the first forget leaves its name in
+    the shard's documents, not its entries); a reader pinned before a forget reads the arrays it
+    opened, whose files the forget removed, and an unpinned one of the old state cannot."""
+    ident = {"model": "m", "hidden_size": D, "tokenizer": "tok"}
+    ds = Datastore(tmp_path, ident)
+    e1 = entries(12, doc="a")
+    ds.commit_day("2022-06-01", e1, 12, "fullmem")
+    ds.commit_day("2022-06-02", entries(9, 1, doc="b"), 9, "fullmem")
+    pinned, stale = Datastore.read(tmp_path), Datastore.read(tmp_path)
+    pinned.pin()
+    old_shard = ds.days[0].shard
+    assert Datastore(tmp_path, ident).forget(doc_ids=["a1"]) == 4
+    assert Datastore(tmp_path, ident).forget(doc_ids=["a1"]) == 0
+    named = {d.shard for d in Datastore.read(tmp_path).days}
+    assert {p.name for p in (tmp_path / "shards").iterdir()} == named and old_shard not in named
+    np.testing.assert_array_equal(pinned.shard(old_shard, "keys"), e1.keys)  # its files are gone from the directory
+    assert pinned.shard_docs(old_shard) == ["a0", "a1", "a2"] and pinned.has_array(old_shard, "ids")
+    np.testing.assert_array_equal(pinned.values_by_id()[:12], e1.values)
+    with pytest.raises(FileNotFoundError):
+        stale.values_by_id()
+
+
 def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
     cfg = IndexConfig(exact_below=300, code_bytes=4, nprobe=8)  # IVF-PQ: kept on disk
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})

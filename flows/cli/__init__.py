@@ -60,5 +60,5 @@ def guarded(command):
 
 for command in (learning.run, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,
                 reading.report, reading.serve_model, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui,
-                upkeep.promote, upkeep.rollback):
+                upkeep.register, upkeep.promote, upkeep.rollback):
     app.command("eval" if command is reading.evaluate else None)(guarded(command))

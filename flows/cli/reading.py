@@ -108,8 +108,11 @@ def report(workdir: Path = WORKDIR,
 
 
 def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
-                version: Optional[str] = typer.Option(None, "--version", help="The registered version to serve "
-                                                      "(default: the one the `champion` alias points to)."),
+                version: Optional[str] = typer.Option(None, "--version", help="Serve this registered version only "
+                                                      "(default: follow the `champion` alias as it moves)."),
+                follow_seconds: float = typer.Option(10.0, "--follow-seconds", help="How often the `champion` alias "
+                                                     "is checked (a new champion is loaded in the background and "
+                                                     "swapped in between requests)."),
                 host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
                 port: int = typer.Option(5001, "--port", help="The port to listen on."),
                 max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Limit: tokens a prompt may ask for."),
@@ -118,21 +121,28 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
                 seconds: float = typer.Option(60.0, "--seconds", help="Limit: seconds a request may take, waiting "
                                               "included (a continuation stops there and answers with what it wrote)."),
                 tracking_uri: Optional[str] = TRACKING) -> None:
-    """Serve a registered Θ (the champion by default) over HTTP on one process: POST /invocations
-    (MLflow's request format), GET /ping, GET /health. Ctrl-C or SIGTERM stop it within seconds."""
+    """Serve a registered Θ over HTTP on one process, following the champion (or one `--version`):
+    POST /invocations (MLflow's request format), GET /ping, GET /health. Ctrl-C or SIGTERM stop it within seconds."""
+    import functools
     import logging
 
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    from flows.model_server import serve
-    from monim.serving import Limits
-    from tasks.registry import load_version
+    from flows.model_server import SERVED, Follower, serve
+    from monim.serving import Limits, Service
+    from tasks.registry import find_version, load_theta
     from tasks.tracking import tracking_uri as resolve
 
+    if follow_seconds <= 0:
+        raise fail(f"--follow-seconds: {follow_seconds:g}; give a number of seconds above 0")
+    find = functools.partial(find_version, resolve(str(workdir), tracking_uri), root, version)
     with clear_errors(ValueError):
-        service, about = load_version(resolve(str(workdir), tracking_uri), root, version)
-    service.limits = Limits(max_rows, max_chars, max_new_tokens, seconds)
-    console.print(f"serving {about['model']} version {about['version']} (Θ as of {about['as_of']}) at "
-                  f"http://{host}:{port}: POST /invocations, GET /ping, GET /health; Ctrl-C stops it", highlight=False)
-    serve(service, about, host, port)
+        found = find()
+        memory = load_theta(found)
+    service = Service(memory, Limits(max_rows, max_chars, max_new_tokens, seconds), about={k: found[k] for k in SERVED})
+    follower = None if version is not None else Follower(service, find, load_theta, follow_seconds)
+    console.print(f"serving {found['model']} version {found['version']} (Θ as of {found['as_of']}"
+                  f"{', following the champion' if follower else ''}) at http://{host}:{port}: POST /invocations, "
+                  "GET /ping, GET /health; Ctrl-C stops it", highlight=False)
+    serve(service, follower, host, port)

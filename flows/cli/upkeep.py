@@ -58,9 +58,11 @@ def forget(workdir: Path = WORKDIR,
            doc: Optional[list[str]] = typer.Option(None, "--doc", help="A document id (repeatable)."),
            days: Optional[list[str]] = typer.Option(None, "--day", help="A date, YYYY-MM-DD (repeatable)."),
            policy: Optional[str] = typer.Option(None, "--policy", help="Only this memory (default: all of them)."),
-           as_json: bool = AS_JSON) -> None:
+           tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Remove retracted documents or whole days from the memories, and from their indexes (each
-    memory under its write lock: a learn in progress commits first)."""
+    memory under its write lock: a learn in progress commits first); then register each changed
+    memory's state again, the champion moving to it where it held what was forgotten (a running
+    `monim serve-model` follows within its --follow-seconds)."""
     from monim.memory import Memory
     from monim.records import memories
 
@@ -75,12 +77,55 @@ def forget(workdir: Path = WORKDIR,
     unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days or [] if d not in dates]
     if unknown:
         raise fail(f"no memory in {workdir} holds {', '.join(unknown)} (nothing was removed)")
-    removed = {}
+    removed, registered = {}, {}
     for root in roots:
         with clear_errors(ValueError):
             removed[root.name] = Memory.open(root).forget(doc_ids=doc, days=[day(d) for d in days or []])
     console.print(f"removed entries: {removed}")
-    emit({"removed": removed}, as_json)
+    for root in roots:
+        if removed[root.name] and (done := _register(workdir, root, tracking_uri)):
+            registered[root.name] = done
+            console.print(_registered_line(done), highlight=False)
+    emit({"removed": removed, "registered": registered}, as_json)
+
+
+def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optional[str] = None) -> dict | None:
+    """A memory's state registered again (tasks.registry.register_state); None where it has no registered model."""
+    use_workdir(workdir, api=False)
+    from tasks.registry import register_state, registered
+    from tasks.tracking import sqlite_file, tracking_uri
+
+    uri = tracking_uri(str(workdir), tracking)
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return None
+    try:
+        registered(uri, root)
+    except ValueError:  # learned without MLflow: nothing registered to follow
+        return None
+    with clear_errors(ValueError):
+        return register_state(uri, root, as_of)
+
+
+def _registered_line(done: dict) -> str:
+    versions = ", ".join(f"{day}: version {v['version']}{'' if v['new'] else ' (already registered)'}"
+                         for day, v in done["registered"].items())
+    moved = (f"; champion version {done['replaced']} could no longer load: champion is now version {done['champion']}"
+             if "replaced" in done else "")
+    return f"{done['model']}: {versions}{moved}"
+
+
+def register(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
+             as_of: Optional[str] = typer.Option(None, "--as-of", metavar="YYYY-MM-DD", help="The day whose state to "
+                                                 "register (default: the memory's last)."),
+             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
+    """Register a memory's current state as a new version of its model (where not registered yet);
+    a champion that can no longer load (the memory changed since) is replaced by its day's new version."""
+    root = memory_dir(workdir, policy)
+    done = _register(workdir, root, tracking_uri, None if as_of is None else day(as_of).isoformat())
+    if done is None:
+        raise fail(f"{root} has no registered model (its days were learned without MLflow)")
+    console.print(_registered_line(done), highlight=False)
+    emit(done, as_json)
 
 
 def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn, *args) -> dict:

@@ -1,0 +1,170 @@
+"""The served model stays up to date: `monim serve-model` follows the champion while clients ask (a
+new day learned and promoted, then a forget), with no failed request, and once it has followed it
+answers as the new version answers alone (`monim generate` as of that day) and never cites a
+forgotten article."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from monim.stream import DEMO_STREAM
+
+MONIM = str(Path(sys.executable).parent / "monim")
+FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
+BOUND_S = 60  # the README's bound on the time to follow (a check, a load, the request in flight)
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def following(prefect_api, tiny_model_dir, tmp_path_factory):
+    """Day one learned (MLflow on), and `monim serve-model` following its champion."""
+    from flows import servers
+
+    workdir = tmp_path_factory.mktemp("follow") / "w"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
+    learn = [MONIM, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--policy", "fullmem",
+             "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")), "--max-docs", "3"]
+    subprocess.run(learn + ["--end", "1987-03-02"], env=env, check=True, capture_output=True, timeout=900)
+    port = servers.free_port()
+    proc = servers.start([MONIM, "serve-model", "--workdir", str(workdir), "--port", str(port), "--follow-seconds",
+                          str(FOLLOW_S)], f"http://127.0.0.1:{port}/ping", env=env)
+    yield port, workdir, env, learn
+    servers.stop([proc])
+
+
+def health(port: int) -> dict:
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
+
+
+class Clients:
+    """Clients asking the server again and again (a prompt and a text each time) until stopped: every status kept."""
+
+    def __init__(self, invoke, port: int, prompt: str, n: int = 2):
+        body = {"dataframe_records": [{"prompt": prompt}, {"text": prompt + " and more."}],
+                "params": {"max_new_tokens": 3, "sources": 10}}
+        self.statuses: list[int] = []
+        self.answers: list[tuple[float, dict]] = []  # (when it was answered, what)
+        self._stop = threading.Event()
+
+        def ask() -> None:
+            while not self._stop.is_set():
+                status, out = invoke(port, body)
+                self.statuses.append(status)
+                self.answers.append((time.monotonic(), out))
+
+        self._threads = [threading.Thread(target=ask) for _ in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+def wait_for(port: int, check, what: str) -> tuple[dict, float]:
+    """/health once `check` holds for it, and the seconds waited (at most BOUND_S)."""
+    started = time.monotonic()
+    while not check(h := health(port)):
+        assert time.monotonic() - started < BOUND_S, f"not {what} after {BOUND_S} s: {h}"
+        time.sleep(0.2)
+    return h, time.monotonic() - started
+
+
+def cited(answer: dict) -> set[str]:
+    return {s["doc_id"] for sentence in answer["sentences"] for s in sentence["sources"]}
+
+
+def alone(workdir: Path, env: dict, prompt: str, as_of: str) -> list[int]:
+    """The continuation `monim generate` gives as of a day, in a process of its own."""
+    out = subprocess.run([MONIM, "generate", "--workdir", str(workdir), "--prompt", prompt, "--as-of", as_of,
+                          "--max-new-tokens", "3", "--json"], env=env, check=True, capture_output=True, text=True,
+                         timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])["tokens"]
+
+
+def test_the_server_follows_a_new_champion_while_clients_ask(following, invoke):
+    port, workdir, env, learn = following
+    first = health(port)
+    assert (first["status"], first["version"], first["as_of"], first["follows"]) == ("ok", "1", "1987-03-02", "champion")
+    prompt = "The company said"
+    clients = Clients(invoke, port, prompt)
+    try:
+        subprocess.run(learn + ["--end", "1987-03-03"], env=env, check=True, capture_output=True, timeout=900)
+        subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "2"], env=env, check=True,
+                       capture_output=True, timeout=300)
+        moved = time.monotonic()
+        now, waited = wait_for(port, lambda h: h["version"] == "2", "serving version 2")
+        time.sleep(1)
+    finally:
+        clients.stop()
+    assert set(clients.statuses) == {200}, clients.statuses
+    assert now["as_of"] == "1987-03-03" and now["status"] == "ok" and now["served_since"] > first["served_since"]
+    assert waited <= BOUND_S and now["checked_at"] is not None
+    later = [out for at, out in clients.answers if at > moved + waited + 0.5]
+    assert later and later[-1]["predictions"][0]["tokens"] == alone(workdir, env, prompt, "1987-03-03")
+
+
+def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
+    port, workdir, env, learn = following
+    memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
+    first_doc = json.loads((workdir / "memories" / "fullmem" / "shards" / memory["days"][0]["shard"] / "docs.json").read_text())[0]
+    text = next(json.loads(line)["text"] for line in __import__("gzip").open(DEMO_STREAM, "rt")
+                if json.loads(line)["id"] == first_doc)
+    prompt = " ".join(text.split()[:12])  # the start of a memorized article: its entries carry the weight
+    status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
+    assert status == 200 and first_doc in cited(out["predictions"][0]), out
+    before = health(port)
+    clients = Clients(invoke, port, prompt)
+    try:
+        forget = subprocess.run([MONIM, "forget", "--workdir", str(workdir), "--doc", first_doc, "--json"], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert forget.returncode == 0, forget.stderr[-3000:]
+        done = time.monotonic()
+        registered = json.loads(forget.stdout.strip().splitlines()[-1])["registered"]["fullmem"]
+        assert registered["replaced"] == before["version"] and registered["champion"] != before["version"]
+        now, waited = wait_for(port, lambda h: h["version"] == registered["champion"], "serving the forget")
+        time.sleep(1)
+    finally:
+        clients.stop()
+    assert set(clients.statuses) == {200}, clients.statuses
+    assert now["as_of"] == before["as_of"] and now["checksum"] != before["checksum"] and now["status"] == "ok"
+    after = [out for at, out in clients.answers if at > done + waited + 0.5]
+    assert after and not any(first_doc in cited(p) for out in after for p in out["predictions"] if "sentences" in p)
+    status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
+    assert status == 200 and first_doc not in cited(out["predictions"][0])
+    fsck = subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert fsck.returncode == 0, fsck.stdout[-3000:]
+
+
+def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following, invoke):
+    """Version 1 (day one before the forget) promoted by hand: the server refuses it (its memory
+    changed since) and keeps answering with the version it serves, /health "stale" naming why;
+    `monim fsck` names the champion, `--repair` registers day one's state and the server follows it."""
+    port, workdir, env, learn = following
+    served = health(port)
+    subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "1"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    stale, _ = wait_for(port, lambda h: h["status"] == "stale", "stale")
+    assert stale["version"] == served["version"] and "version 1 could not be loaded" in stale["problem"]
+    assert "has changed since" in stale["problem"] and stale["champion"]["version"] == "1"
+    status, out = invoke(port, {"dataframe_records": [{"prompt": "The bank"}], "params": {"max_new_tokens": 2}})
+    assert status == 200
+    fsck = subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    problems = json.loads(fsck.stdout.strip().splitlines()[-1])["problems"]
+    assert fsck.returncode == 1 and [p["where"] for p in problems if "can no longer load" in p["what"]] == [
+        f"{served['model']}@champion"], problems
+    subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--repair"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    repaired, _ = wait_for(port, lambda h: h["status"] == "ok" and h["version"] != served["version"], "ok again")
+    assert repaired["as_of"] == "1987-03-02" and repaired["version"] not in ("1", served["version"])
+    assert subprocess.run([MONIM, "fsck", "--workdir", str(workdir)], env=env, capture_output=True).returncode == 0
