@@ -75,7 +75,7 @@ def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayInde
             date = date_of(raw.removeprefix(BOM) if n == 1 else raw)
             if date is not None:
                 if last is not None and date < last:
-                    starts = None  # unsorted: readers scan the whole file (and say where it is unsorted)
+                    starts = None  # unsorted: readers scan the whole file (and name its late records)
                     break
                 if date != last:
                     starts[date.isoformat()] = (resume, resume_line)

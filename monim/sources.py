@@ -20,6 +20,17 @@ class StreamError(ValueError):
     """A bad record in a news source; the message names file, line and field."""
 
 
+# Caps at ingest, so that one record cannot blow up a day's memory or a generation's `sources`:
+TITLE_CAP = 300  # characters of a headline kept (and shown)
+TEXT_CAP = 1_000_000  # characters of an article kept, before the token cap (max_article_tokens) cuts it further
+ID_CAP = 256  # characters of an id; a longer one is a bad record (an id is never cut: two cut ids could collide)
+
+
+def short_title(title: str) -> str:
+    """The headline cut to TITLE_CAP characters, an ellipsis marking the cut."""
+    return title if len(title) <= TITLE_CAP else title[: TITLE_CAP - 1] + "…"
+
+
 @dataclass(frozen=True)
 class Document:
     """One dated news article."""
@@ -28,6 +39,7 @@ class Document:
     date: dt.date
     text: str
     title: str = ""  # the headline, where the record has one (shown as a source of generated text)
+    cut: tuple[str, ...] = ()  # the fields cut to their cap at ingest ("title", "text")
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,11 @@ def to_document(row: dict, fields: Fields, where: str) -> Record:
             return BadRecord(where, fields.id, "missing (say how to name records without one: missing_id=\"hash\", "
                                                "`--missing-id hash`)")
         doc_id = "h" + hashlib.sha256(f"{date}\n{text}".encode()).hexdigest()[:16]
-    return where, Document(id=str(doc_id), date=date, text=text, title=title.strip() if isinstance(title, str) else "")
+    if len(doc_id := str(doc_id)) > ID_CAP:
+        return BadRecord(where, fields.id, f"{len(doc_id):,} characters, more than the {ID_CAP} an id may have")
+    title = title.strip() if isinstance(title, str) else ""
+    cut = tuple(name for name, value, cap in (("title", title, TITLE_CAP), ("text", text, TEXT_CAP)) if len(value) > cap)
+    return where, Document(id=doc_id, date=date, text=text[:TEXT_CAP], title=short_title(title), cut=cut)
 
 
 def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:

@@ -1,7 +1,9 @@
 """News streams: a source's records, day by day, each day split 98/1/1 into train, validation and test.
 
 A stream refuses (or, with on_error="skip", skips and counts) what it cannot trust: a bad record, an
-id met twice, a record dated after today.
+id met twice, a record dated after today; a late record (one out of date order, dated before a record
+above it) is refused naming it, or with on_error="skip" counted and named in the day it is read with,
+never learned. A feed with no article for the day to learn, past a lag, has stalled (FeedStalled).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Day:
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
     capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
     truncated: int = 0  # articles cut to a cap on tokens an article
+    titles_cut: int = 0  # headlines cut to monim.sources.TITLE_CAP characters at ingest
+    texts_cut: int = 0  # articles cut to monim.sources.TEXT_CAP characters at ingest
+    late: list[tuple[str, str]] = field(default_factory=list)  # (id, date) of late records read with the day, not learned
 
     @property
     def twin_groups(self) -> int:
@@ -73,7 +78,8 @@ class Day:
         """Articles per split, and what reading the day dropped, skipped or grouped."""
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
                 "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
-                "capped": self.capped_out, "truncated": self.truncated}
+                "capped": self.capped_out, "truncated": self.truncated, "titles_cut": self.titles_cut,
+                "texts_cut": self.texts_cut, "late": len(self.late)}
 
 
 def _rank(seed: int, doc_id: str) -> bytes:
@@ -108,9 +114,9 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
     return out["train"], out["validation"], out["test"]
 
 
-def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int) -> Day:
+def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int, late: list[tuple[str, str]]) -> Day:
     """A day from its documents: exact repeats of a text dropped, near-duplicates grouped (and kept
-    in one split, else a copy of a test article could be memorized)."""
+    in one split, else a copy of a test article could be memorized), the caps met at ingest counted."""
     seen, unique = set(), []
     for doc in docs:
         digest = hashlib.sha256(doc.text.strip().encode()).digest()
@@ -119,8 +125,9 @@ def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int) -> D
             unique.append(doc)
     labels = dedup.twin_groups([d.text for d in unique])
     groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
+    cut = Counter(name for d in docs for name in d.cut)
     return Day(date, *split_day(unique, seed, groups=labels), skipped=skipped, duplicates=len(docs) - len(unique),
-               groups=groups)
+               groups=groups, titles_cut=cut["title"], texts_cut=cut["text"], late=late)
 
 
 FUTURE_DAYS = 1  # a record dated more than this many days after today (by the clock) is a mis-dated one
@@ -131,15 +138,18 @@ def latest_date() -> dt.date:
     return dt.date.today() + dt.timedelta(days=FUTURE_DAYS)
 
 
-def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
-                   on_error: Literal["raise", "skip"]) -> Iterator[tuple[dt.date, list[Document], int]]:
-    """(date, documents, bad records skipped) of each day from start to end, in date order; an id
-    met a second time, or a record dated after today, is a bad record. Bad records between two days
-    count for the later one, whose range in the day index begins after the earlier one's last record,
-    so that reading the days one by one counts each once."""
+def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"]
+                   ) -> Iterator[tuple[dt.date, list[Document], int, list[tuple[str, str]]]]:
+    """(date, documents, bad records skipped, late records) of each day from start to end, in date
+    order; an id met a second time, or a record dated after today, is a bad record. Bad records between
+    two days count for the later one, whose range in the day index begins after the earlier one's last
+    record, so that reading the days one by one counts each once. A late record (dated before a record
+    above it) belongs to the day of the records above it (the day index has none: such a file is read
+    from its start)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     date, docs, skipped, pending, last = None, [], 0, 0, None  # pending: bad records since the last good one
+    late: list[tuple[str, str]] = []
     first_at: dict[str, str] = {}  # id -> where it was met first
     for rec in source.records(start):
         if not isinstance(rec, BadRecord):
@@ -157,10 +167,15 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
             continue
         where, doc = rec
         if last is not None and doc.date < last:
-            raise StreamError(
-                f"{where}: field 'date': {doc.date} comes after {last}; "
-                "monim reads a stream day by day and needs the source sorted by date"
-            )
+            if on_error == "raise":
+                raise StreamError(f"{where}: field 'date': {doc.date} comes after {last}: {doc.id!r} is a late record; "
+                                  "monim reads a stream day by day and needs the source sorted by date (or count and "
+                                  "name late records, not learned: on_error=\"skip\", `--on-error skip`)")
+            if date is not None:  # else it comes before `start`: another day's
+                late.append((doc.id, doc.date.isoformat()))
+                skipped += pending
+            pending = 0
+            continue
         last = doc.date
         if start is not None and doc.date < start:
             pending = 0
@@ -170,12 +185,12 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None,
             break
         if doc.date != date:
             if docs:
-                yield date, docs, skipped
-            date, docs, skipped = doc.date, [], 0
+                yield date, docs, skipped, late
+            date, docs, skipped, late = doc.date, [], 0, []
         skipped, pending = skipped + pending, 0
         docs.append(doc)
     if docs:
-        yield date, docs, skipped + pending  # bad records at the end of the source: the last day's
+        yield date, docs, skipped + pending, late  # bad records at the end of the source: the last day's
 
 
 def iter_days(
@@ -188,11 +203,12 @@ def iter_days(
     """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
 
     Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
-    skipped and counted in the `skipped` of the day it falls in (between two days: the later). A text repeated
-    within a day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
+    skipped and counted in the `skipped` of the day it falls in (between two days: the later); a late
+    record likewise, named in the `late` of the day whose records it follows. A text repeated within a
+    day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
     """
-    for date, docs, skipped in _day_documents(source, start, end, on_error):
-        yield _make_day(date, docs, seed, skipped)
+    for date, docs, skipped, late in _day_documents(source, start, end, on_error):
+        yield _make_day(date, docs, seed, skipped, late)
 
 
 def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
@@ -202,7 +218,7 @@ def check_records(source: str | Path, start: dt.date | None = None, end: dt.date
     dates = list_dates(source, start, end, on_error, fields)
     if not dates:
         return []
-    return [d for d, _, _ in _day_documents(open_source(source, fields), dates[0], dates[-1], on_error)]
+    return [d for d, *_ in _day_documents(open_source(source, fields), dates[0], dates[-1], on_error)]
 
 
 def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
@@ -218,9 +234,44 @@ def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | 
     src = open_source(source, fields)
     known = src.dates()
     if known is None:  # no day index: read through (a record dated after today is a bad record there)
-        return [date for date, _, _ in _day_documents(src, start, end, on_error)]
+        return [date for date, *_ in _day_documents(src, start, end, on_error)]
     future = [d for d in known if d > latest_date()]
     if future and on_error == "raise":
         raise StreamError(f"{source}: field 'date': {len(future)} day(s) after today ({dt.date.today()}), from "
                           f"{future[0]}: mis-dated records (skip them: on_error=\"skip\", `--on-error skip`)")
     return [d for d in known if (start is None or d >= start) and (end is None or d <= end) and d <= latest_date()]
+
+
+class FeedStalled(RuntimeError):
+    """The feed has no article for the day the daily run should learn, nor for the lag allowed before it."""
+
+
+def check_feed(source: str | Path, day: dt.date, max_lag: int, on_error: Literal["raise", "skip"] = "raise",
+               fields: Fields | None = None) -> dt.date:
+    """The feed's last date with articles, at most `max_lag` days before `day` (the day to learn); else
+    FeedStalled naming the feed, its last date and how many days it lags."""
+    dates = list_dates(source, None, None, on_error, fields)
+    if not dates:
+        raise FeedStalled(f"{source}: the feed has no articles at all (the day to learn is {day})")
+    lag = (day - dates[-1]).days
+    if lag > max_lag:
+        raise FeedStalled(f"{source}: the feed has stalled: its last article is dated {dates[-1]}, {lag} days before "
+                          f"{day}, the day to learn (max_feed_lag {max_lag})")
+    return dates[-1]
+
+
+READ = ("train", "validation", "test", "duplicates", "capped")  # the counts that add up to a day's articles in the feed
+
+
+def articles(counts: dict, prefix: str = "") -> int:
+    """How many articles a day had in the feed, from its counts() (or a run's row: keys with `prefix`)."""
+    return sum(counts.get(prefix + k, 0) for k in READ)
+
+
+def arrived_after(source: str | Path, date: dt.date, read: int, late: int, on_error: Literal["raise", "skip"] = "raise",
+                  fields: Fields | None = None) -> list[tuple[str, str]]:
+    """(id, date) of a learned day's records that came after it was learned, when it had `read` articles
+    and `late` late records: those past them in the feed's order (a feed is appended to at its end)."""
+    for _, docs, _, now_late in _day_documents(open_source(source, fields), date, date, on_error):
+        return [(d.id, d.date.isoformat()) for d in docs[read:]] + now_late[late:]
+    return []

@@ -108,8 +108,26 @@ def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_
 
 def test_unsorted_source_is_refused(tmp_path):
     path = write(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
-    with pytest.raises(StreamError, match=r"news.jsonl.gz:2: field 'date'.*sorted by date"):
+    with pytest.raises(StreamError, match=r"news.jsonl.gz:2: field 'date'.*'0' is a late record.*sorted by date"):
         list(iter_days(open_source(path)))
+
+
+def test_a_late_record_is_skipped_counted_and_named_in_the_day_it_follows(tmp_path):
+    from monim.stream import list_dates, read_day
+
+    late = [json.dumps({"id": f"late-{d}", "date": f"2022-06-0{d}", "text": f"filed late {d}"}).encode() for d in (1, 2)]
+    path = write(tmp_path / "news.jsonl.gz", GOOD[:4] + [BAD["malformed JSON"][0], late[0]] + GOOD[4:] + [late[1]])
+    with pytest.raises(StreamError, match=r"news.jsonl.gz:5: malformed JSON"):
+        list_dates(path)
+    whole = list(iter_days(open_source(path), on_error="skip"))
+    one_by_one = [read_day(path, d, on_error="skip") for d in list_dates(path, on_error="skip")]
+    for days in (whole, one_by_one):  # neither blocked: counted once, in the day whose records they follow
+        assert [d.date for d in days] == [D(2022, 6, 1), D(2022, 6, 2), D(2022, 6, 3)]
+        assert [d.late for d in days] == [[], [("late-1", "2022-06-01")], [("late-2", "2022-06-02")]]
+        assert [(d.counts()["late"], d.skipped, len(d)) for d in days] == [(0, 0, 2), (1, 1, 2), (1, 0, 2)]
+    with pytest.raises(StreamError, match=r"raise.jsonl.gz:5: field 'date': 2022-06-01 comes after 2022-06-02: "
+                                          r"'late-1' is a late record"):
+        list(iter_days(open_source(write(tmp_path / "raise.jsonl.gz", GOOD[:4] + [late[0]] + GOOD[4:]))))
 
 
 def test_missing_source_file():
@@ -176,6 +194,51 @@ def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
     day = Day(D(2022, 6, 1), [short], [long], []).truncate(10, cut)
     assert day.validation[0].text == " ".join(["word"] * 10) and day.train == [short]
     assert day.counts()["truncated"] == 1
+
+
+def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused(tmp_path):
+    from monim.sources import ID_CAP, TEXT_CAP, TITLE_CAP, short_title
+
+    rows = [{"id": "big", "date": "2022-06-01", "title": "T" * 1_000_000, "text": "x" * (TEXT_CAP + 5)},
+            {"id": "ok", "date": "2022-06-01", "title": " Short ", "text": "fine"},
+            {"id": "i" * (ID_CAP + 1), "date": "2022-06-01", "text": "an id too long to keep"}]
+    path = tmp_path / "feed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(StreamError, match=rf"feed.jsonl:3: field 'id': {ID_CAP + 1} characters"):
+        list(iter_days(open_source(path)))
+    (day,) = iter_days(open_source(path), on_error="skip")
+    docs = {d.id: d for d in day.train + day.validation + day.test}
+    assert len(docs["big"].title) == TITLE_CAP and docs["big"].title.endswith("T…") and len(docs["big"].text) == TEXT_CAP
+    assert (docs["ok"].title, docs["ok"].text) == ("Short", "fine")
+    assert (day.counts()["titles_cut"], day.counts()["texts_cut"], day.skipped) == (1, 1, 1)
+    assert short_title("a" * TITLE_CAP) == "a" * TITLE_CAP and short_title(docs["big"].title) == docs["big"].title
+
+
+def test_articles_added_to_a_learned_day_are_named(tmp_path, monkeypatch):
+    from monim.stream import arrived_after, articles, read_day
+
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "feed.jsonl"
+    _write_days(path, [("2022-06-01", 3), ("2022-06-02", 4)])
+    learned = read_day(path, D(2022, 6, 2)).counts()
+    assert arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"]) == []
+    with open(path, "a") as f:  # a story filed late, in date order; then one out of it
+        f.write(json.dumps({"id": "wire", "date": "2022-06-02", "text": "Filed late."}) + "\n")
+        f.write(json.dumps({"id": "older", "date": "2022-06-01", "text": "Older still."}) + "\n")
+    found = arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"], "skip")
+    assert found == [("wire", "2022-06-02"), ("older", "2022-06-01")]
+    assert arrived_after(path, D(2022, 6, 1), 3, 0, "skip") == []
+
+
+def test_a_feed_past_its_lag_has_stalled(tmp_path):
+    from monim.stream import FeedStalled, check_feed
+
+    path = tmp_path / "feed.jsonl"
+    _write_days(path, [("2022-06-01", 2), ("2022-06-03", 1)])
+    assert check_feed(path, D(2022, 6, 4), max_lag=1) == D(2022, 6, 3)
+    with pytest.raises(FeedStalled, match=rf"{path}: the feed has stalled: its last article is dated 2022-06-03, 2 "
+                                          r"days before 2022-06-05"):
+        check_feed(path, D(2022, 6, 5), max_lag=1)
 
 
 def test_news_crawl_docs_format(tmp_path):
