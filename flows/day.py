@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 
 from monim.config import RunConfig
 from flows.cluster import featurize_day
+from tasks.feed import say_late
 from tasks.learning import ingest, record_day
 from tasks.runs import evaluate, run_for
 from tasks.tracking import log_day
@@ -28,6 +29,7 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     The day is read once and handed to every task."""
     run = run_for(cfg)
     day = ingest(cfg, date)
+    say_late(run_id, tracking_uri, date, day.late, "out of date order in the feed")
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
     lm_pass = featurize_day(cfg, day, run.splits)
     started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)

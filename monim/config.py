@@ -45,6 +45,8 @@ class RunConfig(BaseModel):
                                                "docs_skipped).")
     missing_id: Literal["error", "hash"] = Field("error", description="A record without an id: an error, or named by a "
                                                  "hash of its date and text.")
+    max_feed_lag: int = Field(1, ge=0, description="The daily run fails (monim.stream.FeedStalled) when the feed's last "
+                              "article is dated more than this many days before yesterday, the day it should learn.")
     seed: int = 0
     calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
     calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
@@ -137,5 +139,7 @@ class RunConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""
-        ignored = {"cluster"} if self.kind == LEARNER else {"cluster", "learner_params"}  # memory runs ignore learner_params
+        ignored = {"cluster", "max_feed_lag"}  # where the LM runs, when the daily run fails: no result changes
+        if self.kind != LEARNER:
+            ignored.add("learner_params")  # memory runs ignore learner_params
         return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]

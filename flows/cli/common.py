@@ -275,7 +275,7 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
              skip: Optional[float] = None, calibration: str = "train", text: Optional[Path] = None,
              text_chars: Optional[int] = None, train_tokens: Optional[int] = None, lr: Optional[float] = None,
              review: Optional[Path] = None, cluster: Optional[str] = None, max_article_tokens: int = 16384,
-             on_error: str = "raise", missing_id: str = "error", **_) -> RunConfig:
+             on_error: str = "raise", missing_id: str = "error", max_feed_lag: int = 1, **_) -> RunConfig:
     """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
     error naming the field."""
     from pydantic import ValidationError
@@ -293,7 +293,7 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
         return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
                          calibrated=not constant_lam, calibrator_params=calibrator, learner_params=learner,
                          feature_store=feature_store, cluster=cluster, max_article_tokens=max_article_tokens or None,
-                         on_error=on_error, missing_id=missing_id)
+                         on_error=on_error, missing_id=missing_id, max_feed_lag=max_feed_lag)
     except ValidationError as e:
         raise fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
                              for err in e.errors()))

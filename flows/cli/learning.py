@@ -143,6 +143,8 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
                                        "'yesterday' is counted in."),
           model: Optional[str] = MODEL,
           cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address for the LM pass."),
+          max_feed_lag: int = typer.Option(1, "--max-feed-lag", help="The daily run fails (the feed has stalled) when "
+                                           "the feed's last article is more than this many days before yesterday."),
           prefect_port: int = typer.Option(4200, "--prefect-port", help="Port of the Prefect server started when none "
                                            "is configured.")) -> None:
     """Serve the daily (cron, learns yesterday) and backfill deployments from this process.
@@ -152,7 +154,8 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     """
     from flows.cli.common import run_spec
 
-    spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster)
+    spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
+                    max_feed_lag=max_feed_lag)
     use_workdir(workdir, api=False)
     procs: list[Popen] = []
     if "PREFECT_API_URL" not in os.environ:
