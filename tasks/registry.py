@@ -228,24 +228,35 @@ def load_theta(version: dict) -> Memory:
     return model.unwrap_python_model().memory
 
 
+def _loadable(name: str, version, memory: Path) -> None:
+    """Refuse a version whose memory changed since it was registered (it could not be loaded)."""
+    as_of, registered_as = version.tags.get("monim.as_of"), version.tags.get("monim.checksum")
+    if registered_as is not None and Datastore.read(memory).checksum(as_of) != registered_as:
+        raise ValueError(f"{name} version {version.version} (Θ as of {as_of}) can no longer load: {memory} changed "
+                         f"since it was registered; `monim register --as-of {as_of}` registers the day's state")
+
+
 @one_at_a_time
 def promote(uri: str, memory: Path, version: str | None = None) -> dict:
-    """Move `champion` by hand (default: to the newest version); `previous` keeps the one it replaces."""
+    """Move `champion` by hand (default: to the newest version); `previous` keeps the one it replaces.
+    A version that can no longer load is refused."""
     c, name = client(uri), registered(uri, memory)
-    versions = [str(v.version) for v in _versions(c, name)]
-    version = str(version or versions[-1])
+    versions = {str(v.version): v for v in _versions(c, name)}
+    version = str(version or list(versions)[-1])
     if version not in versions:
         raise ValueError(f"{name} has no version {version}; it has {', '.join(versions)}")
+    _loadable(name, versions[version], memory)
     return {"model": name} | move_champion(c, name, version)
 
 
 @one_at_a_time
 def rollback(uri: str, memory: Path) -> dict:
-    """Move `champion` back to `previous` (which is then cleared)."""
+    """Move `champion` back to `previous` (which is then cleared), unless that can no longer load."""
     c, name = client(uri), registered(uri, memory)
     back = _alias(c, name, PREVIOUS)
     if back is None:
         raise ValueError(f"{name} has no 'previous' version to roll back to")
+    _loadable(name, back, memory)
     c.set_registered_model_alias(name, CHAMPION, str(back.version))
     c.delete_registered_model_alias(name, PREVIOUS)
     return {"model": name, "champion": str(back.version), "previous": None}
@@ -271,15 +282,15 @@ def _has_champion(uri: str, memory: Path) -> bool:
 
 @one_at_a_time
 def register_state(uri: str, memory: Path, as_of: str | None = None) -> dict:
-    """Register a memory's current state (the day `as_of`, default its last, and the champion's day)
-    as new versions where that state is not registered yet; a champion that can no longer load (a
+    """Register a memory's current state (its last day, the day `as_of` and the champion's day) as new
+    versions where that state is not registered yet; a champion that can no longer load (a
     forget changed its day) is replaced by its day's new version, with no gate: it is the same day
     without what was forgotten."""
     c, name, ds = client(uri), registered(uri, memory), Datastore.read(memory)
     if not ds.days:
         raise ValueError(f"{memory} holds no committed day to register")
     stale = stale_champion(uri, memory)
-    days = {as_of or ds.days[-1].date} | ({stale["as_of"]} if stale else set())
+    days = {as_of or ds.days[-1].date, ds.days[-1].date} | ({stale["as_of"]} if stale else set())
     unknown = sorted(d for d in days if not ds.committed(d))
     if unknown:
         raise ValueError(f"{memory} has no committed day {', '.join(unknown)}; its days: {ds.days[0].date} to {ds.days[-1].date}")

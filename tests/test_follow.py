@@ -146,13 +146,18 @@ def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
 
 
 def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following, invoke):
-    """Version 1 (day one before the forget) promoted by hand: the server refuses it (its memory
-    changed since) and keeps answering with the version it serves, /health "stale" naming why;
-    `monim fsck` names the champion, `--repair` registers day one's state and the server follows it."""
+    """Version 1 (day one before the forget) made champion in the registry (as MLflow's UI can; `monim
+    promote` refuses it): the server cannot load it (its memory changed since) and keeps answering
+    with the version it serves, /health "stale" naming why; `monim fsck` names the champion,
+    `--repair` registers day one's state and the server follows it."""
+    from mlflow.tracking import MlflowClient
+
     port, workdir, env, learn = following
     served = health(port)
-    subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "1"], env=env, check=True,
-                   capture_output=True, timeout=300)
+    refused = subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "1"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "can no longer load" in refused.stderr and "monim register" in refused.stderr
+    MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").set_registered_model_alias(served["model"], "champion", "1")
     stale, _ = wait_for(port, lambda h: h["status"] == "stale", "stale")
     assert stale["version"] == served["version"] and "version 1 could not be loaded" in stale["problem"]
     assert "has changed since" in stale["problem"] and stale["champion"]["version"] == "1"
