@@ -2,7 +2,9 @@
 
 Each step runs the LM on the new token only (its KV cache holds the prefix), searches the memory
 with the step's key, and samples (or takes the top token of) Θ's full next-token distribution.
-The memorized articles whose entries carried the chosen tokens' kNN weight are its sources.
+The memorized articles whose entries carried the chosen tokens' kNN weight are its sources. A
+Decoder continues many prompts together, one LM forward and one search a step for all of them;
+`generate` is a Decoder of one.
 """
 
 from __future__ import annotations
@@ -70,16 +72,16 @@ class Generation:
         return {k: v for k, v in asdict(self).items() if k != "logprobs"}
 
 
-def _step_scores(lm: LM, hidden: torch.Tensor, key: torch.Tensor, prev: int, position: int) -> tuple[TokenScores, torch.Tensor]:
-    """The LM's statistics for the next token after one hidden state (a one-token batch), and its log P."""
-    logp = torch.log_softmax(lm.logits(hidden[None]), dim=-1)[0]
+def _step_scores(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, prev: list[int], position: list[int]) -> tuple[TokenScores, torch.Tensor]:
+    """The LM's statistics for the next token after each of n final hidden states [n, d], and its log P [n, V]."""
+    logp = torch.log_softmax(lm.logits(hidden), dim=-1)
     top = logp.max(dim=-1)
+    best, argmax = top.values.float().cpu().numpy(), top.indices.cpu().numpy().astype(np.int32)
     batch = TokenScores(
-        doc_id=np.array(["generation"], dtype=object), position=np.array([position], np.int32),
-        prev=np.array([prev], np.int32), target=np.array([int(top.indices)], np.int32),
-        logp=np.array([float(top.values)], np.float32), max_logp=np.array([float(top.values)], np.float32),
-        entropy=np.array([float(-(logp.exp() * logp).sum())], np.float32),
-        argmax=np.array([int(top.indices)], np.int32), key=key[None].to(torch.float16).cpu().numpy(),
+        doc_id=np.array(["generation"] * len(prev), dtype=object), position=np.array(position, np.int32),
+        prev=np.array(prev, np.int32), target=argmax, logp=best, max_logp=best.copy(),
+        entropy=(-(logp.exp() * logp).sum(-1)).float().cpu().numpy(), argmax=argmax.copy(),
+        key=keys.to(torch.float16).cpu().numpy(),
     )
     return batch, logp.double().cpu()
 
@@ -111,58 +113,176 @@ def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]
     return out
 
 
+class Row:
+    """One prompt's continuation in a Decoder: its tokens so far, and its Generation once it ended."""
+
+    def __init__(self, prompt: str, ids: list[int], cfg: GenerateConfig, should_stop: Callable[[], str | None] | None):
+        self.prompt, self.ids, self.cfg, self.should_stop = prompt, ids, cfg, should_stop
+        self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.tokens: list[int] = []
+        self.lams: list[float] = []
+        self.logprobs: list[np.ndarray] = []
+        self.credit: list[dict] = []  # per token: {memory entry id: the kNN weight it carried}
+        self.result: Generation | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens in its context: the prompt and what was written."""
+        return len(self.ids) + len(self.tokens)
+
+
+def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A cache tensor [batch, heads, seq, dim] with n zero columns before its first (masked out)."""
+    return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
+
+
+class Decoder:
+    """Continuations decoded together: each step runs ONE LM forward (a left-padded KV cache, a 2-D
+    attention mask, each row's own positions) and ONE memory search for every active row. A row
+    added joins at the next step (its prompt prefilled on its own, its cache merged in) and leaves
+    the batch when it ends; each row writes what it would write alone."""
+
+    def __init__(self, lm: LM, memory: Memory | None = None):
+        self.lm, self.memory = lm, memory
+        self.retrieve = memory is not None and memory.retrieves
+        self.waiting: list[Row] = []  # added, prefilled at the next step
+        self.active: list[Row] = []  # in the batch, in the cache's row order
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [rows, columns]: 1 where the cache holds a token, 0 padding
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.active)
+
+    def add(self, prompt: str, cfg: GenerateConfig | None = None,
+            should_stop: Callable[[], str | None] | None = None) -> Row:
+        """A prompt to continue from the next step on (ValueError: it cannot be)."""
+        cfg = cfg or GenerateConfig()
+        ids = self.lm.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        config = self.lm.model.config
+        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        if limit and len(ids) + cfg.max_new_tokens > limit:
+            raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({cfg.max_new_tokens}) exceed the "
+                             f"model's {limit} positions")
+        if self.retrieve:
+            self.memory.sync()
+        row = Row(prompt, ids, cfg, should_stop)
+        self.waiting.append(row)
+        return row
+
+    @torch.inference_mode()
+    def step(self) -> list[Row]:
+        """Every row one token further (each asked first whether it should stop); the rows that ended."""
+        ended = [r for r in self.active + self.waiting if self._stopped(r)]
+        self.waiting = [r for r in self.waiting if r.result is None]
+        self._keep([r.result is None for r in self.active])
+        hidden, keys = self._forward() if self.active else ([], [])
+        for row in self.waiting:  # a new prompt: prefilled alone, then one more row of the batch
+            cache = DynamicCache(config=self.lm.model.config)
+            pos = torch.arange(len(row.ids), device=self.lm.device)[None]
+            h, k = self.lm.forward(torch.tensor([row.ids], device=self.lm.device), position_ids=pos, past=cache)
+            self._join(cache, len(row.ids))
+            hidden, keys = [*hidden, h[0, -1:]], [*keys, k[0, -1:]]
+        self.active, self.waiting = self.active + self.waiting, []
+        if not self.active:
+            return ended
+        rows = self.active
+        prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
+        batch, logp = _step_scores(self.lm, torch.cat(hidden), torch.cat(keys), prev, [r.length for r in rows])
+        lam, knn_w = np.zeros(len(rows)), None
+        if self.retrieve:
+            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = self.memory.search(batch)
+            logp, lam, knn_w = self.memory.theta_logprobs(batch, logp)
+        eos = self.lm.tokenizer.eos_token_id
+        for i, row in enumerate(rows):
+            token = _choose(logp[i], row.cfg, row.rng)
+            weights = {}
+            if self.retrieve and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
+                for j in np.flatnonzero(batch.knn_values[i] == token):
+                    weights[int(batch.knn_ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
+            if row.cfg.keep_distributions:
+                row.logprobs.append(logp[i].numpy())
+            row.tokens.append(token)
+            row.lams.append(float(lam[i]))
+            row.credit.append(weights)
+            if token == eos or len(row.tokens) == row.cfg.max_new_tokens:
+                self._end(row, "eos" if token == eos else "max_new_tokens")
+                ended.append(row)
+        self._keep([r.result is None for r in rows])
+        return ended
+
+    def _stopped(self, row: Row) -> bool:
+        """Whether the row's `should_stop` ends it before its next token (then it has its result)."""
+        reason = row.should_stop() if row.should_stop is not None else None
+        if reason:
+            self._end(row, reason)
+        return bool(reason)
+
+    def _forward(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The batch's last tokens through the LM in one pass: final hidden states and keys, [1, d] per row."""
+        rows, device = self.active, self.lm.device
+        self.mask = torch.cat([self.mask, torch.ones(len(rows), 1, dtype=self.mask.dtype, device=device)], 1)
+        ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
+        pos = torch.tensor([[r.length - 1] for r in rows], device=device)
+        mask = None if bool(self.mask.all()) else self.mask  # no padding: the path a row alone takes
+        hidden, keys = self.lm.forward(ids, attention_mask=mask, position_ids=pos, past=self.cache)
+        return list(hidden[:, -1:].unbind(0)), list(keys[:, -1:].unbind(0))
+
+    def _join(self, cache: DynamicCache, length: int) -> None:
+        """A prefilled row's cache (`length` tokens) as the batch's last row: both left-padded to the longer."""
+        ones = torch.ones(1, length, dtype=torch.long, device=self.lm.device)
+        if self.cache is None:
+            self.cache, self.mask = cache, ones
+            return
+        columns = max(self.mask.shape[1], length)
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            held = max(mine.keys.shape[-2], theirs.keys.shape[-2])  # a sliding-window layer holds its window only
+            for name in ("keys", "values"):
+                a, b = getattr(mine, name), getattr(theirs, name)
+                setattr(mine, name, torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])]))
+            if hasattr(mine, "cumulative_length"):
+                mine.cumulative_length = columns
+        pad = torch.nn.functional.pad
+        self.mask = torch.cat([pad(self.mask, (columns - self.mask.shape[1], 0)), pad(ones, (columns - length, 0))])
+
+    def _keep(self, keep: list[bool]) -> None:
+        """Only these rows of the batch (the others ended), and no column that is padding in every row."""
+        if all(keep):
+            return
+        self.active = [r for r, k in zip(self.active, keep) if k]
+        if not self.active:
+            self.cache = self.mask = None
+            return
+        index = torch.tensor([i for i, k in enumerate(keep) if k], device=self.lm.device)
+        self.mask = self.mask[index]
+        columns = self.mask.shape[1]
+        drop = int(self.mask.any(0).long().argmax())  # the leading columns no row uses
+        for layer in self.cache.layers:
+            held = min(layer.keys.shape[-2], columns - drop)
+            layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (layer.keys, layer.values))
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = columns - drop
+        self.mask = self.mask[:, drop:]
+
+    def _end(self, row: Row, stopped: str) -> None:
+        """The row's Generation, with its sentences and their sources."""
+        lm = self.lm
+        row.result = Generation(row.prompt, lm.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
+                                row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None)
+        row.result.sentences = _sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
+
+
 @torch.inference_mode()
 def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateConfig | None = None,
              should_stop: Callable[[], str | None] | None = None) -> Generation:
-    """Continue `prompt` with Θ (the LM alone without a memory, or where Θ fell back to it);
-    `should_stop` is asked before each token and may end the continuation with a reason."""
-    cfg = cfg or GenerateConfig()
-    ids = lm.tokenizer(prompt)["input_ids"]
-    if not ids:
-        raise ValueError("the prompt is empty")
-    limit = getattr(lm.model.config, "max_position_embeddings", None) or getattr(lm.model.config, "n_positions", None)
-    if limit and len(ids) + cfg.max_new_tokens > limit:
-        raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({cfg.max_new_tokens}) exceed the "
-                         f"model's {limit} positions")
-    retrieve = memory is not None and memory.retrieves
-    if retrieve:
-        memory.sync()
-    rng = torch.Generator().manual_seed(cfg.seed)
-    cache = DynamicCache(config=lm.model.config)
-    eos = lm.tokenizer.eos_token_id
-    context, new = list(ids), list(ids)
-    out, lams, logprobs, credit = [], [], [], []
-    stopped = "max_new_tokens"
-    for _ in range(cfg.max_new_tokens):
-        if should_stop is not None and (reason := should_stop()):
-            stopped = reason
-            break
-        pos = torch.arange(len(context) - len(new), len(context), device=lm.device)[None]
-        hidden, keys = lm.forward(torch.tensor([new], device=lm.device), position_ids=pos, past=cache)
-        batch, logp = _step_scores(lm, hidden[0, -1], keys[0, -1], context[-1], len(context))
-        lam, weights = 0.0, {}
-        if retrieve:
-            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = memory.search(batch)
-            logp, lam, knn_w = memory.theta_logprobs(batch, logp[None])
-            logp, lam, knn_w = logp[0], float(lam[0]), knn_w[0]
-        token = _choose(logp, cfg, rng)
-        if retrieve and lam > 0:  # the entries whose value is the chosen token carried its kNN weight
-            for j in np.flatnonzero(batch.knn_values[0] == token):
-                weights[int(batch.knn_ids[0, j])] = lam * float(knn_w[j])
-        if cfg.keep_distributions:
-            logprobs.append(logp.numpy())
-        out.append(token)
-        lams.append(lam)
-        credit.append(weights)
-        if token == eos:
-            stopped = "eos"
-            break
-        context.append(token)
-        new = [token]
-    gen = Generation(prompt, lm.tokenizer.decode(out, skip_special_tokens=True), out, lams, stopped=stopped,
-                     logprobs=logprobs if cfg.keep_distributions else None)
-    gen.sentences = _sentences(lm, memory, out, credit, cfg.sources)
-    return gen
+    """Continue `prompt` with Θ (the LM alone without a memory, or where Θ fell back to it): a
+    Decoder of one row; `should_stop` is asked before each token and may end it with a reason."""
+    decoder = Decoder(lm, memory)
+    row = decoder.add(prompt, cfg, should_stop)
+    while decoder:
+        decoder.step()
+    return row.result
 
 
 def _sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dict], top: int) -> list[dict]:

@@ -2,6 +2,7 @@
 neighbours), the real LM continuing a memorized article, and recency at query time."""
 
 import datetime as dt
+import itertools
 import math
 import re
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from monim.datastore import Entries
-from monim.generate import GenerateConfig, _choose, _sentences, generate
+from monim.generate import Decoder, GenerateConfig, _choose, _sentences, generate
 from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memorize import memorize_day
@@ -188,16 +189,23 @@ def words_continued(text: str, prompt: str, generated: str) -> int:
     return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
 
 
-def test_a_memory_is_trusted_from_its_first_day(smollm, stream, tmp_path):
-    """Cold start: FullMem learns 3 articles on its first day and calibrates on them (its calibration
-    sees contexts the memory holds as well as new text); greedy Θ continues each learned article from
-    its first 25 words for at least 8 words, where the LM alone does not."""
+@pytest.fixture(scope="module")
+def trusted(smollm, stream, tmp_path_factory):
+    """FullMem's first day of 3 articles, calibrated on them (the real LM): its memory and its day."""
     from monim.calibration import calibrate
 
     day = stream[0].capped(3)
-    memory = Memory(tmp_path, smollm)
+    memory = Memory(tmp_path_factory.mktemp("trusted"), smollm)
     memorize_day(memory, day, make_policy("fullmem"))
     calibrate(memory, day)
+    return memory, day
+
+
+def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
+    """Cold start: FullMem learns 3 articles on its first day and calibrates on them (its calibration
+    sees contexts the memory holds as well as new text); greedy Θ continues each learned article from
+    its first 25 words for at least 8 words, where the LM alone does not."""
+    memory, day = trusted
     assert memory.rule != "lm"
     cfg = GenerateConfig(max_new_tokens=16)
     for doc in day.train:
@@ -205,6 +213,39 @@ def test_a_memory_is_trusted_from_its_first_day(smollm, stream, tmp_path):
         assert words_continued(doc.text, prompt, generate(smollm, prompt, memory, cfg).text) >= 8, doc.id
     assert min(words_continued(d.text, first_words(d.text, 25), generate(smollm, first_words(d.text, 25), None, cfg).text)
                for d in day.train) < 8  # the LM alone does not know them
+
+
+def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
+    """Six prompts of 6 to 40 words (greedy and sampled) in one decoder, joining two steps apart and
+    leaving as they end or are stopped (the third after 4 tokens): each writes the tokens it writes
+    alone, with λ (the calibrator's, per token) and its log P within 1e-4 (Θ's P over the vocabulary within 1e-5)."""
+    memory, day = trusted
+    prompts = [first_words(d.text, n) for d in day.train for n in (6, 40)]
+    cfgs = [GenerateConfig(max_new_tokens=6 + 2 * i, temperature=0.8 * (i % 2), top_p=0.9, seed=i,
+                           keep_distributions=True) for i in range(len(prompts))]
+    looks = itertools.count()
+    stops = [None, None, lambda: "enough" if next(looks) == 4 else None, None, None, None]
+    alone = [generate(memory.lm, p, memory, c) for p, c in zip(prompts, cfgs)]
+    decoder, rows, sizes = Decoder(memory.lm, memory), [], []
+    for p, c, stop in zip(prompts, cfgs, stops):
+        rows.append(decoder.add(p, c, stop))
+        for _ in range(2):
+            decoder.step()
+            sizes.append(len(decoder.active))
+    while decoder:
+        decoder.step()
+        sizes.append(len(decoder.active))
+    assert sizes[0] == 1 and max(sizes) == 3 and sizes[-1] == 0
+    assert any(a > b < c for a, b, c in zip(sizes, sizes[1:], sizes[2:]))  # a row left, another joined the others
+    assert len({round(float(np.mean(r.result.lams)), 3) for r in rows}) > 1  # λ differs from prompt to prompt
+    for i, (a, row) in enumerate(zip(alone, rows)):
+        b = row.result
+        assert (b.stopped, b.tokens) == (("enough", a.tokens[:4]) if i == 2 else (a.stopped, a.tokens)), i
+        np.testing.assert_allclose(b.lams, a.lams[: len(b.lams)], atol=1e-4, rtol=0)
+        mine, theirs = np.stack(b.logprobs), np.stack(a.logprobs[: len(b.logprobs)])
+        np.testing.assert_allclose(np.exp(mine), np.exp(theirs), atol=1e-5, rtol=0)
+        chosen = np.arange(len(b.tokens)), b.tokens
+        np.testing.assert_allclose(mine[chosen], theirs[chosen], atol=1e-4, rtol=0)
 
 
 def test_sentences_end_at_a_mark_before_a_space_not_inside_a_number(tiny):
