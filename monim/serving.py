@@ -1,8 +1,8 @@
 """Serving Θ to many callers: requests checked against documented limits (each refusal names the
 field and the limit), one worker thread that alone runs Θ (concurrent texts are scored together in
-one LM pass, prompts continued one after another), and work bounded in time: a request that waits
-or runs past its budget, or whose caller is gone, stops and says so. Another Θ, loaded whole
-elsewhere, is swapped in by the worker between requests: every request is answered by one Θ.
+one LM pass, concurrent prompts decoded together, a token of each a step), and work bounded in time:
+a request that waits or runs past its budget, or whose caller is gone, stops and says so. Another Θ,
+loaded whole elsewhere, is swapped in by the worker between requests: every request is answered by one Θ.
 
 A request is MLflow's scoring format: {"dataframe_records": [{"text": ...} | {"prompt": ...}, ...],
 "params": {"max_new_tokens", "temperature", "top_p", "seed", "sources"}}. A `text` row gets Θ's
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable
 
 from monim.evaluate import score_texts
-from monim.generate import GenerateConfig, generate
+from monim.generate import Decoder, GenerateConfig, Row
 from monim.memory import Memory
 from monim.sources import Document
 
@@ -120,6 +120,7 @@ class _Job:
     deadline: float
     cancelled: Callable[[], bool]
     answers: list = field(default_factory=list)
+    rows: list[tuple[int, Row]] = field(default_factory=list)  # (row index, its continuation)
     error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -133,7 +134,7 @@ def now() -> str:
 
 
 class Service:
-    """Θ (one memory as of a day) answering requests from any number of threads, one at a time;
+    """Θ (one memory as of a day) answering requests from any number of threads, on one worker;
     `about` says what is served (shown by /health, with since when)."""
 
     def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic,
@@ -181,36 +182,61 @@ class Service:
         self._worker.join(timeout=30)
 
     def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            jobs = [job]
-            while not self._queue.empty():  # everything that arrived meanwhile: its texts share one LM pass
-                jobs.append(self._queue.get())
-            self._install()
-            jobs = [j for j in jobs if j is not _WAKE]
-            if None in jobs:
-                for j in jobs:
-                    if j is not None:
-                        self._finish(j, Busy("the server is stopping"))
-                return
-            live = []
-            for j in jobs:
-                if j.cancelled():
-                    log.warning("a request was dropped before it ran: the caller is gone")
-                    self._finish(j, Busy("the caller is gone"))
-                elif self.clock() > j.deadline or self._stopping:
-                    self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
-                else:
-                    live.append(j)
+        """The worker: between decoding steps it takes the requests that arrived (their texts scored
+        together, their prompts joining the continuations in flight), then advances every continuation
+        by one token and answers the requests whose rows are all done. A new Θ is installed only when
+        no continuation is in flight (requests wait meanwhile): every request is answered by one Θ."""
+        decoder, running, held, closing = Decoder(self.memory.lm, self.memory), [], [], False
+        while not (closing and not running):
+            taken = [self._queue.get()] if not (running or held or self._next) else []
+            while not self._queue.empty():
+                taken.append(self._queue.get())
+            closing |= None in taken
+            held += [j for j in taken if isinstance(j, _Job)]
+            if not running:
+                self._install()
+                if decoder.memory is not self.memory:
+                    decoder = Decoder(self.memory.lm, self.memory)
+            if closing:
+                for j in held:
+                    self._finish(j, Busy("the server is stopping"))
+                held = []
+            elif self._next is None:
+                running += self._start(held, decoder)
+                held = []
+            for j in [j for j in running if all(r.result for _, r in j.rows)]:
+                running.remove(j)
+                self._answer(j)
             try:
-                self._score(live)
-            except Exception as e:  # noqa: BLE001 (the trace is logged; the callers get the message)
-                log.exception("scoring failed")
-                for j in live:
+                decoder.step()
+            except Exception as e:  # noqa: BLE001 (every continuation in flight failed with it)
+                log.exception("generation failed")
+                for j in running:
                     self._finish(j, e)
-                continue
+                running, decoder = [], Decoder(self.memory.lm, self.memory)
+
+    def _start(self, jobs: list[_Job], decoder: Decoder) -> list[_Job]:
+        """The requests still wanted and within their budget, their texts scored in one pass and their
+        prompts added to the decoder; the others refused."""
+        live = []
+        for j in jobs:
+            if j.cancelled():
+                log.warning("a request was dropped before it ran: the caller is gone")
+                self._finish(j, Busy("the caller is gone"))
+            elif self.clock() > j.deadline or self._stopping:
+                self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
+            else:
+                live.append(j)
+        try:
+            self._score(live)
+        except Exception as e:  # noqa: BLE001 (the trace is logged; the callers get the message)
+            log.exception("scoring failed")
             for j in live:
-                self._continue(j)
+                self._finish(j, e)
+            return []
+        for j in live:
+            self._continue(j, decoder)
+        return live
 
     def _score(self, jobs: list[_Job]) -> None:
         """Every text row of these requests, scored in one pass of the LM."""
@@ -226,27 +252,34 @@ class Service:
                         j.error = BadRequest(f"dataframe_records[{i}].text: a single token; a perplexity needs two")
                     j.answers[i] = {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
 
-    def _continue(self, job: _Job) -> None:
-        """The request's prompts continued one by one (stopping at its deadline or when its caller leaves)."""
+    def _continue(self, job: _Job, decoder: Decoder) -> None:
+        """The request's prompts join the continuations in flight; each stops at the request's deadline,
+        when its caller leaves, or when another of its prompts was refused."""
         def stop() -> str | None:
+            if job.error is not None:
+                return "request refused"
             if self._stopping:
                 return "server stopping"
             if job.cancelled():
                 return "caller gone"
             return f"time limit ({self.limits.seconds:g} s)" if self.clock() > job.deadline else None
 
-        try:
-            for i, (kind, value) in enumerate(job.request.rows):
-                if kind == "prompt" and job.error is None:
-                    gen = generate(self.memory.lm, value, self.memory, job.request.generation, stop)
-                    if gen.stopped not in ("max_new_tokens", "eos"):
-                        log.warning("a continuation stopped after %d tokens: %s", len(gen.tokens), gen.stopped)
-                    job.answers[i] = gen.as_dict()
-        except ValueError as e:
-            job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
-        except Exception as e:  # noqa: BLE001
-            log.exception("generation failed")
-            job.error = e
+        for i, (kind, value) in enumerate(job.request.rows):
+            if kind == "prompt" and job.error is None:
+                try:
+                    job.rows.append((i, decoder.add(value, job.request.generation, stop)))
+                except ValueError as e:
+                    job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
+                except Exception as e:  # noqa: BLE001
+                    log.exception("generation failed")
+                    job.error = e
+
+    def _answer(self, job: _Job) -> None:
+        """A request whose continuations all ended: its answers (or its error)."""
+        for i, row in job.rows:
+            if row.result.stopped not in ("max_new_tokens", "eos", "request refused"):
+                log.warning("a continuation stopped after %d tokens: %s", len(row.result.tokens), row.result.stopped)
+            job.answers[i] = row.result.as_dict()
         self._finish(job, job.error)
 
     def _finish(self, job: _Job, error: Exception | None) -> None:

@@ -3,6 +3,7 @@
 answer given under load is compared with the same request answered alone."""
 
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -14,7 +15,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pytest
 
 from monim.catalogue import make_policy
@@ -89,6 +92,143 @@ def test_threads_on_one_theta_get_what_each_gets_alone(theta):
     assert not errors
     for a, b in zip(alone, together):
         assert a == b
+
+
+PROMPT_WORDS = (10, 3, 25)  # the reference prompts: the first words of texts(3)
+# generate() on `theta` as recorded before prompts were decoded together (each then alone in its own loop):
+# (skip threshold, prompt, temperature, tokens, λ, Θ's log P of each token)
+BEFORE_BATCHING = [
+    (None, 0, 0.0, [3224, 3037, 13, 198, 220, 220, 220, 220],
+     [0.25] * 8, [-2.55182, -2.34745, -1.79175, -1.75811, -2.20988, -1.76083, -1.85543, -1.85588]),
+    (None, 0, 0.9, [3224, 313, 263, 6848, 36460, 9825, 14707, 10174],
+     [0.25] * 8, [-2.55182, -11.05191, -4.10319, -5.01708, -11.09723, -4.16753, -2.11245, -11.07704]),
+    (None, 1, 0.0, [262, 198, 220, 220, 220, 220, 220, 220],
+     [0.25] * 8, [-2.82041, -3.06089, -2.77118, -1.85972, -1.86073, -1.96557, -2.08235, -2.08327]),
+    (None, 1, 0.9, [262, 1306, 1542, 585, 40769, 1315, 12, 13158],
+     [0.25] * 8, [-2.82041, -4.16352, -1.91142, -4.51366, -11.09773, -4.18653, -2.37768, -11.07664]),
+    (None, 2, 0.0, [2828, 531, 13, 198, 220, 220, 220, 220],
+     [0.25] * 8, [-2.71759, -2.0083, -2.546, -1.66865, -2.5482, -1.76075, -1.76087, -1.76099]),
+    (None, 2, 0.9, [2828, 6193, 262, 1315, 15587, 12, 16, 34462],
+     [0.25] * 8, [-2.71759, -11.05201, -4.56607, -4.14467, -11.09724, -4.18597, -2.5368, -11.07676]),
+    (0.3, 0, 0.0, [3224, 3037, 4926, 422, 257, 614, 2961, 35358],
+     [0.25, 0.25, 0.0, 0.0, 0.25, 0.25, 0.25, 0.0], [-2.55182, -2.34745, -10.36058, -10.32625, -1.88954, -2.93456, -2.03747, -10.36616]),
+    (0.3, 0, 0.9, [3224, 313, 18883, 35402, 13921, 8190, 8829, 26297],
+     [0.25, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [-2.55182, -11.05191, -10.90066, -10.81962, -10.80929, -10.74343, -10.71549, -10.7899]),
+    (0.3, 1, 0.0, [18389, 23108, 26346, 4745, 31874, 26737, 6357, 26435],
+     [0.0] * 8, [-10.30799, -10.37985, -10.35275, -10.36626, -10.36708, -10.32273, -10.30651, -10.36829]),
+    (0.3, 1, 0.9, [19381, 22764, 34675, 3109, 15955, 23609, 32877, 28217],
+     [0.0] * 8, [-10.83844, -10.7639, -10.9002, -10.81911, -10.80897, -10.74412, -10.71524, -10.7897]),
+    (0.3, 2, 0.0, [13625, 32266, 4289, 9618, 33260, 49098, 15992, 75],
+     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.25], [-10.35076, -10.40686, -10.36979, -10.34998, -10.38902, -10.36851, -10.30715, -2.47644]),
+    (0.3, 2, 0.9, [45119, 8646, 33010, 290, 21366, 1201, 37977, 15160],
+     [0.0, 0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 0.0], [-10.83804, -11.0523, -10.89985, -4.4496, -11.09723, -10.74379, -10.71512, -10.78944]),
+]
+
+
+def test_a_prompt_alone_is_continued_as_before_prompts_were_decoded_together(theta):
+    """generate() (a decoder of one row) writes the tokens recorded before, greedy and sampled, with and
+    without the skip rule (λ 0 where the LM answers alone); λ and Θ's log P within 1e-4."""
+    from monim.generate import GenerateConfig, generate
+    from monim.memory import Memory
+
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(3), PROMPT_WORDS)]
+    memories = {skip: Memory.open(theta.ds.root, theta.lm, skip_threshold=skip) for skip in (None, 0.3)}
+    for skip, i, temperature, tokens, lams, logp in BEFORE_BATCHING:
+        cfg = GenerateConfig(max_new_tokens=8, temperature=temperature, top_p=0.8, seed=3, keep_distributions=True)
+        gen = generate(theta.lm, prompts[i], memories[skip], cfg)
+        assert gen.tokens == tokens, (skip, i, temperature)
+        np.testing.assert_allclose(gen.lams, lams, atol=1e-4)
+        np.testing.assert_allclose([p[t] for p, t in zip(gen.logprobs, gen.tokens)], logp, atol=1e-4)
+
+
+def same_continuation(a: dict, b: dict) -> bool:
+    """The same tokens, and λ per token within 1e-4."""
+    return a["tokens"] == b["tokens"] and np.allclose(a["lams"], b["lams"], atol=1e-4, rtol=0)
+
+
+def send_while(service, first: dict, later: list[tuple[dict, Callable[[], bool]]], after: int,
+               between: Callable[[], None] = lambda: None) -> list[tuple[list, float]]:
+    """`first` sent, then (once it wrote `after` tokens, and `between` ran) the `later` bodies, each from
+    its own thread with its `cancelled`: every (answer, when it came), in that order."""
+    looks: list = []  # the worker looks whether `first`'s caller is there once, then before each token
+    out: list = [None] * (1 + len(later))
+
+    def send(i: int, body: dict, cancelled: Callable[[], bool]) -> None:
+        out[i] = (service.answer(body, cancelled), time.monotonic())
+
+    threads = [threading.Thread(target=send, args=(0, first, lambda: bool(looks.append(1))))]
+    threads[0].start()
+    deadline = time.monotonic() + 60
+    while len(looks) <= after + 1:
+        assert time.monotonic() < deadline, "the first request did not start"
+        time.sleep(0.002)
+    between()
+    threads += [threading.Thread(target=send, args=(i + 1, body, cancelled)) for i, (body, cancelled) in enumerate(later)]
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_requests_join_and_leave_the_continuations_in_flight(theta):
+    """Requests sent while a long continuation is written join it (one LM forward a step for all rows):
+    the short ones are answered before it ends, a text among them is scored meanwhile, a caller who
+    leaves has its continuation stopped at its next token, and every other answer equals the same
+    request's alone."""
+    from monim.serving import Limits, Service
+
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(4), (12, 4, 20, 8))]
+    long = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 200}}
+    short = [{"dataframe_records": [{"prompt": prompts[1]}, {"prompt": prompts[2]}], "params": {"max_new_tokens": 6}},
+             {"dataframe_records": [{"text": texts(5)[4]}, {"prompt": prompts[2]}],
+              "params": {"max_new_tokens": 9, "temperature": 0.8, "seed": 5}}]
+    leaving = {"dataframe_records": [{"prompt": prompts[3]}], "params": {"max_new_tokens": 200}}
+    service = Service(theta, Limits(max_new_tokens=200, seconds=300))
+    try:
+        alone = [service.answer(b) for b in (long, *short, leaving)]
+        assert len(alone[0][0]["tokens"]) == 200
+        looks = itertools.count()  # its caller leaves after its fourth token
+        later = [(b, lambda: False) for b in short] + [(leaving, lambda: next(looks) >= 5)]
+        got = send_while(service, long, later, after=10)
+    finally:
+        service.close()
+    assert same_continuation(got[0][0][0], alone[0][0])
+    for (out, when), want in zip(got[1:3], alone[1:3]):
+        assert when < got[0][1]  # answered while the long one was still being written
+        for a, b in zip(out, want):
+            assert same_continuation(a, b) if "lams" in b else a["ppl"] == pytest.approx(b["ppl"], rel=1e-5)
+    cut = got[3][0][0]
+    assert cut["stopped"] == "caller gone" and cut["tokens"] == alone[3][0]["tokens"][:4] and got[3][1] < got[0][1]
+
+
+def test_a_new_theta_waits_for_the_continuations_in_flight(theta, tmp_path):
+    """A swap while a continuation is written: it is finished by the Θ it started with, and a request
+    sent after the swap waits for the new Θ: each answer is one Θ's, as that Θ answers it alone."""
+    from monim.memorize import memorize_day
+    from monim.memory import Memory
+    from monim.serving import Service
+
+    other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
+    memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
+    other.ds.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(2), (12, 6))]
+    first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}
+    then = {"dataframe_records": [{"prompt": prompts[1]}], "params": {"max_new_tokens": 8}}
+    alone = {}
+    for memory in (theta, other):
+        service = Service(memory)
+        alone[memory] = [service.answer(body)[0] for body in (first, then)]
+        service.close()
+    assert not any(same_continuation(a, b) for a, b in zip(alone[theta], alone[other]))  # the two Θ differ
+    service = Service(theta, about={"version": "1"})
+    try:
+        got = send_while(service, first, [(then, lambda: False)], after=10,
+                         between=lambda: service.swap(other, {"version": "2"}))
+    finally:
+        service.close()
+    assert same_continuation(got[0][0][0], alone[theta][0]) and same_continuation(got[1][0][0], alone[other][1])
+    assert service.about["version"] == "2"
 
 
 def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(theta):
@@ -238,11 +378,11 @@ def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served):
     busy = threading.Thread(target=post, args=(port, long))  # Θ's worker is busy for a while
     busy.start()
     time.sleep(0.2)
-    with pytest.raises(OSError):  # this client gives up waiting: its request is dropped, never run
+    with pytest.raises(OSError):  # this client gives up waiting: its continuation stops at its next token
         post(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 200}}, timeout=0.3)
     busy.join()
     deadline = time.monotonic() + 30
-    while "caller is gone" not in log.read_text():
+    while not re.search(r"stopped after \d+ tokens: caller gone|dropped before it ran", log.read_text()):
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.2)
     children = psutil.Process(proc.pid).children(recursive=True)
