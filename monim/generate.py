@@ -131,6 +131,20 @@ class Row:
         return len(self.ids) + len(self.tokens)
 
 
+def _similar(rows: list[Row], budget: int = 2048) -> list[list[Row]]:
+    """Rows in groups to prefill together: longest first, a group's padding at most half its prompts'
+    tokens and its padded tokens at most `budget` (a long prompt is prefilled alone)."""
+    groups: list[list[Row]] = []
+    for row in sorted(rows, key=lambda r: -len(r.ids)):
+        group = groups[-1] if groups else []
+        padded = (len(group) + 1) * len(group[0].ids) if group else 0
+        if group and padded <= budget and 2 * padded <= 3 * (sum(len(r.ids) for r in group) + len(row.ids)):
+            group.append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
 def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
     """A cache tensor [batch, heads, seq, dim] with n zero columns before its first (masked out)."""
     return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
@@ -178,13 +192,10 @@ class Decoder:
         self.waiting = [r for r in self.waiting if r.result is None]
         self._keep([r.result is None for r in self.active])
         hidden, keys = self._forward() if self.active else ([], [])
-        for row in self.waiting:  # a new prompt: prefilled alone, then one more row of the batch
-            cache = DynamicCache(config=self.lm.model.config)
-            pos = torch.arange(len(row.ids), device=self.lm.device)[None]
-            h, k = self.lm.forward(torch.tensor([row.ids], device=self.lm.device), position_ids=pos, past=cache)
-            self._join(cache, len(row.ids))
-            hidden, keys = [*hidden, h[0, -1:]], [*keys, k[0, -1:]]
-        self.active, self.waiting = self.active + self.waiting, []
+        for group in _similar(self.waiting):  # new prompts, prefilled together, then rows of the batch
+            h, k = self._prefill(group)
+            self.active, hidden, keys = self.active + group, hidden + h, keys + k
+        self.waiting = []
         if not self.active:
             return ended
         rows = self.active
@@ -229,13 +240,24 @@ class Decoder:
         hidden, keys = self.lm.forward(ids, attention_mask=mask, position_ids=pos, past=self.cache)
         return list(hidden[:, -1:].unbind(0)), list(keys[:, -1:].unbind(0))
 
-    def _join(self, cache: DynamicCache, length: int) -> None:
-        """A prefilled row's cache (`length` tokens) as the batch's last row: both left-padded to the longer."""
-        ones = torch.ones(1, length, dtype=torch.long, device=self.lm.device)
+    def _prefill(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """New prompts through the LM in one pass (left-padded to the longest; a prompt alone as it is),
+        their cache joined to the batch's: final hidden states and keys of their last tokens, [1, d] per row."""
+        longest, device = max(len(r.ids) for r in rows), self.lm.device
+        ids = torch.tensor([[0] * (longest - len(r.ids)) + r.ids for r in rows], device=device)
+        mask = torch.tensor([[0] * (longest - len(r.ids)) + [1] * len(r.ids) for r in rows], device=device)
+        cache = DynamicCache(config=self.lm.model.config)
+        hidden, keys = self.lm.forward(ids, attention_mask=None if bool(mask.all()) else mask,
+                                       position_ids=(mask.cumsum(1) - 1).clamp(min=0), past=cache)
+        self._join(cache, mask)
+        return list(hidden[:, -1:].unbind(0)), list(keys[:, -1:].unbind(0))
+
+    def _join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Prefilled rows' cache (and its mask) after the batch's rows: both left-padded to the longer."""
         if self.cache is None:
-            self.cache, self.mask = cache, ones
+            self.cache, self.mask = cache, mask
             return
-        columns = max(self.mask.shape[1], length)
+        columns = max(self.mask.shape[1], mask.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers):
             held = max(mine.keys.shape[-2], theirs.keys.shape[-2])  # a sliding-window layer holds its window only
             for name in ("keys", "values"):
@@ -244,7 +266,7 @@ class Decoder:
             if hasattr(mine, "cumulative_length"):
                 mine.cumulative_length = columns
         pad = torch.nn.functional.pad
-        self.mask = torch.cat([pad(self.mask, (columns - self.mask.shape[1], 0)), pad(ones, (columns - length, 0))])
+        self.mask = torch.cat([pad(self.mask, (columns - self.mask.shape[1], 0)), pad(mask, (columns - mask.shape[1], 0))])
 
     def _keep(self, keep: list[bool]) -> None:
         """Only these rows of the batch (the others ended), and no column that is padding in every row."""

@@ -216,34 +216,35 @@ def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
 
 
 def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
-    """Six prompts of 6 to 40 words (greedy and sampled) in one decoder, joining two steps apart and
-    leaving as they end or are stopped (the third after 4 tokens): each writes the tokens it writes
-    alone, with λ (the calibrator's, per token) and its log P within 1e-4 (Θ's P over the vocabulary within 1e-5)."""
+    """Six prompts (greedy and sampled) in one decoder: three join at once (prefilled together, padded
+    to the longest), three more two steps later (a long one prefilled apart), and they leave as they
+    end or are stopped (the third after 4 tokens): each writes the tokens it writes alone, with λ (the
+    calibrator's, per token), its log P and Θ's P over the vocabulary within 1e-4."""
     memory, day = trusted
-    prompts = [first_words(d.text, n) for d in day.train for n in (6, 40)]
+    prompts = [first_words(d.text, n) for d, n in zip(day.train * 2, (6, 8, 7, 40, 9, 6))]
     cfgs = [GenerateConfig(max_new_tokens=6 + 2 * i, temperature=0.8 * (i % 2), top_p=0.9, seed=i,
                            keep_distributions=True) for i in range(len(prompts))]
     looks = itertools.count()
     stops = [None, None, lambda: "enough" if next(looks) == 4 else None, None, None, None]
     alone = [generate(memory.lm, p, memory, c) for p, c in zip(prompts, cfgs)]
-    decoder, rows, sizes = Decoder(memory.lm, memory), [], []
-    for p, c, stop in zip(prompts, cfgs, stops):
-        rows.append(decoder.add(p, c, stop))
-        for _ in range(2):
-            decoder.step()
-            sizes.append(len(decoder.active))
+    decoder, sizes = Decoder(memory.lm, memory), []
+    rows = [decoder.add(p, c, stop) for p, c, stop in zip(prompts[:3], cfgs[:3], stops[:3])]
+    for _ in range(2):
+        decoder.step()
+        sizes.append(len(decoder.active))
+    rows += [decoder.add(p, c, stop) for p, c, stop in zip(prompts[3:], cfgs[3:], stops[3:])]
     while decoder:
         decoder.step()
         sizes.append(len(decoder.active))
-    assert sizes[0] == 1 and max(sizes) == 3 and sizes[-1] == 0
-    assert any(a > b < c for a, b, c in zip(sizes, sizes[1:], sizes[2:]))  # a row left, another joined the others
+    assert len({len(r.ids) for r in rows[:3]}) == 3 and sizes[:3] == [3, 3, 6]  # joined at once, then three more
+    assert sizes[-1] == 0 and len(set(sizes)) == 7  # left one by one while the others went on
     assert len({round(float(np.mean(r.result.lams)), 3) for r in rows}) > 1  # λ differs from prompt to prompt
     for i, (a, row) in enumerate(zip(alone, rows)):
         b = row.result
         assert (b.stopped, b.tokens) == (("enough", a.tokens[:4]) if i == 2 else (a.stopped, a.tokens)), i
         np.testing.assert_allclose(b.lams, a.lams[: len(b.lams)], atol=1e-4, rtol=0)
         mine, theirs = np.stack(b.logprobs), np.stack(a.logprobs[: len(b.logprobs)])
-        np.testing.assert_allclose(np.exp(mine), np.exp(theirs), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.exp(mine), np.exp(theirs), atol=1e-4, rtol=0)
         chosen = np.arange(len(b.tokens)), b.tokens
         np.testing.assert_allclose(mine[chosen], theirs[chosen], atol=1e-4, rtol=0)
 
