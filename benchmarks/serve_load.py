@@ -4,6 +4,9 @@ percentiles, errors and WRONG answers (each response against the same request an
 a perplexity off by more than 1e-4 relative, or other generated tokens). Then the LM's own forward
 throughput on the same texts (the physical bound) in this process, and a SIGTERM to the server with
 requests in flight: how long it takes to stop, and whether any process it started is left.
+Decoding: prompts alone (no text rows) from 1 and 16 clients against the bare LM's own KV-cache
+decoding of the same prompts in this process (generated tokens/s, the ratios), and the time to a
+first token: of a served request once ready, and of `monim generate` as a whole process beside `monim --help`.
 Bounded: each level sends `--requests-per-client` requests per client and stops after `--level-seconds`.
 Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim run` when missing)
 """
@@ -124,6 +127,79 @@ def lm_bound(texts: list[str]) -> dict:
         return {"tokens": flat.numel(), "body_tokens_per_s": flat.numel() / (time.perf_counter() - t)}
 
 
+def bare_decoding(lm, prompts: list[str], new_tokens: int) -> dict:
+    """The bare LM's own KV-cache decoding of the prompts, one after another (greedy, `new_tokens` each):
+    generated tokens/s, prefill included (as in a served continuation)."""
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for prompt in prompts:
+            ids, cache = torch.tensor([lm.tokenizer(prompt)["input_ids"]]), DynamicCache(config=lm.model.config)
+            for _ in range(new_tokens):
+                hidden, _ = lm.forward(ids, past=cache)
+                ids = lm.logits(hidden[:, -1]).argmax(-1, keepdim=True)
+        took = time.perf_counter() - started
+    return {"prompts": len(prompts), "tokens": len(prompts) * new_tokens, "tokens_per_s": len(prompts) * new_tokens / took}
+
+
+def decoding(port: int, prompts: list[dict], per_client: int, seconds: float) -> dict:
+    """Prompts alone from 1 and 16 clients: each answer against the same request's alone (the pool's
+    first answers), generated tokens/s and latency per level, and 16 clients' tokens/s over 1 client's."""
+    reference = [post(port, body)[1]["predictions"][0] for body in prompts]
+    levels = {c: level(port, c, prompts, reference, per_client, seconds) for c in (1, 16)}
+    return {"levels": list(levels.values()),
+            "ratio_16_to_1": levels[16]["generated_tokens_per_s"] / levels[1]["generated_tokens_per_s"]}
+
+
+def first_tokens(port: int, workdir: Path, prompt: str, repeats: int = 3) -> dict:
+    """Seconds to a first token: a served request (max_new_tokens 1) just after the server is ready, then
+    warm; `monim generate --max-new-tokens 1` as a whole process beside `monim --help` (median of `repeats`)."""
+    body = {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 1}}
+    served = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        status, out = post(port, body)
+        assert status == 200, out
+        served.append(time.perf_counter() - t)
+    cli = str(BIN / "monim")
+
+    def process(*args: str) -> float:
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            subprocess.run([cli, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            times.append(time.perf_counter() - t)
+        return float(np.median(times))
+
+    return {"served_first_s": served[0], "served_warm_s": float(np.median(served[1:])),
+            "generate_process_s": process("generate", "--workdir", str(workdir), "--prompt", prompt, "--max-new-tokens", "1"),
+            "help_process_s": process("--help"), "import_torch_s": _seconds([sys.executable, "-c", "import torch"])}
+
+
+def _seconds(command: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - t
+
+
+def decoding_table(decode: dict, bare: dict, first: dict) -> Table:
+    """The decoding phase beside the bare LM, with the ratios the goals name, and the first-token times."""
+    table = Table(title=f"decoding {bare['tokens'] // bare['prompts']} tokens a prompt (Θ served vs the bare LM's KV-cache "
+                        "decoding in this process)")
+    for col in ("", "requests", "generated tok/s", "vs bare LM", "p50 s", "p95 s", "errors", "cut", "wrong"):
+        table.add_column(col, justify="right")
+    table.add_row("bare LM, batch 1", str(bare["prompts"]), f"{bare['tokens_per_s']:.1f}", "1.00", "", "", "", "", "")
+    for r in decode["levels"]:
+        table.add_row(f"Θ, {r['clients']} client{'s' * (r['clients'] > 1)}", str(r["requests"]),
+                      f"{r['generated_tokens_per_s']:.1f}", f"{r['generated_tokens_per_s'] / bare['tokens_per_s']:.2f}",
+                      f"{r['p50_s']:.2f}", f"{r['p95_s']:.2f}", str(r["errors"]), str(r["cut_by_time_limit"]), str(r["wrong"]))
+    table.caption = (f"16 clients / 1 client: {decode['ratio_16_to_1']:.2f}x; first token: served {first['served_first_s']:.2f} s "
+                     f"once ready ({first['served_warm_s']:.2f} s warm), `monim generate` {first['generate_process_s']:.2f} s "
+                     f"as a process (`monim --help` {first['help_process_s']:.2f} s, `import torch` {first['import_torch_s']:.2f} s)")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=REPO / "monim-demo")
@@ -151,6 +227,8 @@ def main() -> None:
             time.sleep(0.5)
     ready = time.perf_counter() - started
     pool = requests_pool(24, 12, args.new_tokens)
+    prompts = [r for r in pool if "prompt" in r["dataframe_records"][0]]
+    first = first_tokens(args.port, args.workdir, "The Bank of Japan said")
     reference = []
     for body in pool:  # each request answered alone: the reference every later answer must equal
         status, out = post(args.port, body)
@@ -158,8 +236,14 @@ def main() -> None:
         reference.append(out["predictions"][0])
     results = {"ready_s": ready, "levels": [level(args.port, c, pool, reference, args.requests_per_client, args.level_seconds)
                                             for c in map(int, args.levels.split(","))]}
+    results["decode"] = decoding(args.port, prompts, args.requests_per_client, args.level_seconds)
     texts = [r["dataframe_records"][0]["text"] for r in pool if "text" in r["dataframe_records"][0]]
     results["bound"] = lm_bound(texts)
+    results["decode"]["bare_lm"] = bare_decoding(load_lm(), [r["dataframe_records"][0]["prompt"] for r in prompts],
+                                                 args.new_tokens)
+    results["decode"]["theta_1_vs_bare"] = (results["decode"]["levels"][0]["generated_tokens_per_s"]
+                                            / results["decode"]["bare_lm"]["tokens_per_s"])
+    results["first_token"] = first
     at16 = next((r for r in results["levels"] if r["clients"] == 16), results["levels"][-1])
     results["scoring_vs_bound_at_16"] = at16["scored_tokens_per_s"] / results["bound"]["body_tokens_per_s"]
     # a stop with requests in flight
@@ -192,6 +276,7 @@ def main() -> None:
     for r in results["levels"]:
         for w in r["wrong_examples"]:
             console.print(f"wrong at {r['clients']} clients: {w}")
+    console.print(decoding_table(results["decode"], results["decode"]["bare_lm"], first))
     console.print(f"scoring at 16 clients: {results['scoring_vs_bound_at_16']:.2f}x the LM body's forward throughput; "
                   f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
                   f"processes left: {alive or 'none'}")
