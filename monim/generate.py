@@ -153,13 +153,14 @@ def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
 class Decoder:
     """Continuations decoded together: each step runs ONE LM forward (a left-padded KV cache, a 2-D
     attention mask, each row's own positions) and ONE memory search for every active row. A row
-    added joins at the next step (its prompt prefilled on its own, its cache merged in) and leaves
-    the batch when it ends; each row writes what it would write alone."""
+    added joins at the next step the batch has room for it (its prompt prefilled with those of its
+    length joining then, its cache merged in) and leaves the batch when it ends; each row writes
+    what it would write alone."""
 
-    def __init__(self, lm: LM, memory: Memory | None = None):
-        self.lm, self.memory = lm, memory
+    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int = 64, max_cells: int = 32768):
+        self.lm, self.memory, self.max_rows, self.max_cells = lm, memory, max_rows, max_cells
         self.retrieve = memory is not None and memory.retrieves
-        self.waiting: list[Row] = []  # added, prefilled at the next step
+        self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, columns]: 1 where the cache holds a token, 0 padding
@@ -192,10 +193,10 @@ class Decoder:
         self.waiting = [r for r in self.waiting if r.result is None]
         self._keep([r.result is None for r in self.active])
         hidden, keys = self._forward() if self.active else ([], [])
-        for group in _similar(self.waiting):  # new prompts, prefilled together, then rows of the batch
+        for group in _similar(joining := self._room()):  # new prompts, prefilled together, then rows of the batch
             h, k = self._prefill(group)
             self.active, hidden, keys = self.active + group, hidden + h, keys + k
-        self.waiting = []
+        self.waiting = self.waiting[len(joining):]
         if not self.active:
             return ended
         rows = self.active
@@ -222,6 +223,16 @@ class Decoder:
                 ended.append(row)
         self._keep([r.result is None for r in rows])
         return ended
+
+    def _room(self) -> list[Row]:
+        """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
+        tokens in its padded cache (rows × the longest context; a first row always fits)."""
+        rows, columns = len(self.active), self.mask.shape[1] + 1 if self.active else 0
+        for n, row in enumerate(self.waiting):
+            rows, columns = rows + 1, max(columns, len(row.ids))
+            if rows > 1 and (rows > self.max_rows or rows * columns > self.max_cells):
+                return self.waiting[:n]
+        return self.waiting
 
     def _stopped(self, row: Row) -> bool:
         """Whether the row's `should_stop` ends it before its next token (then it has its result)."""

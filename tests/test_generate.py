@@ -178,6 +178,21 @@ def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream,
     assert with_memory.sentences[0]["sources"][0]["title"] == doc.title == "STRONG EARTHQUAKE HITS NEW ZEALAND"
 
 
+def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
+    """At most 2 rows and 40 cached tokens (rows × the longest context): the third prompt (26 tokens)
+    waits until the batch is empty, the fourth behind it; each writes what it writes alone."""
+    prompts = ["The bank said on", "Oil prices rose on", " ".join(["shares"] * 25), "Tokyo"]
+    assert [len(tiny.tokenizer(p)["input_ids"]) for p in prompts] == [4, 4, 26, 2]
+    cfgs = [GenerateConfig(max_new_tokens=n) for n in (3, 8, 4, 3)]
+    decoder = Decoder(tiny, None, max_rows=2, max_cells=40)
+    rows, batches = [decoder.add(p, c) for p, c in zip(prompts, cfgs)], []
+    while decoder:
+        decoder.step()
+        batches.append([rows.index(r) for r in decoder.active])
+    assert batches == [[0, 1]] * 2 + [[1]] * 5 + [[]] + [[2]] * 3 + [[]] + [[3]] * 2 + [[]]
+    assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
+
+
 def first_words(text: str, n: int) -> str:
     """The text up to the end of its n-th word, as written (its own spaces and line breaks)."""
     return text[: [m.end() for m in re.finditer(r"\S+", text)][n - 1]]
