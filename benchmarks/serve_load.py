@@ -7,6 +7,8 @@ requests in flight: how long it takes to stop, and whether any process it starte
 Decoding: prompts alone (no text rows) from 1 and 16 clients against the bare LM's own KV-cache
 decoding of the same prompts in this process (generated tokens/s, the ratios), and the time to a
 first token: of a served request once ready, and of `monim generate` as a whole process beside `monim --help`.
+Then the champion moves while 16 clients ask (benchmarks/serve_swap.py: a new day learned and promoted,
+then a forget; it changes the work directory, `--no-swap` leaves it as it is).
 Bounded: each level sends `--requests-per-client` requests per client and stops after `--level-seconds`.
 Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim run` when missing)
 """
@@ -32,6 +34,7 @@ from rich.table import Table
 from monim.lm import load_lm
 from monim.sources import open_source
 from monim.stream import DEMO_STREAM, iter_days
+from serve_swap import swap, swap_table
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -208,6 +211,7 @@ def main() -> None:
     ap.add_argument("--level-seconds", type=float, default=300)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--port", type=int, default=5055)
+    ap.add_argument("--no-swap", action="store_true", help="Leave the champion where it is (no day learned, nothing forgotten).")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve-load.json")
     args = ap.parse_args()
     console = Console(width=150)
@@ -244,6 +248,8 @@ def main() -> None:
     results["decode"]["theta_1_vs_bare"] = (results["decode"]["levels"][0]["generated_tokens_per_s"]
                                             / results["decode"]["bare_lm"]["tokens_per_s"])
     results["first_token"] = first
+    if not args.no_swap:
+        results["swap"] = swap(post, args.port, args.workdir, [r["dataframe_records"][0]["prompt"] for r in prompts])
     at16 = next((r for r in results["levels"] if r["clients"] == 16), results["levels"][-1])
     results["scoring_vs_bound_at_16"] = at16["scored_tokens_per_s"] / results["bound"]["body_tokens_per_s"]
     # a stop with requests in flight
@@ -277,6 +283,8 @@ def main() -> None:
         for w in r["wrong_examples"]:
             console.print(f"wrong at {r['clients']} clients: {w}")
     console.print(decoding_table(results["decode"], results["decode"]["bare_lm"], first))
+    if "swap" in results:
+        console.print(swap_table(results["swap"]))
     console.print(f"scoring at 16 clients: {results['scoring_vs_bound_at_16']:.2f}x the LM body's forward throughput; "
                   f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
                   f"processes left: {alive or 'none'}")

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from monim.stream import DEMO_STREAM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from serve_swap import Clients  # noqa: E402  (the load benchmark's clients: what it measures is tested here)
 
 MONIM = str(Path(sys.executable).parent / "monim")
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
@@ -43,30 +45,11 @@ def health(port: int) -> dict:
     return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
 
 
-class Clients:
-    """Clients asking the server again and again (a prompt and a text each time) until stopped: every status kept."""
-
-    def __init__(self, invoke, port: int, prompt: str, n: int = 2):
-        body = {"dataframe_records": [{"prompt": prompt}, {"text": prompt + " and more."}],
-                "params": {"max_new_tokens": 3, "sources": 10}}
-        self.statuses: list[int] = []
-        self.answers: list[tuple[float, dict]] = []  # (when it was answered, what)
-        self._stop = threading.Event()
-
-        def ask() -> None:
-            while not self._stop.is_set():
-                status, out = invoke(port, body)
-                self.statuses.append(status)
-                self.answers.append((time.monotonic(), out))
-
-        self._threads = [threading.Thread(target=ask) for _ in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+def clients(invoke, port: int, prompt: str) -> Clients:
+    """Two clients asking again and again, a prompt (sources on) and a text each time."""
+    body = {"dataframe_records": [{"prompt": prompt}, {"text": prompt + " and more."}],
+            "params": {"max_new_tokens": 3, "sources": 10}}
+    return Clients(invoke, port, [body], 2)
 
 
 def wait_for(port: int, check, what: str) -> tuple[dict, float]:
@@ -95,7 +78,7 @@ def test_the_server_follows_a_new_champion_while_clients_ask(following, invoke):
     first = health(port)
     assert (first["status"], first["version"], first["as_of"], first["follows"]) == ("ok", "1", "1987-03-02", "champion")
     prompt = "The company said"
-    clients = Clients(invoke, port, prompt)
+    load = clients(invoke, port, prompt)
     try:
         subprocess.run(learn + ["--end", "1987-03-03"], env=env, check=True, capture_output=True, timeout=900)
         subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "2"], env=env, check=True,
@@ -104,11 +87,11 @@ def test_the_server_follows_a_new_champion_while_clients_ask(following, invoke):
         now, waited = wait_for(port, lambda h: h["version"] == "2", "serving version 2")
         time.sleep(1)
     finally:
-        clients.stop()
-    assert set(clients.statuses) == {200}, clients.statuses
+        load.stop()
+    assert {status for _, status, _ in load.asked} == {200}, load.asked[-3:]
     assert now["as_of"] == "1987-03-03" and now["status"] == "ok" and now["served_since"] > first["served_since"]
     assert waited <= BOUND_S and now["checked_at"] is not None
-    later = [out for at, out in clients.answers if at > moved + waited + 0.5]
+    later = load.answered(moved + waited)
     assert later and later[-1]["predictions"][0]["tokens"] == alone(workdir, env, prompt, "1987-03-03")
 
 
@@ -122,7 +105,7 @@ def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
     status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
     assert status == 200 and first_doc in cited(out["predictions"][0]), out
     before = health(port)
-    clients = Clients(invoke, port, prompt)
+    load = clients(invoke, port, prompt)
     try:
         forget = subprocess.run([MONIM, "forget", "--workdir", str(workdir), "--doc", first_doc, "--json"], env=env,
                                 capture_output=True, text=True, timeout=300)
@@ -133,11 +116,10 @@ def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
         now, waited = wait_for(port, lambda h: h["version"] == registered["champion"], "serving the forget")
         time.sleep(1)
     finally:
-        clients.stop()
-    assert set(clients.statuses) == {200}, clients.statuses
+        load.stop()
+    assert {status for _, status, _ in load.asked} == {200}, load.asked[-3:]
     assert now["as_of"] == before["as_of"] and now["checksum"] != before["checksum"] and now["status"] == "ok"
-    after = [out for at, out in clients.answers if at > done + waited + 0.5]
-    assert after and not any(first_doc in cited(p) for out in after for p in out["predictions"] if "sentences" in p)
+    assert load.answered(done + waited) and load.cited(done + waited)[first_doc] == 0
     status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
     assert status == 200 and first_doc not in cited(out["predictions"][0])
     fsck = subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True, text=True,
