@@ -199,7 +199,7 @@ class Service:
                     decoder = Decoder(self.memory.lm, self.memory)
             if closing:
                 for j in held:
-                    self._finish(j, Busy("the server is stopping"))
+                    self._finish(j, self._busy("server stopping"))
                 held = []
             elif self._next is None:
                 running += self._start(held, decoder)
@@ -222,9 +222,9 @@ class Service:
         for j in jobs:
             if j.cancelled():
                 log.warning("a request was dropped before it ran: the caller is gone")
-                self._finish(j, Busy("the caller is gone"))
+                self._finish(j, self._busy("caller gone"))
             elif self.clock() > j.deadline or self._stopping:
-                self._finish(j, Busy(f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
+                self._finish(j, self._busy("time limit"))
             else:
                 live.append(j)
         try:
@@ -274,8 +274,16 @@ class Service:
                     log.exception("generation failed")
                     job.error = e
 
+    def _busy(self, reason: str) -> Busy:
+        """The refusal (503) of a request that never ran, by why it stopped."""
+        return Busy({"caller gone": "the caller is gone", "server stopping": "the server is stopping"}.get(
+            reason, f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
+
     def _answer(self, job: _Job) -> None:
-        """A request whose continuations all ended: its answers (or its error)."""
+        """A request whose continuations all ended: its answers, or its error (a refusal where they all
+        stopped before their first token, still waiting for room in the batch)."""
+        if job.error is None and job.rows and not any(row.result.tokens for _, row in job.rows):
+            job.error = self._busy(job.rows[0][1].result.stopped)
         for i, row in job.rows:
             if row.result.stopped not in ("max_new_tokens", "eos", "request refused"):
                 log.warning("a continuation stopped after %d tokens: %s", len(row.result.tokens), row.result.stopped)

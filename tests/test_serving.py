@@ -149,12 +149,15 @@ def same_continuation(a: dict, b: dict) -> bool:
 def send_while(service, first: dict, later: list[tuple[dict, Callable[[], bool]]], after: int,
                between: Callable[[], None] = lambda: None) -> list[tuple[list, float]]:
     """`first` sent, then (once it wrote `after` tokens, and `between` ran) the `later` bodies, each from
-    its own thread with its `cancelled`: every (answer, when it came), in that order."""
+    its own thread with its `cancelled`: every (answer or refusal, when it came), in that order."""
     looks: list = []  # the worker looks whether `first`'s caller is there once, then before each token
     out: list = [None] * (1 + len(later))
 
     def send(i: int, body: dict, cancelled: Callable[[], bool]) -> None:
-        out[i] = (service.answer(body, cancelled), time.monotonic())
+        try:
+            out[i] = (service.answer(body, cancelled), time.monotonic())
+        except Exception as e:  # noqa: BLE001 (a refusal is an answer too)
+            out[i] = (e, time.monotonic())
 
     threads = [threading.Thread(target=send, args=(0, first, lambda: bool(looks.append(1))))]
     threads[0].start()
@@ -200,6 +203,24 @@ def test_requests_join_and_leave_the_continuations_in_flight(theta):
             assert same_continuation(a, b) if "lams" in b else a["ppl"] == pytest.approx(b["ppl"], rel=1e-5)
     cut = got[3][0][0]
     assert cut["stopped"] == "caller gone" and cut["tokens"] == alone[3][0]["tokens"][:4] and got[3][1] < got[0][1]
+
+
+def test_a_request_that_waits_for_room_in_a_full_batch_is_refused_if_its_caller_leaves(theta):
+    """64 prompts fill the batch; a request sent meanwhile waits for room, and when its caller leaves
+    before it wrote anything it is refused like a request that never ran; the 64 are answered in full."""
+    from monim.serving import Busy, Limits, Service
+
+    prompts = [" ".join(t.split()[: 3 + i % 5]) for i, t in enumerate(texts(8) * 8)]
+    full = {"dataframe_records": [{"prompt": p} for p in prompts], "params": {"max_new_tokens": 40}}
+    service = Service(theta, Limits(max_rows=64, seconds=300))
+    looks = itertools.count()
+    try:
+        got = send_while(service, full, [({"dataframe_records": [{"prompt": "The bank"}]}, lambda: next(looks) >= 3)],
+                         after=2)
+    finally:
+        service.close()
+    assert [len(a["tokens"]) for a in got[0][0]] == [40] * 64
+    assert isinstance(got[1][0], Busy) and "caller is gone" in str(got[1][0]) and got[1][1] < got[0][1]
 
 
 def test_a_new_theta_waits_for_the_continuations_in_flight(theta, tmp_path):
