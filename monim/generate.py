@@ -155,10 +155,12 @@ class Decoder:
     attention mask, each row's own positions) and ONE memory search for every active row. A row
     added joins at the next step the batch has room for it (its prompt prefilled with those of its
     length joining then, its cache merged in) and leaves the batch when it ends; each row writes
-    what it would write alone."""
+    what it would write alone (to float32's precision: an LM in bfloat16 or float16 decodes one row
+    at a time, their rounding would make a row's tokens depend on its batch)."""
 
-    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int = 64, max_cells: int = 32768):
-        self.lm, self.memory, self.max_rows, self.max_cells = lm, memory, max_rows, max_cells
+    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768):
+        self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
+        self.lm, self.memory, self.max_cells = lm, memory, max_cells
         self.retrieve = memory is not None and memory.retrieves
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order

@@ -193,6 +193,20 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
 
 
+def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
+    """bfloat16's rounding would make a row's tokens depend on what it is batched with: an LM in
+    bfloat16 decodes one row at a time (the next waits), each writing what it writes alone."""
+    lm = load_lm(str(tiny_model_dir("llama")), dtype="bfloat16")
+    prompts, cfg = ["The bank said on", "Oil prices rose on", "Tokyo"], GenerateConfig(max_new_tokens=3)
+    decoder, batches = Decoder(lm), []
+    rows = [decoder.add(p, cfg) for p in prompts]
+    while decoder:
+        decoder.step()
+        batches.append(len(decoder.active))
+    assert batches == [1, 1, 0] * 3
+    assert [r.result.tokens for r in rows] == [generate(lm, p, None, cfg).tokens for p in prompts]
+
+
 def first_words(text: str, n: int) -> str:
     """The text up to the end of its n-th word, as written (its own spaces and line breaks)."""
     return text[: [m.end() for m in re.finditer(r"\S+", text)][n - 1]]
