@@ -229,7 +229,7 @@ class Decoder:
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
         tokens in its padded cache (rows × the longest context; a first row always fits)."""
-        rows, columns = len(self.active), self.mask.shape[1] + 1 if self.active else 0
+        rows, columns = len(self.active), self.mask.shape[1] if self.active else 0
         for n, row in enumerate(self.waiting):
             rows, columns = rows + 1, max(columns, len(row.ids))
             if rows > 1 and (rows > self.max_rows or rows * columns > self.max_cells):
