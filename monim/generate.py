@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from monim.lm import LM
 from monim.memory import Memory
 from monim.scoring import TokenScores
+from monim.sources import short_title
 
 SENTENCE_END = (".", "!", "?")  # and a blank line
 
@@ -109,7 +110,7 @@ def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]
         titles = ds.shard_titles(rec.shard) or [""] * len(names)
         for j in np.flatnonzero(day == i):
             d = int(docs[row[j]])
-            out[ids[j]] = (rec.date, names[d], titles[d])
+            out[ids[j]] = (rec.date, names[d], short_title(titles[d]))  # (stored before titles were capped)
     return out
 
 

@@ -135,6 +135,20 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
         Recency(half_life=0)
 
 
+def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
+    """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
+    sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
+    from monim.generate import _documents
+    from monim.sources import TITLE_CAP
+
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False))
+    keys = np.random.default_rng(0).standard_normal((3, tiny.hidden_size)).astype(np.float16)
+    memory.ds.commit_day("2022-06-01", Entries(keys, np.arange(3, dtype=np.int32), ["a", "a", "b"],
+                                               np.arange(3, dtype=np.int32)), 3, "fullmem", titles={"a": "x" * 10**6, "b": "B"})
+    found = _documents(memory, [0, 2])
+    assert found[0] == ("2022-06-01", "a", "x" * (TITLE_CAP - 1) + "…") and found[2] == ("2022-06-01", "b", "B")
+
+
 def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
     """IVF-PQ probes nprobe of its lists, which may hold few of a recent window's entries: within
     a maximum age the window's stored keys are searched exactly (numpy reference)."""

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -353,24 +352,14 @@ def served(prefect_api, tiny_model_dir, tmp_path_factory):
         proc.kill()
 
 
-def post(port: int, body, timeout: float = 120) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served):
+def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served, invoke):
     port, proc, log, _ = served
     bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
               for t in texts(6, 400)]
-    alone = [post(port, b) for b in bodies]
+    alone = [invoke(port, b) for b in bodies]
     assert all(status == 200 for status, _ in alone), alone
     together: list = [None] * len(bodies)
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, post(port, bodies[i]))) for i in range(len(bodies))]
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, invoke(port, bodies[i]))) for i in range(len(bodies))]
     for t in threads:
         t.start()
     for t in threads:
@@ -385,29 +374,29 @@ def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(serv
                                ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 500}}, 400, "at most 200"),
                                ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, 400, "'max_tokens'"),
                                ({"dataframe_records": [{"prompt": "x"}], "params": {"sources": True}}, 200, "")):
-        got, out = post(port, body)
+        got, out = invoke(port, body)
         assert got == status and says in out.get("message", ""), (body, got, out)
         assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
 
 
-def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served):
+def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
     import psutil
 
     port, proc, log, _ = served
     long = {"dataframe_records": [{"prompt": p} for p in ("The bank", "Oil prices", "The company")],
             "params": {"max_new_tokens": 200}}
-    busy = threading.Thread(target=post, args=(port, long))  # Θ's worker is busy for a while
+    busy = threading.Thread(target=invoke, args=(port, long))  # Θ's worker is busy for a while
     busy.start()
     time.sleep(0.2)
     with pytest.raises(OSError):  # this client gives up waiting: its continuation stops at its next token
-        post(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 200}}, timeout=0.3)
+        invoke(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 200}}, timeout=0.3)
     busy.join()
     deadline = time.monotonic() + 30
     while not re.search(r"stopped after \d+ tokens: caller gone|dropped before it ran", log.read_text()):
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.2)
     children = psutil.Process(proc.pid).children(recursive=True)
-    flying = threading.Thread(target=lambda: post(port, long, timeout=60))
+    flying = threading.Thread(target=lambda: invoke(port, long, timeout=60))
     flying.start()
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
@@ -416,7 +405,7 @@ def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served):
     assert not [p for p in children if p.is_running()]
 
 
-def test_the_readmes_serving_block_works_pasted_as_written(served):
+def test_the_readmes_serving_block_works_pasted_as_written(served, invoke):
     """The README's commands, run by bash as written, beside the work directory (named as the README names it)."""
     port, proc, log, workdir = served
     readme = (REPO / "README.md").read_text()
