@@ -50,7 +50,10 @@ class Clients:
                 if self._stop.is_set():
                     return
                 sent = time.monotonic()
-                status, out = post(port, bodies[i % len(bodies)])
+                try:
+                    status, out = post(port, bodies[i % len(bodies)])
+                except OSError as e:  # no answer at all (reset, timeout): a failed request too
+                    status, out = None, {"message": repr(e)}
                 self.asked.append((sent, status, out))
 
         self._threads = [threading.Thread(target=ask, args=(c,)) for c in range(n)]
@@ -87,9 +90,12 @@ class Timeline:
 
         def watch() -> None:
             while not self._stop.wait(every):
-                now = time.monotonic()
-                self.moved.setdefault(find_version(uri, root)["version"], now)
-                self.served.setdefault(health(port)["version"], time.monotonic())
+                try:
+                    now = time.monotonic()
+                    self.moved.setdefault(find_version(uri, root)["version"], now)
+                    self.served.setdefault(health(port)["version"], time.monotonic())
+                except (OSError, ValueError) as e:  # the registry or the server busy: look again
+                    print(f"timeline: {e!r}", file=sys.stderr)
 
         self._thread = threading.Thread(target=watch)
         self._thread.start()

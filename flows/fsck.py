@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from monim.fsck import check_memory, check_records
 from monim.records import memories
-from tasks.registry import register_state, registered, stale_champion
-from tasks.tracking import check_steps, sqlite_file, tracking_uri as resolve_tracking_uri
+from tasks.registry import register_state, registered_model, stale_champion
+from tasks.tracking import check_steps, tracking_uri as resolve_tracking_uri
 
 
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:
@@ -21,21 +21,14 @@ def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = 
 def check_champions(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     """Each memory's champion against the memory: one that can no longer load (a forget changed its
     day since it was registered) is named; `repair` registers the day's state, which replaces it."""
-    if (db := sqlite_file(uri)) is not None and not db.exists():
-        return []
     problems = []
     for root in memories(workdir):
-        try:
-            registered(uri, root)
-        except ValueError:
+        if registered_model(uri, root) is None or (stale := stale_champion(uri, root)) is None:
             continue
-        if (stale := stale_champion(uri, root)) is None:
-            continue
-        problems.append({"where": f"{stale['model']}@champion", "repaired": repair, "repair": "register the day's "
+        replaced = repair and register_state(uri, root).get("champion") != stale["version"]
+        problems.append({"where": f"{stale['model']}@champion", "repaired": replaced, "repair": "register the day's "
                          "state and make it the champion (`monim register`)",
                          "what": f"version {stale['version']} (Θ as of {stale['as_of']}) can no longer load: {root} "
                                  f"changed since it was registered (checksum {stale['checksum_now']}, registered "
                                  f"{stale['checksum']})"})
-        if repair:
-            register_state(uri, root, stale["as_of"])
     return problems

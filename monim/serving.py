@@ -143,21 +143,27 @@ class Service:
         self.about = dict(about or {}) | {"served_since": now()}
         self.failing: str | None = None  # the last request's failure, until one is answered again
         self._next: tuple[Memory, dict] | None = None
+        self._swapping = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="monim-theta", daemon=True)
         self._stopping = False
         self._worker.start()
 
     def swap(self, memory: Memory, about: dict) -> None:
-        """Answer with `memory` (already loaded whole) from the next request on; the one in flight ends first."""
-        self._next = (memory, about)
+        """Answer new requests with `memory` (already loaded whole); the continuations in flight end on the Θ they began with."""
+        with self._swapping:
+            self._next = (memory, about)
         self._queue.put(_WAKE)
 
-    def _install(self) -> None:
-        if (nxt := self._next) is not None:
-            self._next = None
-            self.memory, self.about, self.failing = nxt[0], dict(nxt[1]) | {"served_since": now()}, None
-            log.warning("now serving %s", ", ".join(f"{k} {v}" for k, v in nxt[1].items()))
+    def _install(self) -> bool:
+        """Make the Θ handed to swap() the one that answers new requests; whether there was one."""
+        with self._swapping:
+            nxt, self._next = self._next, None
+        if nxt is None:
+            return False
+        self.memory, self.about, self.failing = nxt[0], dict(nxt[1]) | {"served_since": now()}, None
+        log.warning("now serving %s", ", ".join(f"{k} {v}" for k, v in nxt[1].items()))
+        return True
 
     def answer(self, body: object, cancelled: Callable[[], bool] = lambda: False) -> list[dict]:
         """The answers to a request body, in row order (BadRequest, Busy, or the failure, raised)."""
@@ -184,36 +190,37 @@ class Service:
     def _run(self) -> None:
         """The worker: between decoding steps it takes the requests that arrived (their texts scored
         together, their prompts joining the continuations in flight), then advances every continuation
-        by one token and answers the requests whose rows are all done. A new Θ is installed only when
-        no continuation is in flight (requests wait meanwhile): every request is answered by one Θ."""
-        decoder, running, held, closing = Decoder(self.memory.lm, self.memory), [], [], False
+        by one token and answers the requests whose rows are all done. A new Θ answers the requests
+        that arrive after its swap on a decoder of its own, while the continuations in flight end on
+        the old one's: every request is answered by one Θ, and none waits for a swap."""
+        decoders, running, closing = [Decoder(self.memory.lm, self.memory)], [], False  # running: (job, its decoder)
         while not (closing and not running):
-            taken = [self._queue.get()] if not (running or held or self._next) else []
+            taken = [self._queue.get()] if not running else []
             while not self._queue.empty():
                 taken.append(self._queue.get())
             closing |= None in taken
-            held += [j for j in taken if isinstance(j, _Job)]
-            if not running:
-                self._install()
-                if decoder.memory is not self.memory:
-                    decoder = Decoder(self.memory.lm, self.memory)
+            jobs = [j for j in taken if isinstance(j, _Job)]
+            if self._install():
+                decoders.append(Decoder(self.memory.lm, self.memory))
             if closing:
-                for j in held:
+                for j in jobs:
                     self._finish(j, self._busy("server stopping"))
-                held = []
-            elif self._next is None:
-                running += self._start(held, decoder)
-                held = []
-            for j in [j for j in running if all(r.result for _, r in j.rows)]:
-                running.remove(j)
+            else:
+                running += [(j, decoders[-1]) for j in self._start(jobs, decoders[-1])]
+            for j, _ in [(j, d) for j, d in running if all(r.result for _, r in j.rows)]:
                 self._answer(j)
-            try:
-                decoder.step()
-            except Exception as e:  # noqa: BLE001 (every continuation in flight failed with it)
-                log.exception("generation failed")
-                for j in running:
-                    self._finish(j, e)
-                running, decoder = [], Decoder(self.memory.lm, self.memory)
+            running = [(j, d) for j, d in running if not j.done.is_set()]
+            decoders = [d for d in decoders[:-1] if len(d)] + decoders[-1:]  # an old Θ's decoder, once drained, goes
+            for n, decoder in enumerate(decoders):
+                try:
+                    decoder.step()
+                except Exception as e:  # noqa: BLE001 (every continuation of this decoder failed with it)
+                    log.exception("generation failed")
+                    for j, d in running:
+                        if d is decoder:
+                            self._finish(j, e)
+                    running = [(j, d) for j, d in running if d is not decoder]
+                    decoders[n] = Decoder(decoder.lm, decoder.memory)
 
     def _start(self, jobs: list[_Job], decoder: Decoder) -> list[_Job]:
         """The requests still wanted and within their budget, their texts scored in one pass and their
@@ -223,7 +230,9 @@ class Service:
             if j.cancelled():
                 log.warning("a request was dropped before it ran: the caller is gone")
                 self._finish(j, self._busy("caller gone"))
-            elif self.clock() > j.deadline or self._stopping:
+            elif self._stopping:
+                self._finish(j, self._busy("server stopping"))
+            elif self.clock() > j.deadline:
                 self._finish(j, self._busy("time limit"))
             else:
                 live.append(j)

@@ -30,7 +30,7 @@ from monim.memory import Memory
 from monim.serving import BadRequest, Busy, Service
 from monim.stream import Day
 from tasks.learning import features_for, logger
-from tasks.tracking import client, experiment_name, one_at_a_time
+from tasks.tracking import client, experiment_name, one_at_a_time, sqlite_file
 
 MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
 CHAMPION, PREVIOUS = "champion", "previous"
@@ -228,10 +228,17 @@ def load_theta(version: dict) -> Memory:
     return model.unwrap_python_model().memory
 
 
+def changed_since(memory: Path, as_of: str, registered_as: str | None) -> str | None:
+    """The checksum a memory's day has now where it differs from the one a version registered (the
+    version can no longer load: a forget changed its day); None while it loads."""
+    now = Datastore.read(memory).checksum(as_of)
+    return None if registered_as is None or now == registered_as else now
+
+
 def _loadable(name: str, version, memory: Path) -> None:
-    """Refuse a version whose memory changed since it was registered (it could not be loaded)."""
-    as_of, registered_as = version.tags.get("monim.as_of"), version.tags.get("monim.checksum")
-    if registered_as is not None and Datastore.read(memory).checksum(as_of) != registered_as:
+    """Refuse a version that can no longer load, naming the command that registers its day's state."""
+    as_of = version.tags.get("monim.as_of")
+    if changed_since(memory, as_of, version.tags.get("monim.checksum")):
         raise ValueError(f"{name} version {version.version} (Θ as of {as_of}) can no longer load: {memory} changed "
                          f"since it was registered; `monim register --as-of {as_of}` registers the day's state")
 
@@ -262,56 +269,62 @@ def rollback(uri: str, memory: Path) -> dict:
     return {"model": name, "champion": str(back.version), "previous": None}
 
 
+def registered_model(uri: str, memory: Path) -> str | None:
+    """The registered model of a memory, or None where it has none (learned without MLflow, or no local store)."""
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return None
+    try:
+        return registered(uri, memory)
+    except ValueError:
+        return None
+
+
 def stale_champion(uri: str, memory: Path) -> dict | None:
     """The champion of a memory's model if it can no longer load (what it reads changed since it was
     registered: a forget), with the checksum its day has now; None if it loads, or there is none."""
-    champion = find_version(uri, memory) if _has_champion(uri, memory) else None
-    if champion is None:
-        return None
-    now = Datastore.read(memory).checksum(champion["as_of"])
-    return None if now == champion["checksum"] else champion | {"checksum_now": now}
-
-
-@one_at_a_time
-def _has_champion(uri: str, memory: Path) -> bool:
     try:
-        return _alias(client(uri), registered(uri, memory), CHAMPION) is not None
-    except ValueError:  # no registered model
-        return False
+        champion = find_version(uri, memory)
+    except ValueError:  # no registered model, or no champion
+        return None
+    now = changed_since(memory, champion["as_of"], champion["checksum"])
+    return None if now is None else champion | {"checksum_now": now}
 
 
 @one_at_a_time
 def register_state(uri: str, memory: Path, as_of: str | None = None) -> dict:
     """Register a memory's current state (its last day, the day `as_of` and the champion's day) as new
-    versions where that state is not registered yet; a champion that can no longer load (a
-    forget changed its day) is replaced by its day's new version, with no gate: it is the same day
-    without what was forgotten."""
+    versions where that state is not registered yet. A champion that can no longer load (a forget
+    changed its day) is replaced, with no gate, by its day's new version (the same day without what
+    was forgotten), or by the last day's where its day was forgotten whole; `previous` is kept."""
     c, name, ds = client(uri), registered(uri, memory), Datastore.read(memory)
     if not ds.days:
         raise ValueError(f"{memory} holds no committed day to register")
-    stale = stale_champion(uri, memory)
-    days = {as_of or ds.days[-1].date, ds.days[-1].date} | ({stale["as_of"]} if stale else set())
-    unknown = sorted(d for d in days if not ds.committed(d))
-    if unknown:
-        raise ValueError(f"{memory} has no committed day {', '.join(unknown)}; its days: {ds.days[0].date} to {ds.days[-1].date}")
-    run_id = _versions(c, name)[-1].tags["monim.run_id"]  # the versions' artifacts go beside the newest's
+    if as_of is not None and not ds.committed(as_of):
+        raise ValueError(f"{memory} has no committed day {as_of}; its days: {ds.days[0].date} to {ds.days[-1].date}")
+    stale, last = stale_champion(uri, memory), ds.days[-1].date
+    replacing = None if stale is None else stale["as_of"] if ds.committed(stale["as_of"]) else last
+    days = {as_of or last, last} | ({replacing} if replacing else set())
+    newest = _versions(c, name)[-1]
+    run_id = newest.tags.get("monim.run_id")  # the versions' artifacts go beside the newest's
+    if run_id is None:
+        raise ValueError(f"{name} version {newest.version} names no MLflow run (tag monim.run_id) to log beside")
     out = {"model": name, "registered": {}}
     for day in sorted(days):
         version, new = _new_version(name, memory, day, ds.checksum(day), run_id, uri)
         out["registered"][day] = {"version": version, "new": new}
     if stale:
-        moved = _move_if(uri, name, stale["version"], out["registered"][stale["as_of"]]["version"])
-        out |= {"champion": moved, "replaced": stale["version"]}
+        champion = _replace_champion(uri, name, stale["version"], out["registered"][replacing]["version"])
+        out |= {"champion": champion, "replaced": stale["version"]}
     return out
 
 
 @one_at_a_time
-def _move_if(uri: str, name: str, expected: str, version: str) -> str:
-    """Move `champion` to `version` if it still points at `expected`; where it points after."""
+def _replace_champion(uri: str, name: str, expected: str, version: str) -> str | None:
+    """Point `champion` at `version` where it still points at `expected` (which can no longer load, so
+    `previous` stays as it is: a rollback must not return to it); where `champion` points after."""
     c = client(uri)
     now = _alias(c, name, CHAMPION)
     if now is not None and str(now.version) == str(expected):
-        move_champion(c, name, version)
+        c.set_registered_model_alias(name, CHAMPION, str(version))
         return str(version)
-    return str(now.version) if now is not None else None
-
+    return None if now is None else str(now.version)

@@ -155,3 +155,35 @@ def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following,
     repaired, _ = wait_for(port, lambda h: h["status"] == "ok" and h["version"] != served["version"], "ok again")
     assert repaired["as_of"] == "1987-03-02" and repaired["version"] not in ("1", served["version"])
     assert subprocess.run([MONIM, "fsck", "--workdir", str(workdir)], env=env, capture_output=True).returncode == 0
+
+
+def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before(following, invoke):
+    """The champion of the last day, that day forgotten whole (a takedown of a day): the champion
+    moves to the day before's state, `previous` stays a version that loads, and the server follows;
+    no answer after cites an article of the forgotten day."""
+    port, workdir, env, learn = following
+    newest = json.loads(subprocess.run([MONIM, "register", "--workdir", str(workdir), "--json"], env=env, check=True,
+                                       capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    last_day = newest["registered"]["1987-03-03"]["version"]
+    subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", last_day], env=env, check=True,
+                   capture_output=True, timeout=300)
+    wait_for(port, lambda h: h["version"] == last_day, "serving the last day")
+    memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
+    gone = set(json.loads((workdir / "memories" / "fullmem" / "shards" / memory["days"][-1]["shard"] / "docs.json").read_text()))
+    load = clients(invoke, port, "The company said")
+    try:
+        forget = subprocess.run([MONIM, "forget", "--workdir", str(workdir), "--day", "1987-03-03", "--json"], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert forget.returncode == 0, forget.stderr[-3000:]
+        done = time.monotonic()
+        moved = json.loads(forget.stdout.strip().splitlines()[-1])["registered"]["fullmem"]
+        assert moved["replaced"] == last_day and set(moved["registered"]) == {"1987-03-02"}
+        now, waited = wait_for(port, lambda h: h["version"] == moved["champion"], "serving the day before")
+        time.sleep(1)
+    finally:
+        load.stop()
+    assert {status for _, status, _ in load.asked} == {200} and now["as_of"] == "1987-03-02"
+    assert load.answered(done + waited) and not gone & set(load.cited(done + waited))
+    rollback = subprocess.run([MONIM, "rollback", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert rollback.returncode == 0, rollback.stderr[-2000:]  # `previous` is a version that loads, not the replaced one

@@ -92,15 +92,11 @@ def forget(workdir: Path = WORKDIR,
 def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optional[str] = None) -> dict | None:
     """A memory's state registered again (tasks.registry.register_state); None where it has no registered model."""
     use_workdir(workdir, api=False)
-    from tasks.registry import register_state, registered
-    from tasks.tracking import sqlite_file, tracking_uri
+    from tasks.registry import register_state, registered_model
+    from tasks.tracking import tracking_uri
 
     uri = tracking_uri(str(workdir), tracking)
-    if (db := sqlite_file(uri)) is not None and not db.exists():
-        return None
-    try:
-        registered(uri, root)
-    except ValueError:  # learned without MLflow: nothing registered to follow
+    if registered_model(uri, root) is None:  # learned without MLflow: nothing registered to follow
         return None
     with clear_errors(ValueError):
         return register_state(uri, root, as_of)
