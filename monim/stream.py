@@ -1,9 +1,9 @@
 """News streams: a source's records, day by day, each day split 98/1/1 into train, validation and test.
 
 A stream refuses (or, with on_error="skip", skips and counts) what it cannot trust: a bad record, an
-id met twice, a record dated after today; a late record (one out of date order, dated before a record
-above it) is refused naming it, or with on_error="skip" counted and named in the day it is read with,
-never learned. A feed with no article for the day to learn, past a lag, has stalled (FeedStalled).
+id met twice, a record dated after today. A late record (one out of date order, dated before a record
+above it) is no error: it is counted and named in the day it is read with, never learned, and never
+blocks a run. A feed with no article for the day to learn, past a lag, has stalled (FeedStalled).
 """
 
 from __future__ import annotations
@@ -166,11 +166,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
             pending += 1
             continue
         where, doc = rec
-        if last is not None and doc.date < last:
-            if on_error == "raise":
-                raise StreamError(f"{where}: field 'date': {doc.date} comes after {last}: {doc.id!r} is a late record; "
-                                  "monim reads a stream day by day and needs the source sorted by date (or count and "
-                                  "name late records, not learned: on_error=\"skip\", `--on-error skip`)")
+        if last is not None and doc.date < last:  # late news never blocks a run, whatever on_error says
             if date is not None:  # else it comes before `start`: another day's
                 late.append((doc.id, doc.date.isoformat()))
                 skipped += pending
