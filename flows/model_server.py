@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Callable
 
 import uvicorn
@@ -34,7 +35,10 @@ class Follower:
     """Keeps a Service on the version an alias points to: every `every` seconds `find()` says which
     version that is; a new one is loaded by `load(version)` on this thread while the served one
     answers, then handed to the service whole. A version that cannot be loaded leaves the last good
-    one serving (logged, and shown by /health), and is tried again at the next check."""
+    one serving (logged, and shown by /health), and is tried again once the alias moves, or after
+    RETRY_S (a damaged file may be repaired in place): a load takes the cores the answers need."""
+
+    RETRY_S = 300.0
 
     def __init__(self, service: Service, find: Callable[[], dict], load: Callable[[dict], Memory], every: float):
         self.service, self.find, self.load, self.every = service, find, load, every
@@ -42,6 +46,7 @@ class Follower:
         self.champion: dict | None = None  # the version the alias pointed to at the last check
         self.handed = {k: service.about.get(k) for k in SERVED}  # the version last handed to the service
         self.error: str | None = None  # why the alias's version is not served (it could not be found or loaded)
+        self._refused: tuple[dict, float] | None = None  # the version that could not be loaded, and when to try again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monim-follow", daemon=True)
 
@@ -62,14 +67,17 @@ class Follower:
         if self.champion == self.handed:
             self.error = None
             return False
+        if self._refused is not None and self._refused[0] == self.champion and time.monotonic() < self._refused[1]:
+            return False
         log.warning("the champion is now %s version %s (Θ as of %s): loading it", found["model"], found["version"],
                     found["as_of"])
         try:
             memory = self.load(found)
         except Exception as e:  # noqa: BLE001
+            self._refused = (self.champion, time.monotonic() + self.RETRY_S)
             return self._failed(f"version {found['version']} could not be loaded: {type(e).__name__}: {e}; still "
                                 f"serving version {self.service.about.get('version')}")
-        self.error, self.handed = None, self.champion
+        self.error, self.handed, self._refused = None, self.champion, None
         self.service.swap(memory, self.champion)
         return True
 
