@@ -83,7 +83,7 @@ class Datastore:
         self.manifest = upgrade(manifest, self.root)
         self._values: np.ndarray | None = None
         self._weights: np.ndarray | None = None
-        self._pinned: dict[tuple[str, str], object] | None = None
+        self._pinned: dict[str, dict[str, object]] | None = None  # shard -> its files, opened by pin()
 
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""

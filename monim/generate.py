@@ -163,6 +163,8 @@ class Decoder:
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
         self.retrieve = memory is not None and memory.retrieves
+        if self.retrieve:
+            memory.sync()
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
         self.cache: DynamicCache | None = None
@@ -183,8 +185,6 @@ class Decoder:
         if limit and len(ids) + cfg.max_new_tokens > limit:
             raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({cfg.max_new_tokens}) exceed the "
                              f"model's {limit} positions")
-        if self.retrieve:
-            self.memory.sync()
         row = Row(prompt, ids, cfg, should_stop)
         self.waiting.append(row)
         return row

@@ -198,10 +198,10 @@ def iter_days(
 ) -> Iterator[Day]:
     """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
 
-    Sources must be sorted by date. A bad record raises StreamError, or with on_error="skip" is
-    skipped and counted in the `skipped` of the day it falls in (between two days: the later); a late
-    record likewise, named in the `late` of the day whose records it follows. A text repeated within a
-    day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
+    A bad record raises StreamError, or with on_error="skip" is skipped and counted in the `skipped`
+    of the day it falls in (between two days: the later). A late record (out of date order) is no
+    error: it is named in the `late` of the day whose records it follows, not learned. A text repeated
+    within a day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
     """
     for date, docs, skipped, late in _day_documents(source, start, end, on_error):
         yield _make_day(date, docs, seed, skipped, late)
