@@ -31,6 +31,7 @@ class DayStats:
     version: int  # the memory's version after the day
     seconds: dict = field(default_factory=dict)
     index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
+    searched: int | None = None  # tokens the decision searched the memory for (None: Θ searched nothing)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -48,14 +49,26 @@ def _timed(search: Callable, timer: dict) -> Callable:
     return timed
 
 
+def _uncertain(search: Callable, policy: Policy, lam_max: float) -> Callable:
+    """The memory's search for only the tokens whose decision the memory can change
+    (monim.policies.MoNIM.certain): the others keep no neighbours, the LM alone deciding them as Θ would."""
+    def search_uncertain(batch):
+        return search(batch, wanted=~policy.certain(batch.logp, batch.max_logp, lam_max))
+
+    return search_uncertain
+
+
 def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | None = None, seed: int = 0,
-                 force: bool = False, progress: Callable[[int, int], None] | None = None) -> DayStats:
+                 force: bool = False, progress: Callable[[int, int], None] | None = None,
+                 decision_skip: bool = True) -> DayStats:
     """Score a day's training documents with Θ (LM + memory so far), apply the policy, commit,
     and update the index. Re-running a committed day is a no-op unless forced.
 
     `features`: where the LM's view of the documents comes from (a feature store other policies'
     runs may have filled already); default: the LM runs under the memory's window.
     `progress(tokens_done, tokens_total)` is called after each scored batch.
+    `decision_skip`: search the memory only for the tokens whose decision it can change (the same
+    entries are stored; off: every token is searched).
     """
     with memory.writing():  # one writer at a time; the manifest re-read under the lock
         ds, date = memory.ds, day.date.isoformat()
@@ -73,13 +86,18 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         started = time.perf_counter()
         memory.sync()
         decide = functools.partial(memory.search, k=memory.settings.index.k_decide)
-        search = _timed(decide, timer) if memory.retrieves and policy.uses_theta else None
+        search = None
+        if memory.retrieves and policy.uses_theta:
+            search = _timed(_uncertain(decide, policy, memory.lam_max) if decision_skip else decide, timer)
+        searched = 0
         total = sum(max(0, len(t) - 1) for t in tokens)
         for batch in features.scores(docs, f"{date}-train", search, tokens):
             t = time.perf_counter()
             timer["lm_and_search"] += t - started
             keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
             parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
+            if batch.knn_values is not None:
+                searched += len(batch) if batch.knn_skipped is None else int((~batch.knn_skipped).sum())
             sample.add(batch)
             tokens_seen += len(batch)
             if progress:
@@ -100,4 +118,5 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         index = memory.sync()
         timer["index"] = index.pop("seconds")
         memrate = len(entries) / tokens_seen if tokens_seen else 0.0
-        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index)
+        return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index,
+                        searched if search is not None else None)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from monim.atomic import checksum
-from monim.calibrator import Calibrator, examples
+from monim.calibrator import LAM_CEIL, Calibrator, examples
 from monim.datastore import Datastore
 from monim.manifest import DayRecord
 from monim.dedup import Signatures, TwinIndex
@@ -218,6 +218,20 @@ class Memory:
             return prior_lam(copied, lam, self.theta().get("lam_copy", lam))
         return lam
 
+    @property
+    def lam_max(self) -> float:
+        """The largest λ `lam` gives any token by the rule: the constant λ, the prior's larger of λ and
+        λ_copy, the calibrator's ceiling (LAM_CEIL, 0.99: bounds Θ so loosely that no decision is
+        certain, monim.policies.MoNIM.certain), 0 for the LM alone."""
+        rule, lam = self.rule, self.interpolation.lam
+        if rule == "lm":
+            return 0.0
+        if rule == "calibrator" and self.calibrator() is not None:
+            return LAM_CEIL
+        if rule == "prior":
+            return max(lam, self.theta().get("lam_copy", lam))
+        return lam
+
     def theta_scores(self, batch: TokenScores) -> ThetaScores:
         """log P(target), max log P and top-1 of each token under Θ."""
         return theta_scores(batch, self.interpolation, len(self.lm.tokenizer), self.lam(batch))
@@ -340,21 +354,23 @@ class Memory:
         today = self.today.toordinal() if self.days else 0
         return np.where(day >= 0, today - ordinals[day], 0)
 
-    def search(self, batch: TokenScores, skip: bool = True, k: int | None = None) -> Found:
+    def search(self, batch: TokenScores, skip: bool = True, k: int | None = None,
+               wanted: np.ndarray | None = None) -> Found:
         """The LM's hook (monim.scoring.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
         calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
         alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
-        article); the others are searched in full."""
+        article); the others are searched in full. `wanted` (bool per token; None: all): the only
+        tokens searched at all, the others keep no neighbours (skipped)."""
         cfg, k = self.calibrator_cfg, k or self.index.cfg.k
-        wanted = np.ones(len(batch), bool)
+        wanted = np.ones(len(batch), bool) if wanted is None else np.array(wanted, bool)
         keys = batch.key.astype(np.float32)
         calibrator = self.calibrator() if skip and self.settings.calibrated and cfg.skip_threshold is not None else None
-        if calibrator is not None:
-            first = dataclasses.replace(batch, knn_dist=None, knn_values=None)
-            first.knn_dist, first.knn_values = self.neighbors(keys, cfg.gate_k, exact=True)
-            wanted = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
-                      | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys**2).sum(axis=1)))
+        if calibrator is not None and wanted.any():
+            first = dataclasses.replace(batch, knn_dist=None, knn_values=None) if wanted.all() else batch.select(wanted)
+            first.knn_dist, first.knn_values = self.neighbors(keys[wanted], cfg.gate_k, exact=True)
+            wanted[wanted] = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
+                              | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys[wanted]**2).sum(axis=1)))
         dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
         if wanted.any():
             dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)

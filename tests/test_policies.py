@@ -1,11 +1,13 @@
 """Memorization policies: AMT by hand, RandMem's rate, KL's score, and the daily learning effect."""
 
 import datetime as dt
+import shutil
 
 import numpy as np
 import pytest
 
 from monim.knnlm import ThetaScores
+from monim.calibrator import LAM_CEIL
 from monim.lm import load_lm
 from monim.calibration import calibrate
 from monim.memorize import memorize_day
@@ -106,3 +108,100 @@ def test_monim_learns_repeated_text_stores_less(smollm, data_dir, tmp_path):
         stored[kind] = s2.memrate
     assert 0.1 < s1.memrate < 0.9  # day 1 against the bare LM stores part of the text
     assert stored["repeat"] < 0.25 * stored["new"], stored
+
+
+def theta_draws(rng, n, vocab, lam_max):
+    """n random tokens: an LM distribution over `vocab` (peaked to flat; float32 log probs as the LM
+    gives them), a target (often the LM's top one), λ in [0, λ_max] (often an end) and a P_kNN
+    (all on the target, all on the LM's top token, all on another token, or spread at random)."""
+    logits = rng.standard_normal((n, vocab)) * rng.choice([0.3, 2.0, 6.0, 15.0], n)[:, None]
+    lm = np.log(np.exp(logits - logits.max(1, keepdims=True)) / np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+    lm = lm.astype(np.float32).astype(np.float64)
+    top = lm.argmax(1)
+    target = np.where(rng.random(n) < 0.3, top, rng.integers(0, vocab, n))
+    lam = np.select([rng.random(n) < 0.3, rng.random(n) < 0.15], [lam_max, 0.0], rng.uniform(0, lam_max, n))
+    knn = rng.dirichlet(np.full(vocab, 0.3), n)
+    onto = rng.integers(0, 4, n)  # 0: spread, 1: the target, 2: the LM's top token, 3: another token
+    other = (target + 1 + rng.integers(0, vocab - 1, n)) % vocab
+    for kind, at in ((1, target), (2, top), (3, other)):
+        rows = onto == kind
+        knn[rows] = 0.0
+        knn[rows, at[rows]] = 1.0
+    theta = np.log((1 - lam)[:, None] * np.exp(lm) + lam[:, None] * knn)
+    rows = np.arange(n)
+    return lm[rows, target], lm.max(1), theta[rows, target], theta.max(1)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_a_certain_decision_is_the_decision_of_every_theta(adaptive):
+    """Brute force: for every token called certain, Θ (any λ <= λ_max, any P_kNN) decides as it said."""
+    rng = np.random.default_rng(0)
+    certain_seen = 0
+    for delta in (-0.5, -1.5, -3.0):
+        policy = MoNIM(delta=delta, adaptive=adaptive)
+        for lam_max in (0.05, 0.25, 0.5, 0.9):
+            for vocab in (2, 16, 200):
+                p, m, logp, max_logp = theta_draws(rng, 4000, vocab, lam_max)
+                store, skip = policy.decided(p.astype(np.float32), m.astype(np.float32), lam_max)
+                assert not (store & skip).any()
+                actual = policy.select(None, theta(logp, max_logp), None, None)
+                assert actual[store].all() and not actual[skip].any(), (delta, lam_max, vocab)
+                lm_alone = policy.select(None, theta(p, m), None, None)  # λ = 0: what an unsearched token gets
+                assert lm_alone[store].all() and not lm_alone[skip].any()
+                certain_seen += (store | skip).sum()
+    assert certain_seen > 50_000  # the draws did put the bound to work
+
+
+def test_certain_decisions_by_hand():
+    amt, fixed = MoNIM(-1.5, adaptive=True), MoNIM(-1.5, adaptive=False)
+    lg = np.log
+    # p = m = 0.9 (x_t is the LM's top token), λ_max 0.25: L >= log(0.75*0.9) = log 0.675 = -0.393,
+    # M <= log(0.25 + 0.675) = log 0.925 = -0.078; g >= -0.393*(-0.078 + 0.393 + 0.5) = -0.320 >= -1.5: skipped for sure
+    store, skip = amt.decided(np.array([lg(0.9)]), np.array([lg(0.9)]), 0.25)
+    assert skip.tolist() == [True] and store.tolist() == [False]
+    # p = 0.001, m = 0.9, λ_max 0.25: L <= log(0.25 + 0.00075) = -1.383, M >= log(0.675) = -0.393;
+    # g <= -1.383*(-0.393 + 1.383 + 0.5) = -2.06 < -1.5: stored for sure (with the fixed δ too: -1.383 < -1.5? no)
+    store, skip = amt.decided(np.array([lg(0.001)]), np.array([lg(0.9)]), 0.25)
+    assert store.tolist() == [True] and skip.tolist() == [False]
+    assert not fixed.certain(np.array([lg(0.001)]), np.array([lg(0.9)]), 0.25)[0]  # L could reach -1.383 >= -1.5
+    # fixed δ, λ_max 0.1: L <= log(0.1 + 0.9*0.1) = log 0.19 = -1.66 < -1.5: stored for sure
+    assert fixed.decided(np.array([lg(0.1)]), np.array([lg(0.5)]), 0.1)[0].tolist() == [True]
+    # p = m = 0.3, λ_max 0.25: L in [log 0.225, log 0.475] = [-1.492, -0.744], M <= log 0.475; g(L_lo, M_hi) =
+    # -1.492*(-0.744 + 1.492 + 0.5) = -1.862 < -1.5 and g(L_hi, M_lo) = -0.744*0.5 = -0.372 >= -1.5: uncertain
+    assert not amt.certain(np.array([lg(0.3)]), np.array([lg(0.3)]), 0.25)[0]
+    # λ_max 0: Θ is the LM, every token is certain (but those within the rounding slack of δ); the
+    # calibrator's ceiling 0.99: none is
+    rng = np.random.default_rng(1)
+    p, m, _, _ = theta_draws(rng, 2000, 50, 0.0)
+    assert amt.certain(p, m, 0.0).mean() > 0.99 and fixed.certain(p, m, 0.0).mean() > 0.99
+    assert not amt.certain(p, m, LAM_CEIL).any() and not fixed.certain(p, m, LAM_CEIL).any()
+
+
+def entries(memory):
+    ds = memory.ds
+    return {a: np.concatenate([np.asarray(ds.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
+
+
+def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smollm, data_dir, tmp_path):
+    """Day 2 memorized onto the same memory (constant λ) with and without the skip: the same entries."""
+    days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
+    first, second = [d.train[0] for d in days]
+    cut = lambda doc, n: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:n])  # noqa: E731
+    start = Memory(tmp_path / "start", smollm)
+    memorize_day(start, article_day(dt.date(2022, 6, 1), cut(first, 600), "a"), make_policy("fullmem"))
+    assert start.rule == "constant" and start.lam_max == start.interpolation.lam == 0.25
+    day2 = Day(dt.date(2022, 6, 2), [Document("b", dt.date(2022, 6, 2), cut(first, 400)),  # a repeat: the memory matters
+                                     Document("c", dt.date(2022, 6, 2), cut(second, 400))], [], [])
+    stats, stored = {}, {}
+    for skip in (True, False):
+        shutil.copytree(tmp_path / "start", tmp_path / str(skip))
+        memory = Memory(tmp_path / str(skip), smollm)
+        stats[skip] = memorize_day(memory, day2, make_policy("monim-amt"), decision_skip=skip)
+        stored[skip] = entries(memory)
+    assert stats[False].searched == stats[False].tokens_seen == stats[True].tokens_seen
+    assert 0 < stats[True].searched < 0.8 * stats[True].tokens_seen, stats[True]  # part of the tokens were certain
+    assert stats[True].stored == stats[False].stored > 0
+    for a in stored[True]:
+        np.testing.assert_array_equal(stored[True][a], stored[False][a], a)
+    bare = Memory(tmp_path / "bare", smollm)  # the memory did change decisions: the bare LM stores another set
+    assert memorize_day(bare, day2, make_policy("monim-amt")).stored != stats[True].stored
