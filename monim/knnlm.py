@@ -28,7 +28,7 @@ def knn_target_logprob(logw: torch.Tensor, values: torch.Tensor, target: torch.T
 
 def knn_full_probs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """p_kNN over the whole vocabulary [n, V]: the weights of neighbours sharing a value summed."""
-    probs = torch.zeros(len(values), vocab_size, dtype=logw.dtype)
+    probs = torch.zeros(len(values), vocab_size, dtype=logw.dtype, device=logw.device)
     return probs.scatter_add_(1, values.clamp(min=0).long(), logw.exp())  # missing ones weigh 0
 
 
@@ -69,32 +69,37 @@ def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
 
 
 def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray | None = None,
-                 chunk: int = 256) -> ThetaScores:
+                 chunk: int = 256, device: torch.device | str = "cpu") -> ThetaScores:
     """Score a batch (monim.scoring.TokenScores with neighbours) under the interpolated model.
 
     λ is the constant `interp.lam` or, given, one per token (a calibrator's); rows without
     neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated distribution
     lies at the LM's top token or at one of the neighbours' values, so only those candidates are
-    evaluated (exactly, from the full kNN distribution of `chunk` rows at a time).
+    evaluated (exactly, from the full kNN distribution of `chunk` rows at a time, on `device`).
     """
     if batch.knn_values is None:  # an empty memory: Θ is the bare LM
         return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
-    lams = row_lam(batch.knn_values, interp.lam if lam is None else lam)
+    lams = row_lam(batch.knn_values, interp.lam if lam is None else lam).to(device)
+
+    def on(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(device)
+
     out = []
     for i in range(0, len(batch), chunk):
         sl = slice(i, i + chunk)
-        values = torch.from_numpy(batch.knn_values[sl]).long()
-        logw = knn_log_weights(torch.from_numpy(batch.knn_dist[sl]), values, interp.temperature, _prior(batch, sl))
+        values = on(batch.knn_values[sl]).long()
+        prior = _prior(batch, sl)
+        logw = knn_log_weights(on(batch.knn_dist[sl]), values, interp.temperature, None if prior is None else prior.to(device))
         probs = knn_full_probs(logw, values, vocab_size)
-        target, top = torch.from_numpy(batch.target[sl]).long(), torch.from_numpy(batch.argmax[sl]).long()
-        logp = interpolate(torch.from_numpy(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), lams[sl])
+        target, top = on(batch.target[sl]).long(), on(batch.argmax[sl]).long()
+        logp = interpolate(on(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), lams[sl])
         cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
-        cand_lm = torch.cat([torch.from_numpy(batch.max_logp[sl])[:, None], torch.from_numpy(batch.lm_logp_values[sl])], 1)
+        cand_lm = torch.cat([on(batch.max_logp[sl])[:, None], on(batch.lm_logp_values[sl])], 1)
         cand = interpolate(cand_lm, probs.gather(1, cand_ids).log(), lams[sl])
         cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
         best = cand.argmax(dim=1)
         out.append((logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))
-    logp, max_logp, argmax = (torch.cat(p).numpy() for p in zip(*out))
+    logp, max_logp, argmax = (torch.cat(p).cpu().numpy() for p in zip(*out))
     return ThetaScores(logp, max_logp, argmax.astype(np.int32))
 
 

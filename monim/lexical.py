@@ -44,6 +44,8 @@ class LexicalCounts:
     def features(self, prev: np.ndarray) -> np.ndarray:
         """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token."""
         prev = np.asarray(prev, dtype=np.int64)
+        if not len(self.count):  # nothing memorized yet
+            return np.zeros((len(prev), 2), np.float32)
         known = prev < len(self.count)
         at = np.where(known, prev, 0)
         count = np.where(known, self.count[at], 0)

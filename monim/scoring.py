@@ -20,9 +20,10 @@ from monim.lm import LM
 from monim.sources import Document
 
 CONTEXT_MODES = ("carry", "document", "recompute")
-# device type -> (rows per forward pass, tokens per vocabulary projection) where the config leaves them open:
-# a GPU needs large batches to be busy; a CPU runs as fast with 8 rows and keeps the logits small
-DEVICE_BATCH = {"cpu": (8, 256), "cuda": (64, 1024)}
+# device type -> (rows per forward pass, tokens per vocabulary projection, tokens planned together) where the
+# config leaves them open: a GPU needs large batches to be busy (and a plan large enough to fill them); a CPU
+# runs as fast with 8 rows and keeps the logits small
+DEVICE_BATCH = {"cpu": (8, 256, 1 << 16), "cuda": (128, 1024, 1 << 20)}
 
 
 @dataclass
@@ -127,7 +128,7 @@ def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
     """The config fitted to the model: context + stride shrunk (context first) to its maximum
     positions; a model that cannot carry context (no rotary positions, or a KV cache that cannot
     be cut to its last entries) recomputes the windows; batch and head chunk left open are the device's."""
-    rows, chunk = DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])
+    rows, chunk, _ = DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])
     cfg = replace(cfg, batch_size=cfg.batch_size or rows, head_chunk=cfg.head_chunk or chunk)
     limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
     if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and stepwise(lm)):
@@ -143,13 +144,19 @@ def stepwise(lm: LM) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
 
 
+Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
+
+
 @torch.inference_mode()
 def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tuple[int, int, Span]],
-                cfg: ScoreConfig, neighbors: Neighbors | None, keep_hidden: bool) -> Iterator[TokenScores]:
+                cfg: ScoreConfig, neighbors: Neighbors | None, keep_hidden: bool) -> Pending:
     """The kept outputs of a forward pass (`picks`: row, column of input `a`, span) as TokenScores.
 
-    The vocabulary projection runs `cfg.head_chunk` rows at a time; each chunk's LM statistics are
-    known before its neighbours are searched (so a retriever can decide to skip rows)."""
+    The vocabulary projection runs `cfg.head_chunk` rows at a time. Without `neighbors` the whole
+    pass's statistics stay on the device and are copied to the host at once, queued behind the pass:
+    the caller queues the next pass before reading them, so the GPU never waits for the host. With
+    `neighbors`, each chunk's LM statistics are read before its neighbours are searched (so a
+    retriever can decide to skip rows)."""
     rows, cols, doc_ids, positions, prev, targets = [], [], [], [], [], []
     for b, c, sp in picks:
         n = sp.e - sp.keep
@@ -162,8 +169,9 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     at = (torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device))
     hidden, keys = hidden[at], keys[at]
     target = torch.tensor(targets, device=lm.device)
-    doc_ids, positions, prev = np.array(doc_ids, dtype=object), np.array(positions, np.int32), np.array(prev, np.int32)
-    parts = []
+    host = dict(doc_id=np.array(doc_ids, dtype=object), position=np.array(positions, np.int32),
+                prev=np.array(prev, np.int32), target=np.array(targets, np.int32))
+    chunks = []
     for i in range(0, len(targets), cfg.head_chunk):
         sl = slice(i, i + cfg.head_chunk)
         logits = lm.logits(hidden[sl])
@@ -173,21 +181,45 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         total = exp.sum(dim=-1)
         log_total = total.log()
         lse = top.values + log_total
-        part = TokenScores(
-            doc_id=doc_ids[sl], position=positions[sl], prev=prev[sl],
-            target=target[sl].to(torch.int32).cpu().numpy(),
-            logp=(logits.gather(1, target[sl, None])[:, 0] - lse).cpu().numpy(),
-            max_logp=(-log_total).cpu().numpy(),
-            entropy=(log_total - (exp * shifted).sum(dim=-1) / total).cpu().numpy(),
-            argmax=top.indices.to(torch.int32).cpu().numpy(),
-            key=keys[sl].to(torch.float16).cpu().numpy(),
-            hidden=hidden[sl].float().cpu().numpy() if keep_hidden else None,
-        )
+        stats = torch.stack([logits.gather(1, target[sl, None])[:, 0] - lse, -log_total,
+                             log_total - (exp * shifted).sum(dim=-1) / total], dim=1)
+        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16),
+                     hidden=hidden[sl].float() if keep_hidden else None)
         if neighbors is not None:
+            part = _scores({f: v[sl] for f, v in host.items()}, _to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
-        parts.append(part)
-    if parts:
-        yield TokenScores.concat(parts)
+            chunks.append(part)
+        else:
+            chunks.append(chunk)
+    if not chunks:
+        return lambda: None
+    if neighbors is not None:
+        return lambda: TokenScores.concat(chunks)
+    whole = _to_host({f: None if chunks[0][f] is None else torch.cat([c[f] for c in chunks]) for f in chunks[0]},
+                     wait=False)
+    done = torch.cuda.Event() if lm.device.type == "cuda" else None
+    if done is not None:
+        done.record()
+
+    def read() -> TokenScores:
+        if done is not None:
+            done.synchronize()
+        return _scores(host, whole)
+
+    return read
+
+
+def _to_host(tensors: dict[str, torch.Tensor | None], wait: bool = True) -> dict[str, torch.Tensor | None]:
+    """Device tensors copied to the host (`wait=False`: queued into pinned memory, not yet safe to read)."""
+    return {f: None if t is None else t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
+
+
+def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor | None]) -> TokenScores:
+    """TokenScores from a pass's host-side fields and its statistics copied from the device."""
+    floats = stats["stats"].numpy()
+    return TokenScores(**host, logp=floats[:, 0].copy(), max_logp=floats[:, 1].copy(), entropy=floats[:, 2].copy(),
+                       argmax=stats["argmax"].numpy(), key=stats["key"].numpy(),
+                       hidden=None if stats["hidden"] is None else stats["hidden"].numpy())
 
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
@@ -195,6 +227,13 @@ def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, 
     part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = neighbors(part)
     at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
     part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+
+
+def _ready(queued: Pending, new: Pending) -> Iterator[TokenScores]:
+    """Yield the previous pass's scores once the next pass is queued behind them; the next becomes the queued one."""
+    if (scores := queued()) is not None:
+        yield scores
+    return new
 
 
 def _pad_id(lm: LM) -> int:
@@ -217,6 +256,7 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             i = len(rows) - 1
         rows[i].append(sp)
         room[i] -= sp.e - sp.a
+    queued: Pending = lambda: None
     for i in range(0, len(rows), cfg.batch_size):
         batch = rows[i : i + cfg.batch_size]
         width = max(sum(s.e - s.a for s in row) for row in batch)
@@ -232,7 +272,8 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
                 c += sp.e - sp.a
             pos[b, c:] = torch.arange(width - c)  # padding: a sequence of its own
         hidden, keys = lm.forward(ids.to(lm.device), position_ids=pos.to(lm.device))
-        yield from _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden)
+        queued = yield from _ready(queued, _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden))
+    yield from _ready(queued, lambda: None)
 
 
 @torch.inference_mode()
@@ -248,6 +289,7 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
     keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride - sink
     cache, past = DynamicCache(config=lm.model.config), torch.zeros((len(docs), 0), dtype=torch.long)
     origin = [steps[0].a for steps in docs]
+    queued: Pending = lambda: None
     for j in range(len(docs[0])):
         step = [steps[j] for steps in docs]
         width = max(sp.e - sp.a for sp in step)
@@ -259,7 +301,8 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
         pos = torch.tensor([sp.a - o for sp, o in zip(step, origin)])[:, None] + torch.arange(width)
         past = torch.cat([past, mask], dim=1)
         hidden, keys = lm.forward(ids.to(lm.device), past.to(lm.device), pos.to(lm.device), cache)
-        yield from _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)], cfg, neighbors, keep_hidden)
+        queued = yield from _ready(queued, _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)],
+                                                        cfg, neighbors, keep_hidden))
         live = [b for b, steps in enumerate(docs) if len(steps) > j + 1]
         if len(live) < len(docs):
             docs, origin, past = [docs[b] for b in live], [origin[b] for b in live], past[live]
@@ -269,6 +312,7 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
                 layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
                 layer.values = torch.cat([layer.values[:, :, :sink], layer.values[:, :, -keep:]], dim=2)
             past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
+    yield from _ready(queued, lambda: None)
 
 
 def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,
@@ -296,10 +340,12 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
 
 def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,
                  neighbors: Neighbors | None = None, keep_hidden: bool = False,
-                 buffer_tokens: int = 1 << 16) -> Iterator[TokenScores]:
+                 buffer_tokens: int | None = None) -> Iterator[TokenScores]:
     """Score token sequences (id, token ids, first target position) like `score`; sequences are
-    planned `buffer_tokens` at a time (memory stays bounded), so batches need not follow their order."""
+    planned `buffer_tokens` at a time (None: the device's; memory stays bounded), so batches need not
+    follow their order."""
     cfg = fit_window(lm, cfg or ScoreConfig())
+    buffer_tokens = buffer_tokens or DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])[2]
     buffer: list[Sequence] = []
     size = 0
     for seq in sequences:

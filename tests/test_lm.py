@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from monim.lm import last_mlp, load_lm
-from monim.scoring import ScoreConfig, score, windows
+from monim.scoring import Found, ScoreConfig, score, score_tokens, windows
 from monim.stream import Document
 
 TEXT = (
@@ -173,3 +173,26 @@ def test_document_context_equals_full_pass_and_packs_short_documents(tiny_model_
         assert np.array_equal(got["target"][mine], targets)
         np.testing.assert_allclose(got["logp"][mine], ref[np.arange(len(targets)), targets], atol=2e-5)
         np.testing.assert_allclose(got["entropy"][mine], -(np.exp(ref) * ref).sum(-1), atol=2e-4)
+
+
+def test_statistics_read_once_a_pass_equal_those_read_per_chunk_and_the_passes_are_the_plans(tiny_model_dir):
+    """Without a memory to search, a pass's statistics are read from the device once, after the next
+    pass is queued: they equal the per-chunk path's (with a search hook), and the passes are the
+    plan's: one-step documents packed `batch_size` rows a pass, longer ones stepped in lockstep."""
+    lm = load_lm(str(tiny_model_dir("llama")))
+    rng = np.random.default_rng(0)
+    seqs = [(f"s{i}", rng.integers(1, 500, n).tolist(), 1) for i, n in enumerate([9] * 7 + [30, 25, 14])]
+    cfg = ScoreConfig(stride=8, context=8, batch_size=4, head_chunk=5)
+    passes, forward = [0], lm.forward
+    lm.forward = lambda *a, **k: (passes.__setitem__(0, passes[0] + 1), forward(*a, **k))[1]
+    plain = list(score_tokens(lm, seqs, cfg))
+    # 7 one-step documents (9 tokens: 8 inputs) fill 7 rows of 8, 4 a pass: 2 passes; the 3 longer ones
+    # step together, leaving as they end: ceil(29/8) = 4 steps
+    assert passes[0] == 2 + 4 and len(plain) == passes[0]
+    empty = lambda b: Found(np.full((len(b), 1), np.inf, np.float32), np.full((len(b), 1), -1, np.int32),
+                            np.full((len(b), 1), -1, np.int64))
+    searched = list(score_tokens(lm, seqs, cfg, empty))
+    for f in ("doc_id", "position", "prev", "target", "logp", "max_logp", "entropy", "argmax", "key"):
+        a, b = (np.concatenate([getattr(x, f) for x in part]) for part in (plain, searched))
+        assert np.array_equal(a, b), f
+    assert sum(len(b) for b in plain) == sum(n - 1 for _, toks, _ in seqs for n in [len(toks)])

@@ -12,7 +12,8 @@ from monim.lm import load_lm
 from monim.calibration import calibrate
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.policies import KL, MoNIM, RandMem, amt_threshold, key_surprisal
+from monim.policies import KL, MoNIM, RandMem, key_surprisal
+from monim.threshold import amt_threshold
 from monim.catalogue import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
