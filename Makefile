@@ -1,11 +1,13 @@
 # `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests;
 # `make test-fast`: the tests without the real LM, flows, servers or shared data (about 2 minutes);
-# both on two pytest-xdist workers, a test file per worker.
+# both on two pytest-xdist workers, a test file per worker; PYTEST_ARGS picks files or tests
+# (`make test PYTEST_ARGS=tests/test_dashboards.py`).
 VENV ?= .venv
+PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast clean
+.PHONY: run test test-fast browser clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv --clear $(VENV)  # anew: a changed dependency (faiss-cpu -> faiss-gpu) never mixes with the old
@@ -18,11 +20,26 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/monim run
 
-test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+test: $(STAMP) browser
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+
+# The dashboards' browser test (tests/test_dashboards.py, slow) drives Debian's Chromium through Playwright
+# (Playwright's own browser download needs its CDN, which is not reachable). Installed once with apt-get when
+# missing (as root), then started headless the way the test starts it: make test stops here, saying what is
+# missing, rather than let the test skip.
+BROWSER_HELP := Debian/Ubuntu: sudo apt-get install chromium; or make test-fast, which leaves the slow tests out
+browser: $(STAMP)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  { echo "make test: no Chromium for the dashboards' browser test ($(BROWSER_HELP))" >&2; exit 1; }
+	@$(PY) -c 'import shutil; from playwright.sync_api import sync_playwright; \
+	  p = sync_playwright().start(); \
+	  p.chromium.launch(args=["--no-sandbox"], executable_path=shutil.which("chromium") or shutil.which("chromium-browser")).close(); \
+	  p.stop()' || { echo "make test: Chromium does not start headless for the dashboards' browser test ($(BROWSER_HELP))" >&2; exit 1; }
 
 clean:
 	rm -rf $(VENV)
