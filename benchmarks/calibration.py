@@ -32,7 +32,7 @@ from monim.features import Features
 from monim.scoring import ScoreConfig
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.sources import Document
 from news_days import REPO, first_days, parser

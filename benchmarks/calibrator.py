@@ -30,7 +30,7 @@ from monim.knnlm import Interpolation, perplexity, theta_scores
 from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from news_days import first_days, parser
 

@@ -46,7 +46,7 @@ from monim.features import Features
 from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.qa import answer_questions, read_questions, wilson
 from monim.scoring import ScoreConfig

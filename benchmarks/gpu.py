@@ -101,12 +101,7 @@ def timed(fn, device: torch.device, reps: int = 1) -> float:
 def counting_passes(lm: LM):
     """Count the LM's forward passes (the plan's) while the block runs."""
     count, forward = [0], lm.forward
-
-    def counted(*args, **kwargs):
-        count[0] += 1
-        return forward(*args, **kwargs)
-
-    lm.forward = counted
+    lm.forward = lambda *args, **kwargs: (count.__setitem__(0, count[0] + 1), forward(*args, **kwargs))[1]
     try:
         yield count
     finally:
@@ -412,11 +407,7 @@ def main() -> None:
     section("paper_day", day)
     held.clear()
 
-    def par() -> None:
-        report["parity"] = parity(device)
-        print(f"parity: {report['parity']}", flush=True)
-
-    section("parity", par)
+    section("parity", lambda: print(f"parity: {report.setdefault('parity', parity(device))}", flush=True))
     print(f"wrote {path} ({report['seconds']:.0f} s)")
 
 

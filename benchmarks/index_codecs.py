@@ -24,7 +24,7 @@ from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.scoring import ScoreConfig
 from monim.sources import open_source

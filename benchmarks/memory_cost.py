@@ -33,7 +33,7 @@ from monim.memory import Memory
 from monim.records import memory_status
 from monim.scoring import ScoreConfig
 from monim.stream import list_dates, read_day
-from monim.theta import Settings
+from monim.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

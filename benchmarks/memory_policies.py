@@ -24,7 +24,7 @@ from monim.scoring import ScoreConfig, score
 from monim.calibration import calibrate
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from news_days import first_days, parser
 

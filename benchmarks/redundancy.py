@@ -29,7 +29,7 @@ from monim.memory import Memory
 from monim.scoring import ScoreConfig
 from monim.sources import Document
 from monim.stream import Day, read_day
-from monim.theta import Settings
+from monim.settings import Settings
 
 
 def lead_dropped(text: str) -> str:

@@ -32,8 +32,8 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
     with ended(comparison, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side; the report "
                                     "is among this run's artifacts"):
         for policy in catalogue.learning_order(policies):
-            params = catalogue.followed_params(policy, {p: s["memrate"] for p, s in summary.items()})
-            runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "policy_params": params})
+            follows = catalogue.followed_memrate(policy, {p: s["memrate"] for p, s in summary.items()})
+            runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "followed_memrate": follows})
             summary[policy] = summarize(learn_stream(runs[policy], start, end, experiment, uri, wait=wait, comparison=comparison))
         table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()}
                  for p in policies]

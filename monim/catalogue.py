@@ -4,14 +4,16 @@ in, and the one rule between them (RandMem stores at MoNIM's rate when both run)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from importlib import import_module
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where a policy is made: help texts and names need no torch
     from monim.policies import Policy
+    from monim.settings import PolicyConfig
 
 BARE, MEMORY, LEARNER = "bare", "memory", "learner"  # the kinds of run
+DEFAULT_RATE = 0.5  # RandMem's and KL's share where neither the run nor a followed MemRate sets it
+
 
 
 @dataclass(frozen=True)
@@ -21,20 +23,25 @@ class Entry:
     name: str
     kind: str
     help: str
-    make: str | None = None  # a memory policy's class in monim.policies, params from the run's policy_params
+    make: str | None = None  # a memory policy's class in monim.policies, params from the run's PolicyConfig
     fixed: tuple[tuple[str, object], ...] = ()  # params this name fixes (MoNIM with or without AMT)
     follows: tuple[str, ...] = ()  # runs whose MemRate it stores at when they run too (the first present)
+    reads: tuple[str, ...] = ()  # the PolicyConfig fields its policy reads (the ones its memory records)
 
 
 CATALOGUE = (
     Entry("bare", BARE, "the LM alone"),
     Entry("fullmem", MEMORY, "every training token (the kNN-LM datastore)", "FullMem"),
     Entry("randmem", MEMORY, "a random share of the tokens (at MoNIM's rate when MoNIM runs too)", "RandMem",
-          follows=("monim-amt", "monim")),
-    Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM", fixed=(("adaptive", False),)),
-    Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", fixed=(("adaptive", True),)),
-    Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL"),
-    Entry("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge"),
+          follows=("monim-amt", "monim"), reads=("rate",)),
+    Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM", fixed=(("adaptive", False),),
+          reads=("delta",)),
+    Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", fixed=(("adaptive", True),),
+          reads=("delta",)),
+    Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
+          reads=("rate",)),
+    Entry("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge",
+          reads=("merge_k",)),
     Entry("finetune", LEARNER, "each day, Adam on the day's articles from the previous day's weights"),
     Entry("mix-review", LEARNER, "fine-tuning with decaying general-domain text mixed in"),
     Entry("recadam", LEARNER, "fine-tuning with an annealed pull toward the pretrained weights"),
@@ -59,12 +66,20 @@ def help_text() -> str:
     return "; ".join(f"{e.name}: {e.help}" for e in CATALOGUE) + "."
 
 
-def make_policy(name: str, **params) -> Policy:
-    """A memorization policy by its name (fullmem, randmem, monim, monim-amt, kl, greedy-merge)."""
+def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | None = None, **changes) -> Policy:
+    """A memorization policy by its name (fullmem, randmem, monim, monim-amt, kl, greedy-merge), with
+    the parameters it reads from `cfg` and `changes` (PolicyConfig's fields); `follows`: the MemRate it
+    stores at where it follows another run (RandMem, unless a rate is set)."""
+    from monim import policies
+    from monim.settings import PolicyConfig
+
     e = entry(name)
     if e.make is None:
         raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(names(MEMORY))}")
-    return getattr(import_module("monim.policies"), e.make)(**params, **dict(e.fixed))
+    cfg = replace(cfg or PolicyConfig(), **changes)
+    rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else DEFAULT_RATE
+    given = {"delta": cfg.delta, "rate": rate, "k": cfg.merge_k}
+    return getattr(policies, e.make)(**{k: given[k] for k in (r.replace("merge_k", "k") for r in e.reads)}, **dict(e.fixed))
 
 
 def shown_order(runs: list[str]) -> list[str]:
@@ -82,7 +97,8 @@ def learning_order(runs: list[str]) -> list[str]:
     return sorted(runs, key=lambda r: r not in followed)
 
 
-def followed_params(name: str, memrates: dict[str, float]) -> dict:
-    """A run's policy params set by the runs it follows (RandMem: the MemRate of MoNIM learned before it)."""
+def followed_memrate(name: str, memrates: dict[str, float]) -> float | None:
+    """The MemRate a run stores at because it follows a run learned before it (RandMem: MoNIM's over
+    the stream so far), or None."""
     leader = next((f for f in entry(name).follows if f in memrates), None)
-    return {"rate": round(memrates[leader], 4)} if leader else {}
+    return round(memrates[leader], 4) if leader else None

@@ -22,7 +22,7 @@ from monim.records import memory_root
 from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.sources import Fields
 from monim.stream import DEMO_STREAM
-from monim.theta import Settings
+from monim.settings import PolicyConfig, Settings
 
 
 class RunConfig(BaseModel):
@@ -33,7 +33,13 @@ class RunConfig(BaseModel):
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
     policy: str = Field("monim-amt", description=catalogue.help_text())
-    policy_params: dict = Field(default_factory=dict, description="The policy's parameters, e.g. {\"rate\": 0.5} for randmem.")
+    delta: float = Field(-1.5, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
+                         "(monim), or below δ / (margin + 0.5) under the adaptive threshold (monim-amt).")
+    rate: float | None = Field(None, gt=0, le=1, description="RandMem's and KL's share of tokens stored; empty: "
+                               "RandMem at MoNIM's MemRate when a comparison runs both, else 0.5.")
+    merge_k: int = Field(9, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
+    followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
+                                           "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
     learner_params: dict = Field(default_factory=dict, description="monim.parametric.Learner fields for the parametric "
                                  "learners, e.g. {\"max_tokens\": 4096, \"lr\": 3e-5}.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
@@ -74,7 +80,7 @@ class RunConfig(BaseModel):
             elif kind == MEMORY:
                 self.make_policy()
         except TypeError as e:
-            raise ValueError(f"{'learner' if kind == LEARNER else 'policy'}_params do not fit {self.policy}: {e}") from None
+            raise ValueError(f"learner_params do not fit {self.policy}: {e}") from None
         if self.cluster and not self.feature_store:
             raise ValueError("cluster needs the feature store: the workers write the LM's features there")
         try:
@@ -109,18 +115,22 @@ class RunConfig(BaseModel):
         """How the source's records are read."""
         return Fields(missing_id=self.missing_id)
 
+    def policy_config(self) -> PolicyConfig:
+        """The parameters the run's policy reads (the others at their defaults): what its memory records."""
+        return PolicyConfig(**{f: getattr(self, f) for f in catalogue.entry(self.policy).reads})
+
     def make_policy(self) -> Policy:
-        return catalogue.make_policy(self.policy, **self.policy_params)
+        return catalogue.make_policy(self.policy, self.policy_config(), self.followed_memrate)
 
     def window(self) -> ScoreConfig:
         return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,
                            context_mode=self.context_mode)
 
     def settings(self) -> Settings:
-        """What Θ is read with (monim.theta): a memory records these at its first commit."""
+        """What Θ is read with (monim.settings): a memory records these at its first commit."""
         return Settings(self.dtype, self.calibrated, self.window(),
                         IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below),
-                        CalibratorConfig(**self.calibrator_params))
+                        CalibratorConfig(**self.calibrator_params), policy=self.policy_config())
 
     def features(self, lm: LM) -> Features:
         """How this run gets the LM's view of documents: from the work directory's feature store, or the LM."""
@@ -129,7 +139,8 @@ class RunConfig(BaseModel):
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = self.model_dump(exclude={"policy_params", "calibrator_params", "learner_params", "cluster"})
+        out = self.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator_params",
+                                       "learner_params", "cluster"})
         if self.kind == LEARNER:
             out |= {f"learner.{k}": v for k, v in asdict(self.learner()).items()}
         elif self.kind == MEMORY:

@@ -15,7 +15,7 @@ from monim.lm import LM
 from monim.features import Features
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
-from monim.theta import SettingsMismatch, window_differences
+from monim.settings import SettingsMismatch, window_differences
 from monim.sources import Document
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:

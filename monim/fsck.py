@@ -23,7 +23,7 @@ from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
 from monim.records import record_path, run_lock
-from monim.theta import Settings
+from monim.settings import Settings
 
 
 @dataclass

@@ -70,3 +70,14 @@ def upgrade(manifest: dict, root: Path) -> dict:
         manifest["thetas"] = _theta_history(root)
     manifest.pop("theta", None)  # the latest Θ is thetas[-1]
     return manifest
+
+
+def recorded(manifest: dict) -> dict:
+    """The settings a manifest recorded (as JSON); one from before the policy's parameters were
+    recorded takes δ and Greedy Merging's k from its first day's policy params."""
+    saved = manifest.get("settings") or {}
+    if "policy" not in saved and manifest.get("days"):
+        params = manifest["days"][0].get("params") or {}
+        saved = saved | {"policy": {mine: params[theirs] for mine, theirs in (("delta", "delta"), ("merge_k", "k"))
+                                    if theirs in params}}
+    return saved

@@ -21,7 +21,7 @@ import torch
 from monim.atomic import checksum
 from monim.calibrator import LAM_CEIL, Calibrator, examples
 from monim.datastore import Datastore
-from monim.manifest import DayRecord
+from monim.manifest import DayRecord, recorded
 from monim.dedup import Signatures, TwinIndex
 from monim.features import Features
 from monim.index import MemoryIndex
@@ -33,21 +33,7 @@ from monim.lock import Locked, hold
 from monim.recency import Recency
 from monim.scoring import Found, TokenScores, score
 from monim.sources import Document
-from monim.theta import READ, THROUGHPUT, Settings, SettingsMismatch
-
-
-def refuse_other(manifest: dict, model: str, settings: Settings, may_differ: set[str] = THROUGHPUT,
-                 where: Path | str = "") -> None:
-    """Refuse to learn into (or read) a memory with another model or other settings than it was
-    learned with, naming each field that differs (a memory from before monim recorded its settings
-    takes these)."""
-    differ = {"model": (manifest["model"], model)} if manifest.get("model", model) != model else {}
-    if "settings" in manifest:
-        differ |= Settings.from_dict(manifest["settings"]).differences(settings, may_differ)
-    if differ:
-        raise SettingsMismatch(f"{where}: " + "; ".join(f"field '{k}': learned with {a!r}, not {b!r}" for k, (a, b)
-                                                        in differ.items()) + " (use the memory's settings, or another "
-                               "work directory)")
+from monim.settings import READ, THROUGHPUT, Settings, SettingsMismatch, refuse_other
 
 
 class Memory:
@@ -61,7 +47,7 @@ class Memory:
     to their entries.
 
     `Memory(root, lm, settings)` opens (or starts) a memory to learn into: its first commit records the
-    settings (monim.theta), and a memory learned with other settings is refused, naming them.
+    settings (monim.settings), and a memory learned with other settings is refused, naming them.
     Readers open it as it describes itself: `Memory.open(root, as_of=..., **overrides)`.
     """
 
@@ -72,6 +58,7 @@ class Memory:
         settings = settings or Settings()
         refuse_other(self.ds.manifest, lm.name, settings, may_differ, self.ds.root)
         self.ds.manifest.setdefault("settings", settings.as_dict())  # recorded by the next commit
+        self.ds.manifest["settings"].setdefault("policy", settings.as_dict()["policy"])  # one recorded before them
         self.settings = settings
         self.index = MemoryIndex(root, lm.hidden_size, settings.index)
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
@@ -84,10 +71,10 @@ class Memory:
     def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None, **overrides) -> Memory:
         """Θ as the memory at `root` describes itself: its LM (the model and dtype it was learned with,
         loaded once per process unless given), window, index, calibrator and recency, as of a day.
-        `overrides` change how it is read (monim.theta.READ: k, nprobe, calibrated, skip_threshold,
+        `overrides` change how it is read (monim.settings.READ: k, nprobe, calibrated, skip_threshold,
         half_life, max_age, ...); one that would change what was learned is refused, naming the field."""
         ds = Datastore.read(root)
-        settings = Settings.from_dict(ds.manifest.get("settings") or {}).read_with(**overrides)
+        settings = Settings.from_dict(recorded(ds.manifest)).read_with(**overrides)
         lm = lm or cached_lm(ds.manifest["model"], settings.dtype)
         return cls(root, lm, settings, as_of, may_differ=READ)
 

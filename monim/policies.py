@@ -136,3 +136,4 @@ Policy = FullMem | RandMem | MoNIM | KL | GreedyMerge
 def policy_params(policy: Policy) -> dict:
     """The policy's parameters, as recorded in the manifest and in experiment trackers."""
     return asdict(policy)
+

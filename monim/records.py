@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from monim import catalogue
 from monim.atomic import write_json
 from monim.datastore import Datastore
 from monim.index import index_bytes
+from monim.manifest import recorded
 from monim.memory import Memory
 from monim.parametric import Weights
 
@@ -67,7 +69,15 @@ def memory_status(root: Path) -> dict:
     return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
             "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "bytes_total": total,
             "model": ds.manifest["model"], "last_day": ds.days[-1].date if ds.days else None,
-            "memrate_by_day": {d.date: d.memrate for d in ds.days}}
+            "memrate_by_day": {d.date: d.memrate for d in ds.days}, "learned_with": learned_with(root.name, ds.manifest)}
+
+
+def learned_with(name: str, manifest: dict) -> dict:
+    """The recorded parameters a memory's policy reads ({"delta": -1.5} for MoNIM's)."""
+    policy = recorded(manifest).get("policy", {})
+    base = name.removesuffix("-const")
+    reads = catalogue.entry(base).reads if base in catalogue.names() else tuple(policy)
+    return {k: policy[k] for k in reads if k in policy}
 
 
 def weights_status(root: Path) -> dict:

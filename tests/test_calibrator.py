@@ -17,7 +17,7 @@ from monim.lexical import LexicalCounts, day_counts
 from monim.scoring import TokenScores
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 

@@ -13,7 +13,8 @@ from monim.suite import EvalConfig
     ({"dtype": "fp8"}, "dtype"),
     ({"max_docs": 0}, "max_docs"),
     ({"policy": "lru"}, "unknown policy 'lru'"),
-    ({"policy": "fullmem", "policy_params": {"rate": 0.5}}, "do not fit fullmem"),
+    ({"policy": "randmem", "rate": 1.5}, "rate"),
+    ({"delta": 0.5}, "delta"),
     ({"calibrator_params": {"epochz": 3}}, "calibrator_params"),
 ])
 def test_bad_settings_name_the_field(fields, where):
@@ -22,13 +23,13 @@ def test_bad_settings_name_the_field(fields, where):
 
 
 def test_the_spec_round_trips_through_json_and_names_its_run():
-    run = RunConfig(policy="monim-amt", calibrated=False, policy_params={"delta": -2.0}, max_docs=8)
+    run = RunConfig(policy="monim-amt", calibrated=False, delta=-2.0, max_docs=8)
     again = RunConfig.model_validate_json(run.model_dump_json())
     assert again == run and again.fingerprint() == run.fingerprint()
     assert run.name == "monim-amt-const" and str(run.memory_dir).endswith("memories/monim-amt-const")
     assert RunConfig(policy="bare", calibrated=False).name == "bare"
     assert run.fingerprint() != run.model_copy(update={"max_docs": 9}).fingerprint()
-    assert run.params()["policy.delta"] == -2.0 and "policy_params" not in run.params()
+    assert run.params()["policy.delta"] == -2.0 and "delta" not in run.params()
 
 
 def test_flows_show_the_spec_as_a_form():

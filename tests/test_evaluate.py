@@ -15,7 +15,7 @@ from monim.scoring import score, with_neighbors
 from monim.calibration import calibrate
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 

@@ -16,7 +16,7 @@ from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.catalogue import make_policy
 from monim.recency import Recency
 from monim.stream import DEMO_STREAM, Day, iter_days, open_source

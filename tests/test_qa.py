@@ -13,7 +13,7 @@ from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.scoring import score
 from monim.memory import Memory
-from monim.theta import Settings
+from monim.settings import Settings
 from monim.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
 from monim.stream import Document, StreamError
 

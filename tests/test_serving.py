@@ -22,7 +22,7 @@ import pytest
 from monim.catalogue import make_policy
 from monim.index import IndexConfig
 from monim.stream import DEMO_STREAM, Document, iter_days, open_source
-from monim.theta import Settings
+from monim.settings import Settings
 
 MONIM = str(Path(sys.executable).parent / "monim")
 REPO = Path(__file__).resolve().parents[1]

@@ -105,7 +105,7 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
     assert evaluate_runs(configs, DAYS[0], DAYS[1], weekly) == {}  # all logged already
     assert len(client.get_metric_history(runs["fullmem"], "4_suite/ppl_period/1987-W10")) == 2
     # a run without the measure: only it is measured
-    new = base.model_copy(update={"policy": "randmem", "policy_params": {"rate": 0.5}})
+    new = base.model_copy(update={"policy": "randmem", "rate": 0.5})
     learn_stream(new, DAYS[0], DAYS[1])
     out = evaluate_runs([*configs, new], DAYS[0], DAYS[1], weekly)
     assert set(out["periods"]["1987-W10"]) == {"randmem"}

@@ -18,7 +18,7 @@ from monim.config import RunConfig
 from monim.index import IndexConfig
 from monim.scoring import ScoreConfig, with_neighbors
 from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
-from monim.theta import Settings, SettingsMismatch
+from monim.settings import Settings, SettingsMismatch
 
 DAYS = ("1987-03-02", "1987-03-03")
 MONIM = str(Path(sys.executable).parent / "monim")
@@ -187,3 +187,21 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
     fsck = subprocess.run([MONIM, "fsck", "--workdir", racing, "--json"], env=env, capture_output=True, text=True,
                           timeout=600)
     assert fsck.returncode == 0 and json.loads(fsck.stdout.strip().splitlines()[-1])["clean"], fsck.stdout
+
+
+def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refused(tiny_model_dir, tmp_path):
+    """`monim learn --delta -2.0` learns with δ = -2 (the manifest and `monim status` say so); a resume
+    that brings another δ is refused before any work, naming delta; the same δ learns on."""
+    learn = ["learn", "--source", DEMO_STREAM, "--workdir", tmp_path, "--model", tiny_model_dir("llama"),
+             "--max-docs", 2, "--start", DAYS[0]]
+    monim_json(*learn, "--end", DAYS[0], "--delta", -2.0)
+    manifest = json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())
+    assert manifest["settings"]["policy"]["delta"] == -2.0 and manifest["days"][0]["params"]["delta"] == -2.0
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    refused = subprocess.run([MONIM, *map(str, learn), "--end", DAYS[1]], capture_output=True, text=True, timeout=600, env=env)
+    assert refused.returncode == 2 and "'policy.delta': learned with -2.0, not -1.5" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert len(json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())["days"]) == 1
+    monim_json(*learn, "--end", DAYS[1], "--delta", -2.0)
+    status = monim_json("status", "--workdir", tmp_path)
+    assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0}

@@ -177,7 +177,7 @@ def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **ov
     """Θ as the chosen memory describes itself (monim.memory.Memory.open), with a reader's overrides."""
     from monim.manifest import ManifestError, MemoryMismatch
     from monim.memory import Memory
-    from monim.theta import SettingsMismatch
+    from monim.settings import SettingsMismatch
 
     root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
@@ -213,6 +213,12 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
                   missing_id: str = typer.Option("error", "--missing-id", help="A record without an id: error (the "
                                                  "default), or hash (named by a hash of its date and text)."),
                   constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
+                  delta: float = typer.Option(-1.5, "--delta", help="MoNIM's δ: a token is stored when its log P under "
+                                              "Θ is below δ (monim), or below δ / (margin + 0.5) (monim-amt)."),
+                  rate: Optional[float] = typer.Option(None, "--rate", help="RandMem's and KL's share of tokens stored "
+                                                       "(default: RandMem at MoNIM's MemRate in a comparison, else 0.5)."),
+                  merge_k: int = typer.Option(9, "--merge-k", help="Greedy Merging: neighbours searched for same-value "
+                                              "entries to merge."),
                   calibration: str = typer.Option("train", "--calibration", help="Calibration examples: train (a sample "
                                                   "of the day's training articles, their own near-duplicates left out), "
                                                   "yesterday (the sample against the memory before the day) or "
@@ -275,7 +281,8 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
              skip: Optional[float] = None, calibration: str = "train", text: Optional[Path] = None,
              text_chars: Optional[int] = None, train_tokens: Optional[int] = None, lr: Optional[float] = None,
              review: Optional[Path] = None, cluster: Optional[str] = None, max_article_tokens: int = 16384,
-             on_error: str = "raise", missing_id: str = "error", max_feed_lag: int = 1, **_) -> RunConfig:
+             on_error: str = "raise", missing_id: str = "error", max_feed_lag: int = 1, delta: float = -1.5,
+             rate: Optional[float] = None, merge_k: int = 9, **_) -> RunConfig:
     """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
     error naming the field."""
     from pydantic import ValidationError
@@ -293,7 +300,8 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
         return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
                          calibrated=not constant_lam, calibrator_params=calibrator, learner_params=learner,
                          feature_store=feature_store, cluster=cluster, max_article_tokens=max_article_tokens or None,
-                         on_error=on_error, missing_id=missing_id, max_feed_lag=max_feed_lag)
+                         on_error=on_error, missing_id=missing_id, max_feed_lag=max_feed_lag, delta=delta, rate=rate,
+                         merge_k=merge_k)
     except ValidationError as e:
         raise fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
                              for err in e.errors()))

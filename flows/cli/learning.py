@@ -27,9 +27,8 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
     from monim.catalogue import MEMORY
     from monim.lm import DEFAULT_MODEL
     from monim.manifest import ManifestError, read_manifest
-    from monim.memory import refuse_other
     from monim.records import memories
-    from monim.theta import SettingsMismatch
+    from monim.settings import SettingsMismatch, refuse_other
 
     from monim.datastore import Datastore
     from monim.lm import cached_lm

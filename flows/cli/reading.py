@@ -27,9 +27,11 @@ def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: boo
         root = memory_dir(workdir, policy)
         chosen = memories[root.name] | {"policy": root.name}
         rows = [{"memory": k, "MB": v["bytes"] / 2**20, "B/entry": round(v["bytes_per_entry"]),
-                 "MB in all": v["bytes_total"] / 2**20} | v for k, v in memories.items()]
+                 "MB in all": v["bytes_total"] / 2**20,
+                 "learned with": " ".join(f"{f}={x:g}" for f, x in v["learned_with"].items() if x is not None)} | v
+                for k, v in memories.items()]
         console.print(table(f"memories in {workdir}", rows, ["memory", "days", "last_day", "entries", "memrate", "MB",
-                                                             "B/entry", "MB in all"]))
+                                                             "B/entry", "MB in all", "learned with"]))
     if weights:
         console.print(table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
                             ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))

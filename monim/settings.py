@@ -1,4 +1,4 @@
-"""Θ's settings: everything a memory is read with, recorded in its manifest at its first commit.
+"""A memory's settings: everything it is learned and read with, recorded in its manifest at its first commit.
 
 Θ is the LM (its weights in a dtype), a memory as of a day, its calibrator, and the settings below.
 Whoever reads a memory (the day flow, the suite, the champion gate, the served model, `eval`,
@@ -6,24 +6,40 @@ Whoever reads a memory (the day flow, the suite, the champion gate, the served m
 reads (`READ`: the kNN search's depth, the constant λ, the skip rule, recency, throughput); a
 setting that shaped what was learned (the window the keys were computed with, the index, how the
 calibrator was trained) cannot be changed by a reader, and a writer that brings other values is
-refused before any work, naming the field.
+refused before any work, naming the field. The policy's parameters (δ, ...) shaped what was learned
+too: a writer that brings others is refused; a reader reads the memory as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 from monim.calibrator import CalibratorConfig
 from monim.index import IndexConfig
+from monim.manifest import recorded
 from monim.recency import Recency
 from monim.scoring import ScoreConfig
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The memorization policies' parameters, as named fields: a memory records the ones its policy
+    reads at its first commit (`Settings.policy`), and a run that brings others is refused before any
+    work, naming the field."""
+
+    delta: float = -1.5  # MoNIM's δ: store x_t iff log P(x_t|x<t;Θ) < δ, or < δ / (margin + 0.5) under AMT
+    rate: float | None = None  # RandMem's and KL's share of tokens; None: RandMem at the followed MemRate, else 0.5
+    merge_k: int = 9  # Greedy Merging: the neighbours searched for same-value entries to merge
+
 
 # how fast, not what: never recorded as a difference
 THROUGHPUT = {"window.batch_size", "window.head_chunk", "index.query_batch", "index.gpu", "index.map_above"}
 # what a reader may change without changing what was learned
 READ = THROUGHPUT | {"dtype", "calibrated", "index.k", "index.nprobe", "calibrator.skip_threshold",
-                     "calibrator.gate_k", "calibrator.copy_tolerance", "recency.half_life", "recency.max_age"}
-SECTIONS = {"window": ScoreConfig, "index": IndexConfig, "calibrator": CalibratorConfig, "recency": Recency}
+                     "calibrator.gate_k", "calibrator.copy_tolerance", "recency.half_life", "recency.max_age",
+                     "policy.delta", "policy.rate", "policy.merge_k"}
+SECTIONS = {"window": ScoreConfig, "index": IndexConfig, "calibrator": CalibratorConfig, "recency": Recency,
+            "policy": PolicyConfig}
 
 
 class SettingsMismatch(ValueError):
@@ -32,7 +48,8 @@ class SettingsMismatch(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """How Θ reads a memory: the LM's dtype, the scoring window, the index, the calibrator, recency."""
+    """How a memory is learned and Θ reads it: the LM's dtype, the scoring window, the index, the
+    calibrator, recency and the policy's parameters."""
 
     dtype: str = "auto"  # the LM's weights: auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16
     calibrated: bool = True  # Θ's λ per token from the NN calibrator (False: the constant λ)
@@ -40,6 +57,7 @@ class Settings:
     index: IndexConfig = field(default_factory=IndexConfig)
     calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
     recency: Recency = field(default_factory=Recency)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def flat(self) -> dict:
         """{"dtype": ..., "window.stride": ..., ...}: every setting by its dotted name."""
@@ -97,6 +115,20 @@ class Settings:
             raise SettingsMismatch("; ".join(f"{k}: the memory was learned with {a!r}, not {b!r} (a reader cannot change "
                                              "it)" for k, (a, b) in learned.items()))
         return wanted
+
+
+def refuse_other(manifest: dict, model: str, settings: Settings, may_differ: set[str] = THROUGHPUT,
+                 where: Path | str = "") -> None:
+    """Refuse to learn into (or read) a memory with another model or other settings than it was
+    learned with, naming each field that differs (a memory from before monim recorded its settings
+    takes these)."""
+    differ = {"model": (manifest["model"], model)} if manifest.get("model", model) != model else {}
+    if "settings" in manifest:
+        differ |= Settings.from_dict(recorded(manifest)).differences(settings, may_differ)
+    if differ:
+        raise SettingsMismatch(f"{where}: " + "; ".join(f"field '{k}': learned with {a!r}, not {b!r}" for k, (a, b)
+                                                        in differ.items()) + " (use the memory's settings, or another "
+                               "work directory)")
 
 
 WINDOW = ("stride", "context", "context_mode", "sink")  # what shapes a key: the rest of ScoreConfig is throughput
