@@ -1,5 +1,6 @@
-"""Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at that
-day's MoNIM rate) and MoNIM-AMT, beside the bare LM; the LM runs once per article (feature store).
+"""Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at MoNIM's
+MemRate) and MoNIM-AMT, beside the bare LM; the LM runs once per article (feature store). Each day is
+learned through the library's run (monim.run.MemoryRun: memorize, then calibrate), one a memory.
 
 Per day: test PPL of each memory, entries, MemRate, wall time per stage. At the end: each week's
 (--period) test PPL with each memory as of every later week's end (the forgetting matrix), the
@@ -14,8 +15,10 @@ days before (`twin_share_train`) or earlier in the same day (`same_day_twin_shar
 threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
 `--policies`: runs besides the bare LM; `name@param=value` changes a policy's parameter (e.g.
 `monim-amt@delta=-1.0`), a `-const` suffix reads the memory with the constant λ, `-val` with a calibrator
-trained on validation articles only (the paper's calibration). RandMem and KL store
-at the day's MoNIM-AMT rate. `--features` lets several work directories share one feature store.
+trained on validation articles only (the paper's calibration). RandMem stores at MoNIM-AMT's
+MemRate over the stream so far, by the catalogue's one rule (monim.catalogue.followed_memrate; until
+issue 46 it stored at MoNIM-AMT's rate of the day, and so did KL, which now stores at its own rate:
+0.5 unless `kl@rate=...`). `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
 SIGINT or SIGTERM stops after the day or suite part being measured (resumably); a second one stops at once.
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
@@ -37,29 +40,24 @@ import scipy.stats
 from rich.console import Console
 
 from monim.atomic import write_json
-from monim.calibration import calibrate
-from monim.calibrator import CalibratorConfig
+from monim.catalogue import followed_memrate
+from monim.config import RunConfig
 from monim.dedup import twin_groups
 from monim.evaluate import evaluate_many, theta_of
 from monim.suite import period_of, text_document
 from monim.features import Features
-from monim.lm import load_lm
-from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.settings import Settings
-from monim.catalogue import make_policy
 from monim.qa import answer_questions, read_questions, wilson
-from monim.scoring import ScoreConfig
+from monim.run import MemoryRun, make_run
 from monim.stream import list_dates, read_day
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its rate of the day
-FOLLOWERS = ("randmem", "kl")  # store at the day's MoNIM-AMT rate
+POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its MemRate
 
 
-READINGS = {"-const": ("const λ", {"calibrated": False}),  # how Θ reads a memory, by a run name's suffix
-            "-val": ("validation-only calibrator", {"calibrator": CalibratorConfig(source="validation")})}
+READINGS = {"-const": ("const λ", {"calibrated": False}),  # how Θ reads a memory, by a run name's suffix (RunConfig fields)
+            "-val": ("validation-only calibrator", {"calibrator_params": {"source": "validation"}})}
 
 
 def parse_run(spec: str) -> tuple[str, dict, str]:
@@ -67,6 +65,28 @@ def parse_run(spec: str) -> tuple[str, dict, str]:
     name, *params = spec.split("@")
     suffix = next((x for x in READINGS if name.endswith(x)), "")
     return name.removesuffix(suffix) if suffix else name, {k: float(v) for k, v in (p.split("=") for p in params)}, suffix
+
+
+def open_runs(args) -> dict[str, MemoryRun]:
+    """A run a --policies entry, learning into WORKDIR/<its name>: its policy's parameters, how Θ reads
+    it, the LM and the batch size as RunConfig fields; one feature store for all (--features)."""
+    runs = {}
+    for spec in args.policies.split(","):
+        base, params, suffix = parse_run(spec)
+        cfg = RunConfig(source=str(args.source), workdir=str(args.workdir), policy=base, model=args.model,
+                        batch_size=args.batch_size, **params, **READINGS.get(suffix, ("", {}))[1])
+        runs[spec] = make_run(cfg, root=args.workdir / spec.replace("@", "-").replace("=", ""))
+    first = next(iter(runs.values()))
+    features = Features(first.lm, first.cfg.window(), args.features) if args.features else first.features
+    for run in runs.values():
+        run.features = features
+    return runs
+
+
+def following(cfg: RunConfig, memrates: dict[str, float]) -> RunConfig:
+    """The run's settings for the day: the MemRate it follows, by the catalogue's one rule (RandMem:
+    MoNIM-AMT's over the stream so far, `memrates` holding the runs learned before it that day)."""
+    return RunConfig.model_validate(cfg.model_dump() | {"followed_memrate": followed_memrate(cfg.policy, memrates)})
 
 
 @contextmanager
@@ -106,33 +126,37 @@ def twin_shares(memory: Memory, docs: list, features: Features) -> tuple[float, 
     return float(sizes[earlier].sum() / total), float(sizes[same_day].sum() / total)
 
 
-def learn_day(date: dt.date, args, features: Features, memories: dict[str, Memory]) -> dict:
+def learn_day(date: dt.date, args, runs: dict[str, MemoryRun]) -> dict:
+    """The day learned by each run (memorize and calibrate, timed apart), measured and evaluated."""
     seconds: dict[str, float] = {}
     with timed(seconds, "read"):
         day = read_day(args.source, date)
+    first = next(iter(runs.values()))
+    features = first.features  # every run's
     with timed(seconds, "featurize"):
-        lm_tokens = sum(features.prepare(docs, f"{date}-{split}") for split, docs in
-                        (("train", day.train), ("validation", day.validation), ("test", day.test)))
+        lm_tokens = first.featurize(day)["tokens"]
     row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": lm_tokens, "runs": {}}
     with timed(seconds, "twins"):
-        row["twin_share_train"], row["same_day_twin_share"] = twin_shares(next(iter(memories.values())), day.train, features)
-    for name, memory in memories.items():
-        base, params, _ = parse_run(name)
-        if base in FOLLOWERS:
-            params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} | params
-        policy = make_policy(base, **params)
+        row["twin_share_train"], row["same_day_twin_share"] = twin_shares(first.memory, day.train, features)
+    memrates: dict[str, float] = {}
+    for name, run in runs.items():
+        run.cfg = following(run.cfg, memrates)
         with timed(seconds, f"memorize_{name}"):
-            stats = memorize_day(memory, day, policy, features)
+            stats = run.memorize(day)
         with timed(seconds, f"calibrate_{name}"):
-            record = calibrate(memory, day, features)
-        row["runs"][name] = {"tokens": stats.tokens_seen, "stored": stats.stored, "memrate_day": stats.memrate,
-                             "entries": len(memory), "memrate": memory.ds.memrate, "lam": memory.interpolation.lam,
-                             "fallback": memory.fallback, "nll": record.get("nll"), "search_s": stats.seconds.get("search")}
+            theta = run.calibrate(day)
+        learned, memory, policy = MemoryRun.learned(stats, theta), run.memory, run.cfg.make_policy()
+        memrates[name] = learned["memrate"]
+        row["runs"][name] = {"tokens": learned["tokens_seen"], "stored": learned["entries_stored"],
+                             "memrate_day": learned["memrate_day"], "entries": learned["entries"],
+                             "memrate": learned["memrate"], "lam": learned["lam"], "fallback": memory.fallback,
+                             "nll": theta["record"].get("nll"), "search_s": stats["seconds"].get("search")}
         with timed(seconds, f"measure_{name}"):
             if policy.uses_theta:
                 row["runs"][name]["memrate_lm"] = memrate_lm(policy, day.train, features, f"{date}-train")
             row["runs"][name] |= lam_quantiles(memory, day.test, features, f"{date}-test")
     with timed(seconds, "evaluate"):
+        memories = {name: run.memory for name, run in runs.items()}
         result = evaluate_many(features.lm, day.test, {"bare": None, **memories}, features, f"{date}-test")
     row["test_tokens"] = result["bare"]["tokens"]
     row["ppl_lm"] = result["bare"]["ppl_lm"]
@@ -343,11 +367,7 @@ def main() -> None:
         report_path.write_text(render(rows, json.loads(kept[0].read_text()) if kept else None))
         console.print(report_path.read_text())
         return
-    lm = load_lm(args.model)
-    features = Features(lm, ScoreConfig(batch_size=args.batch_size), args.features or args.workdir / "features")
-    memories = {name: Memory(args.workdir / name.replace("@", "-").replace("=", ""), lm,
-                             Settings(**{"calibrator": CalibratorConfig()} | READINGS.get(parse_run(name)[2], ("", {}))[1]))
-                 for name in args.policies.split(",")}
+    runs = open_runs(args)
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start, args.end)
     asked = stop_asked(console)
@@ -363,7 +383,7 @@ def main() -> None:
             continue
         if stop():
             return
-        row = learn_day(date, args, features, memories)
+        row = learn_day(date, args, runs)
         rows[row["date"]] = row
         write_json(rows_path, rows)  # atomic: a kill while writing keeps the days before
         console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['monim-amt']['tokens']} tokens; PPL LM "
@@ -373,6 +393,7 @@ def main() -> None:
     suite_path, part = suite_files(args.workdir, dates[0], dates[-1])
     if suite_path.exists() and not part.exists():  # reopened: only what this run asks beyond it is measured
         suite_path.replace(part)
+    features, memories = next(iter(runs.values())).features, {name: run.memory for name, run in runs.items()}
     if suite(args, features, memories, dates, part, stop) is None:
         return
     part.replace(suite_path)

@@ -2,9 +2,11 @@
 the paper's IVF-PQ codes, on the same memory and the same held-out articles, with add and search time.
 
 A FullMem memory learns every training article of the first --days weekdays of the dense Reuters
-stream (the real LM, ~100k tokens a day); its index is rebuilt with each codec in turn; the
-next day's first --eval-docs training articles (never memorized) are scored with each, under the
-same constant λ and temperature. Search time is the evaluation's kNN time (k = 1024).
+stream (the real LM, ~100k tokens a day) through the library's run (monim.run.MemoryRun.memorize,
+exact search); its index is rebuilt with each codec in turn; the next day's first --eval-docs training
+articles (never memorized) are scored with each, under the same constant λ and temperature (the
+defaults: the days are memorized, not calibrated, so that no calibration tunes Θ, or makes it fall
+back to the LM alone, between the codecs and the memory). Search time is the evaluation's kNN time (k = 1024).
 Usage: python benchmarks/index_codecs.py [--days 2] [--eval-docs 40]
 """
 
@@ -18,15 +20,12 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
+from monim.config import RunConfig
 from monim.evaluate import evaluate
-from monim.features import Features
 from monim.index import IndexConfig
-from monim.lm import load_lm
-from monim.memorize import memorize_day
 from monim.memory import Memory
+from monim.run import make_run
 from monim.settings import Settings
-from monim.catalogue import make_policy
-from monim.scoring import ScoreConfig
 from monim.sources import open_source
 from monim.stream import iter_days, list_dates
 
@@ -44,14 +43,14 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs-work")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs.json")
     args = ap.parse_args()
-    lm = load_lm()
-    features = Features(lm, ScoreConfig(), args.workdir / "features")
+    run = make_run(RunConfig(source=args.source, workdir=str(args.workdir), policy="fullmem", calibrated=False,
+                             exact_below=EXACT), root=args.workdir / "fullmem")  # its features: WORKDIR/features
+    lm, features = run.lm, run.features
     dates = [d for d in list_dates(args.source, args.start) if d.weekday() < 5]
     learn, held = dates[: args.days], dates[args.days]
-    memory = Memory(args.workdir / "fullmem", lm, Settings(calibrated=False, index=IndexConfig(exact_below=EXACT)))
     for day in iter_days(open_source(args.source), learn[0], learn[-1]):
         if day.date in learn:
-            memorize_day(memory, day, make_policy("fullmem"), features)
+            run.memorize(day)
     docs = next(iter_days(open_source(args.source), held, held)).train[: args.eval_docs]
     rows = []
     for label, cfg in [("exact", IndexConfig(exact_below=EXACT)), ("fastscan", IndexConfig(exact_below=0, codec="fastscan")),

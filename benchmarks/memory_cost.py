@@ -1,6 +1,9 @@
-"""MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's rate of the day) and MoNIM-AMT
-over full-volume days of a stream (every training article), library-level, the LM's features from a
+"""MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over
+full-volume days of a stream (every training article), library-level, the LM's features from a
 feature store (each token meets the LM once, for every memory: the LM pass is left out of the costs).
+Each day is learned through the library's run (monim.run.MemoryRun: memorize, then calibrate, timed
+apart), one a memory. RandMem stores at MoNIM-AMT's MemRate over the stream so far, by the catalogue's
+one rule (monim.catalogue.followed_memrate; until issue 46 it stored at MoNIM-AMT's rate of the day).
 
 Per day and memory: entries, bytes on disk (the memory's own: shards + index; and everything in its
 folder, Θ's calibrations included), bytes per entry, the learning seconds beyond the LM pass by stage
@@ -22,50 +25,65 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibration import calibrate
-from monim.catalogue import make_policy
+from monim.catalogue import followed_memrate
+from monim.config import RunConfig
 from monim.evaluate import evaluate_many
 from monim.features import Features
-from monim.index import IndexConfig
-from monim.lm import load_lm
-from monim.memorize import memorize_day
-from monim.memory import Memory
 from monim.records import memory_status
-from monim.scoring import ScoreConfig
+from monim.run import MemoryRun, make_run
 from monim.stream import list_dates, read_day
-from monim.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its rate of the day
+BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its MemRate
 
 
-def variant(spec: str) -> tuple[str, IndexConfig]:
-    """'k_decide=32' -> ('monim-amt@k_decide=32', IndexConfig(k_decide=32)); fields joined by '+'."""
+def variant(spec: str) -> tuple[str, dict]:
+    """'k_decide=32' -> ('monim-amt@k_decide=32', {'index.k_decide': 32}): IndexConfig fields joined by '+'."""
     fields = dict(part.split("=") for part in spec.split("+"))
-    return f"monim-amt@{spec}", IndexConfig(**{k: int(v) for k, v in fields.items()})
+    return f"monim-amt@{spec}", {f"index.{k}": int(v) for k, v in fields.items()}
 
 
-def learn_day(date: dt.date, source: Path, features: Features, memories: dict[str, Memory]) -> dict:
+def open_runs(args, specs: dict[str, dict]) -> dict[str, MemoryRun]:
+    """A run a memory, learning into WORKDIR/<its name> with the run's settings and its variant's index
+    settings (`specs`: name -> changes); one feature store for all (--features)."""
+    runs = {}
+    for name, changes in specs.items():
+        cfg = RunConfig(source=str(args.source), workdir=str(args.workdir), policy=name.split("@")[0], model=args.model)
+        runs[name] = make_run(cfg, settings=cfg.settings().with_(**changes), root=args.workdir / name.replace("=", "-"))
+    first = next(iter(runs.values()))
+    features = Features(first.lm, first.cfg.window(), args.features) if args.features else first.features
+    for run in runs.values():
+        run.features = features
+    return runs
+
+
+def learn_day(date: dt.date, source: Path, runs: dict[str, MemoryRun]) -> dict:
+    """The day learned by each run (memorize and calibrate, timed apart), its costs and test PPL."""
     day = read_day(source, date)
-    lm_tokens = sum(features.prepare(day.split(s), f"{date}-{s}") for s in ("train", "validation", "test"))
-    row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": lm_tokens, "runs": {}}
-    for name, memory in memories.items():
-        policy = name.split("@")[0]
-        params = {"rate": row["runs"]["monim-amt"]["memrate_day"]} if policy == "randmem" else {}
+    first = next(iter(runs.values()))
+    row = {"date": date.isoformat(), "articles": len(day.train), "lm_tokens": first.featurize(day)["tokens"], "runs": {}}
+    memrates: dict[str, float] = {}
+    for name, run in runs.items():  # RandMem follows MoNIM-AMT's MemRate, by the catalogue's rule
+        follows = followed_memrate(run.cfg.policy, memrates)
+        run.cfg = RunConfig.model_validate(run.cfg.model_dump() | {"followed_memrate": follows})
         t = time.perf_counter()
-        stats = memorize_day(memory, day, make_policy(policy, **params), features)
+        stats = run.memorize(day)
         memorized = time.perf_counter() - t
-        record = calibrate(memory, day, features)
+        theta = run.calibrate(day)
         learned = time.perf_counter() - t
+        r, memory = MemoryRun.learned(stats, theta), run.memory
+        memrates[name] = r["memrate"]
         status = memory_status(memory.ds.root)
-        row["runs"][name] = {"tokens": stats.tokens_seen, "stored": stats.stored, "memrate_day": stats.memrate,
-                             "entries": len(memory), "memrate": memory.ds.memrate, "bytes": status["bytes"],
+        row["runs"][name] = {"tokens": r["tokens_seen"], "stored": r["entries_stored"], "memrate_day": r["memrate_day"],
+                             "entries": r["entries"], "memrate": r["memrate"], "bytes": status["bytes"],
                              "bytes_total": status["bytes_total"], "index": memory.index.meta.get("kind"),
-                             "seconds": stats.seconds | {"memorize": memorized, "calibrate": learned - memorized,
-                                                          "learn": learned},
-                             "lam": record.get("lam"), "fallback": memory.fallback}
+                             "seconds": stats["seconds"] | {"memorize": memorized, "calibrate": learned - memorized,
+                                                            "learn": learned},
+                             "lam": theta["record"].get("lam"), "fallback": memory.fallback}
     t = time.perf_counter()
+    features = first.features
+    memories = {name: run.memory for name, run in runs.items()}
     result = evaluate_many(features.lm, day.test, {"bare": None, **memories}, features, f"{date}-test")
     row |= {"test_tokens": result["bare"]["tokens"], "ppl_lm": result["bare"]["ppl_lm"],
             "evaluate_seconds": time.perf_counter() - t}
@@ -92,17 +110,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "memory-cost.json")
     args = ap.parse_args()
     console = Console(width=180)
-    lm = load_lm(args.model)
-    features = Features(lm, ScoreConfig(), args.features or args.workdir / "features")
-    specs = {name: IndexConfig() for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
-    memories = {name: Memory(args.workdir / name.replace("=", "-"), lm, Settings(index=cfg)) for name, cfg in specs.items()}
+    specs = {name: {} for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
+    runs = open_runs(args, specs)
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     dates = list_dates(args.source, args.start)[: args.days]
     for date in dates:
-        if date.isoformat() in rows and set(memories) <= set(rows[date.isoformat()]["runs"]):
+        if date.isoformat() in rows and set(runs) <= set(rows[date.isoformat()]["runs"]):
             continue
-        rows[date.isoformat()] = learn_day(date, args.source, features, memories)
+        rows[date.isoformat()] = learn_day(date, args.source, runs)
         rows_path.parent.mkdir(parents=True, exist_ok=True)
         rows_path.write_text(json.dumps(rows, indent=1))
         r = rows[date.isoformat()]
@@ -128,7 +144,7 @@ def main() -> None:
                       "bytes_vs_fullmem_max": max(r["runs"][name]["bytes"] / r["runs"]["fullmem"]["bytes"] for r in done),
                       "learn_seconds": sum(r["runs"][name]["seconds"]["learn"] for r in done),
                       "learn_vs_fullmem": sum(r["runs"][name]["seconds"]["learn"] for r in done)
-                      / sum(r["runs"]["fullmem"]["seconds"]["learn"] for r in done)} for name in memories}
+                      / sum(r["runs"]["fullmem"]["seconds"]["learn"] for r in done)} for name in runs}
     for name, s in summary.items():
         console.print(f"{name}: PPL {s['ppl']:.3f}, MemRate {s['memrate']:.1%}, bytes at most {s['bytes_vs_fullmem_max']:.2f}x "
                       f"FullMem's, learning {s['learn_seconds']:.0f} s = {s['learn_vs_fullmem']:.2f}x FullMem's")
