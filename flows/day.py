@@ -12,8 +12,8 @@ from prefect.runtime import flow_run
 from monim.config import RunConfig
 from flows.cluster import featurize_day
 from tasks.feed import say_late
-from tasks.learning import ingest, record_day
-from tasks.runs import evaluate, run_for
+from tasks.learning import ingest, record_day, run_for
+from tasks.runs import evaluate, learn, register
 from tasks.tracking import log_day
 
 
@@ -36,13 +36,13 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
             "featurize_workers": lm_pass.get("workers", 1)}
     with run.writing():  # learned, evaluated and recorded as one: a forget waits for the whole day
-        row |= run.learn(day, step)
+        row |= learn(cfg, day, step)
         row["seconds_learn"] = time.perf_counter() - started
         row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
         if run_id:
-            row |= run.register(day, run_id, tracking_uri)
+            row |= register(cfg, day, run_id, tracking_uri)
             log_day(run_id, tracking_uri, step, row)
-        record_day(cfg, row, run.memory)
+        record_day(cfg, row)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
                           description=f"{cfg.name}, {date}")
     return row

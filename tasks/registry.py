@@ -29,7 +29,7 @@ from monim.evaluate import evaluate_many
 from monim.memory import Memory
 from monim.serving import BadRequest, Busy, Service
 from monim.stream import Day
-from tasks.learning import features_for, logger
+from tasks.learning import logger, run_for
 from tasks.tracking import client, experiment_name, one_at_a_time, sqlite_file
 
 MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
@@ -155,7 +155,7 @@ def _gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
     The validation articles are held out of calibration, though its early stopping reads them."""
     root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
     champ = memory.at(as_of) if Path(root) == memory.ds.root.resolve() else Memory.open(root, memory.lm, as_of)
-    r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, features_for(cfg),
+    r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, run_for(cfg).features,
                       f"{day.date}-validation")
     return {"gate_tokens": r["new"]["tokens"], "gate_ppl": r["new"]["ppl"], "gate_ppl_champion": r["champion"]["ppl"]}
 

@@ -110,9 +110,9 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
     by_server = served.predict([{"text": text}])[0]
     by_eval = monim_json("eval", "--workdir", cfg.workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
     champion = SimpleNamespace(tags={"monim.memory": str(cfg.memory_dir.resolve()), "monim.as_of": DAYS[0]})
-    from tasks.learning import memory_for
+    from tasks.learning import run_for
 
-    by_gate = _gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), memory_for(cfg), champion)
+    by_gate = _gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
     assert by_server["tokens"] == by_eval["text_tokens"] == by_gate["gate_tokens"]
     assert by_server["ppl"] == pytest.approx(by_eval["ppl_text"], rel=1e-5)
     assert by_server["ppl"] == pytest.approx(by_gate["gate_ppl_champion"], rel=1e-5)
