@@ -85,6 +85,11 @@ class Datastore:
         self._weights: np.ndarray | None = None
         self._pinned: dict[str, dict[str, object]] | None = None  # shard -> its files, opened by pin()
 
+    @property
+    def lock(self) -> Path:
+        """The file whose lock every writer of this memory holds (monim.lock.hold)."""
+        return self.root / ".lock"
+
     def reload(self) -> bool:
         """Re-read the manifest (another process may have committed since); whether it changed."""
         path = self.root / "manifest.json"

@@ -237,7 +237,7 @@ class Memory:
     def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
         """Hold this memory's write lock (re-entrant; `monim.lock.hold`), the manifest re-read under it."""
         self.writable()
-        with hold(self.ds.root / ".lock", wait, say):
+        with hold(self.ds.lock, wait, say):
             if self.ds.reload():
                 self._lexical, self._twins = None, None
                 self._loaded.clear()
@@ -252,7 +252,7 @@ class Memory:
         if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
             return self.index.sync(self.ds, retrain, save=False)
         try:
-            with hold(self.ds.root / ".lock", wait=False):
+            with hold(self.ds.lock, wait=False):
                 return self.index.sync(self.ds, retrain)
         except Locked:
             return self.index.sync(self.ds, retrain, save=False)

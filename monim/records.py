@@ -15,7 +15,7 @@ from monim.atomic import write_json
 from monim.datastore import Datastore
 from monim.index import index_bytes
 from monim.manifest import recorded
-from monim.memory import Memory
+from monim.lock import hold
 from monim.parametric import Weights
 
 
@@ -47,14 +47,15 @@ def read_rows(workdir: str | Path, name: str) -> dict[str, dict]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def write_row(workdir: str | Path, name: str, row: dict, memory: Memory | None) -> None:
+def write_row(workdir: str | Path, name: str, row: dict, ds: Datastore | None) -> None:
     """Record an evaluated day: in the memory's manifest (under its write lock), then in the view."""
-    if memory is None:
+    if ds is None:
         rows = read_rows(workdir, name) | {row["date"]: row}
     else:
-        with memory.writing():
-            memory.ds.record_evaluation(row["date"], row)
-            rows = memory.ds.evaluations()
+        with hold(ds.lock):
+            ds.reload()
+            ds.record_evaluation(row["date"], row)
+            rows = ds.evaluations()
     path = record_path(workdir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, rows)

@@ -100,7 +100,7 @@ class Run:
 
     def record(self, row: dict) -> None:
         """Record a finished day's row in the memory's manifest and the run's record (atomically)."""
-        records.write_row(self.cfg.workdir, self.cfg.name, row, self.memory)
+        records.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
 
     def day(self, day: Day, step: int = 0) -> dict:
         """A whole day without Prefect: featurize, learn, evaluate and record, in that order; its row."""

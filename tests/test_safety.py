@@ -212,8 +212,8 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
     memory.ds.commit_day("2022-06-01", day, 5, "fullmem")
     row = {"date": "2022-06-01", "ppl": 12.5, "step": 0}
     with pytest.raises(ValueError, match="2022-06-02 is not committed"):
-        write_row(tmp_path, "fullmem", {"date": "2022-06-02", "ppl": 1.0}, memory)
-    write_row(tmp_path, "fullmem", row, memory)
+        write_row(tmp_path, "fullmem", {"date": "2022-06-02", "ppl": 1.0}, memory.ds)
+    write_row(tmp_path, "fullmem", row, memory.ds)
     assert Datastore.read(memory.ds.root).evaluations() == {"2022-06-01": row} == read_rows(tmp_path, "fullmem")
     view = record_path(tmp_path, "fullmem")
     assert json.loads(view.read_text()) == {"2022-06-01": row} and check_records(tmp_path) == []
