@@ -9,6 +9,10 @@ LM's per-token NLL, against the test set's noise (the standard error of the LM's
 '*' when the mean change exceeds 1.96 of it) and against its own paired standard error ('·': Θ is
 consistently, if slightly, worse), λ, T, whether Θ fell back to the LM ('fb'), MemRate. At the end, the skip rule (θ) on the last FullMem-train memory: share
 skipped and PPL on all the test articles (unseen) and on copies of training articles.
+Each memory is a run's (monim.run.MemoryRun, its calibration source in calibrator_params, in a
+folder of its own); it learns each day the product's way, memorized then calibrated (`memorize`,
+`calibrate`: the two stages read apart, since a day's row keeps the calibration's record: its
+held-out NLL per rule); the runs share the work directory's feature store (`featurize`).
 Resumable: memories and per-day rows live in --workdir; a re-run continues after the last day.
 Usage: python benchmarks/calibration.py [--days 10] [--max-docs N] [--workdir DIR] [--out ...json]
 """
@@ -24,16 +28,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
+from monim.config import RunConfig
 from monim.evaluate import searched, theta_of
-from monim.lm import load_lm
 from monim.features import Features
-from monim.scoring import ScoreConfig
-from monim.memorize import memorize_day
 from monim.memory import Memory
-from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.run import make_run
 from monim.sources import Document
 from news_days import REPO, first_days, parser
 
@@ -81,33 +81,32 @@ def main() -> None:
     ap.add_argument("--skip", type=float, default=0.3)
     args = ap.parse_args()
     console = Console(width=180)
-    lm = load_lm(args.model)
-    cfg = Features(lm, ScoreConfig(), args.workdir / "features")  # the LM, once per article for every memory
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
-    runs = {name: RUNS[name] for name in args.runs.split(",")}
-    memories = {name: Memory(args.workdir / name.replace("/", "-"), lm, Settings(calibrator=CalibratorConfig(source=source)))
-                for name, (_, source) in runs.items()}
+    runs = {name: make_run(RunConfig(policy=policy, workdir=str(args.workdir), model=args.model, max_docs=args.max_docs,
+                                     calibrator_params={"source": source}), root=args.workdir / name.replace("/", "-"))
+            for name, (policy, source) in ((n, RUNS[n]) for n in args.runs.split(","))}
+    first = next(iter(runs.values()))
+    lm, cfg = first.lm, first.features  # the LM, once per article for every memory (the runs' feature store)
+    memories = {name: run.memory for name, run in runs.items()}
     days = first_days(args)
     for day in days:
         date = day.date.isoformat()
         if date in rows and set(runs) <= set(rows[date]["runs"]):
             continue
-        started = time.perf_counter()
-        train = day.train[: args.max_docs]
-        tokens = cfg.prepare(train, f"{date}-train")
-        lm_seconds = time.perf_counter() - started
-        row = {"date": date, "articles": len(train), "tokens": tokens, "lm_seconds": lm_seconds,
+        started, day = time.perf_counter(), day.capped(first.cfg.max_docs)
+        lm_pass = first.featurize(day, ("train",))
+        row = {"date": date, "articles": len(day.train), "tokens": lm_pass["tokens"], "lm_seconds": lm_pass["seconds"],
                "twin_groups": day.twin_groups, "runs": {}}
-        for name, (policy, _) in runs.items():
-            memory = memories[name]
+        for name, run in runs.items():
             t = time.perf_counter()
-            stats = memorize_day(memory, day.capped(args.max_docs), make_policy(policy), cfg)
-            record = calibrate(memory, day, cfg)
-            row["runs"][name] = {"memrate_day": stats.memrate, "memrate": memory.ds.memrate, "entries": len(memory),
-                                 "lam": record["lam"], "temperature": record["temperature"], "nll": record.get("nll"),
-                                 "fallback": memory.fallback, "seconds": time.perf_counter() - t}
+            stats, theta = run.memorize(day), run.calibrate(day)
+            memories[name] = memory = run.memory
+            row["runs"][name] = {"memrate_day": stats["memrate"], "memrate": stats["memrate_total"],
+                                 "entries": stats["entries"], "lam": theta["lam"], "temperature": theta["temperature"],
+                                 "nll": theta["record"].get("nll"), "fallback": memory.fallback,
+                                 "seconds": time.perf_counter() - t}
         nll = token_nll(lm, day.test, memories, cfg)
         row["test_tokens"] = len(nll["lm"])
         row["ppl_lm"] = math.exp(nll["lm"].mean())
@@ -122,7 +121,7 @@ def main() -> None:
         row["seconds"] = time.perf_counter() - started
         rows[date] = row
         rows_path.write_text(json.dumps(rows, indent=1))
-        console.print(f"{date}: {row['tokens']} tokens, {row['articles']} articles, LM {lm_seconds:.0f} s, "
+        console.print(f"{date}: {row['tokens']} tokens, {row['articles']} articles, LM {row['lm_seconds']:.0f} s, "
                       f"day {row['seconds']:.0f} s; test PPL LM {row['ppl_lm']:.2f}, "
                       + ", ".join(f"{n} {r['ppl']:.2f} (λ {r['lam']}{' fallback' if r['fallback'] else ''})"
                                   for n, r in row["runs"].items()))

@@ -1,13 +1,17 @@
 """The NN calibrator vs constant λ for FullMem, RandMem and MoNIM over days of a real news stream.
 
-Each policy learns the days (≤ max-docs training articles a day) and calibrates every day (the
-default calibration: monim.calibration); each final memory is evaluated with the constant λ and with the
-calibrator. FullMem and RandMem (at MoNIM's rate) do not read Θ while memorizing; MoNIM does, so
-`--runs monim-amt-const` learns a MoNIM memory with a constant-λ Θ throughout. On the final memories and all the days' test articles it
+Each policy is a run (monim.run.MemoryRun) that learns the days (≤ max-docs training articles a
+day) the product's way: `learn` memorizes and calibrates every day (the default calibration:
+monim.calibration), RandMem at MoNIM's MemRate (monim.catalogue.followed_memrate); each final
+memory is evaluated with the constant λ and with the calibrator. FullMem and RandMem (at MoNIM's
+rate) do not read Θ while memorizing; MoNIM does, so `--runs monim-amt-const` learns a MoNIM
+memory with a constant-λ Θ throughout. On the final memories and all the days' test articles it
 prints: PPL with constant λ vs calibrator (the paper's ablation table); the feature-group
-ablation (calibrators trained from scratch on MoNIM's calibration set without each group);
-warm-started daily vs retrained; and the skip rule (θ, decided after a top-16 search) — share
-skipped, PPL, time saved, measured in this same run against scoring with full retrieval.
+ablation (calibrators trained from scratch on MoNIM's calibration set without each group: these
+`train_calibrator` calls are the study itself, variants scored beside the memory's own calibrator,
+which the days' learning trained; no day reads them); warm-started daily vs retrained; and the
+skip rule (θ, decided after a top-16 search) — share skipped, PPL, time saved, measured in this
+same run against scoring with full retrieval.
 Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [--runs monim-amt,fullmem,randmem,monim-amt-const] [--out ...json]
 """
 
@@ -24,14 +28,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibration import calibrate
-from monim.calibrator import Examples, FEATURE_GROUPS, CalibratorConfig, examples, train_calibrator
+from monim.calibrator import Examples, FEATURE_GROUPS, examples, train_calibrator
+from monim.catalogue import followed_memrate
+from monim.config import RunConfig
 from monim.knnlm import Interpolation, perplexity, theta_scores
-from monim.lm import load_lm
-from monim.memorize import memorize_day
+from monim.lm import cached_lm
 from monim.memory import Memory
-from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.run import make_run
 from news_days import first_days, parser
 
 def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
@@ -59,29 +62,29 @@ def main() -> None:
                     help="Memories to learn; '<policy>-const' learns with a constant-λ Θ (matters for MoNIM).")
     args = ap.parse_args()
 
-    lm = load_lm(args.model)
     days = first_days(args)
     test = [d for day in days for d in day.test]
     console = Console(width=150)
     work = Path(tempfile.mkdtemp(prefix="monim-bench-cal-"))
-    results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
+    results = {"model": cached_lm(args.model).name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
                "test_articles": len(test), "policies": {}}
-    runs = [(r.removesuffix("-const"), not r.endswith("-const")) for r in args.runs.split(",")]
     memories: dict[str, Memory] = {}
-    for name, calibrated in runs:
-        params = {"rate": results["policies"]["monim-amt"]["memrate"]} if name == "randmem" and "monim-amt" in memories else {}
-        policy = make_policy(name, **params)
-        label = name if calibrated else f"{name}-const"
-        memory = Memory(work / label, lm, Settings(calibrated=calibrated, calibrator=CalibratorConfig(skip_threshold=args.skip)))
-        cal_seconds = []
-        for day in days:
-            stats = memorize_day(memory, day.capped(args.max_docs), policy)
-            record = calibrate(memory, day)
-            cal_seconds.append(record["calibrator"]["seconds"])
-            console.print(f"{label} {stats.date}: stored {stats.stored}/{stats.tokens_seen}, memory {len(memory)}, "
-                          f"λ={record['lam']} T={record['temperature']}, calibration set {record['calibration_tokens']} "
-                          f"tokens, held-out NLL {record['calibrator']['held_out_nll']:.4f} "
-                          f"(constant λ {record['calibrator']['held_out_nll_start']:.4f})")
+    for name in args.runs.split(","):
+        policy, calibrated = name.removesuffix("-const"), not name.endswith("-const")
+        follows = followed_memrate(policy, {p: r["memrate"] for p, r in results["policies"].items()})
+        run = make_run(RunConfig(policy=policy, calibrated=calibrated, followed_memrate=follows, workdir=str(work),
+                                 model=args.model, max_docs=args.max_docs, feature_store=False,
+                                 calibrator_params={"skip_threshold": args.skip}))
+        label, cal_seconds = run.cfg.name, []
+        for step, day in enumerate(days):
+            row = run.learn(day.capped(run.cfg.max_docs), step)
+            record = run.memory.calibrator().record  # the calibrator the day's calibration trained
+            cal_seconds.append(record["seconds"])
+            console.print(f"{label} {day.date}: stored {row['entries_stored']}/{row['tokens_seen']}, memory {row['entries']}, "
+                          f"λ={row['lam']} T={row['temperature']}, calibration set {row['calibration_tokens']} "
+                          f"tokens, held-out NLL {record['held_out_nll']:.4f} "
+                          f"(constant λ {record['held_out_nll_start']:.4f})")
+        memory = run.memory
         full, seconds, _ = timed_score(memory, test, skip=False)
         row = {"memrate": memory.ds.memrate, "entries": len(memory), "lam": memory.interpolation.lam,
                "temperature": memory.interpolation.temperature, "bare_ppl": perplexity(full),

@@ -3,7 +3,10 @@
 Per policy: cumulative MemRate, test PPL of the bare LM and of LM + memory (constant λ and T tuned
 on the validation split), memory bytes, the memorization pass's throughput as a ratio to the bare
 LM's forward pass over the same tokens (measured in this same run), and the index update time per
-day as the memory grows. RandMem stores at MoNIM's cumulative rate, so MoNIM runs first.
+day as the memory grows. Each policy is a run (monim.run.MemoryRun, Θ with the constant λ) that
+learns every day the product's way (`learn`: memorize, then calibrate), the LM live (no feature
+store, so each pass includes the LM's). RandMem stores at MoNIM's MemRate (monim.catalogue.
+followed_memrate), so MoNIM runs first.
 Usage: python benchmarks/memory_policies.py [--days 10] [--max-docs 8] [--out ...json]
 """
 
@@ -17,24 +20,34 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.index import IndexConfig
+from monim.catalogue import followed_memrate
+from monim.config import RunConfig
 from monim.knnlm import perplexity, tune_interpolation
-from monim.lm import load_lm
-from monim.scoring import ScoreConfig, score
-from monim.calibration import calibrate
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.lm import cached_lm
+from monim.run import make_run
+from monim.scoring import score
 from news_days import first_days, parser
+
+POLICIES = ("monim-amt", "fullmem", "randmem")  # the order they learn in: RandMem follows MoNIM's MemRate
+
+
+def day_stats(date: str, row: dict) -> dict:
+    """What memorizing the day did, from the run's row of the day (seconds by stage)."""
+    return {"date": date, "tokens_seen": row["tokens_seen"], "stored": row["entries_stored"],
+            "memrate": row["memrate_day"], "seconds": {k.removeprefix("seconds_"): v for k, v in row.items()
+                                                       if k.startswith("seconds_")}}
+
 
 def main() -> None:
     ap = parser(__doc__, "memory_policies")
     ap.add_argument("--k", type=int, default=1024)
     args = ap.parse_args()
 
-    lm = load_lm(args.model)
-    cfg, index_cfg = ScoreConfig(), IndexConfig(k=args.k)
+    work = Path(tempfile.mkdtemp(prefix="monim-bench-"))
+    config = {"workdir": str(work), "model": args.model, "calibrated": False, "k": args.k,  # constant λ: see calibrator.py
+              "feature_store": False, "max_docs": args.max_docs}
+    lm = cached_lm(args.model)  # the runs' LM (one per process)
+    window = RunConfig(**config).window()
     days = first_days(args)
     console = Console(width=150)
 
@@ -42,37 +55,35 @@ def main() -> None:
     bare_seconds = []
     for day in days:
         t = time.perf_counter()
-        sum(len(b) for b in score(lm, day.train[: args.max_docs], cfg))
+        sum(len(b) for b in score(lm, day.capped(args.max_docs).train, window))
         bare_seconds.append(time.perf_counter() - t)
     console.print(f"bare LM pass: {sum(bare_seconds):.0f} s over {len(days)} days")
     validation = [d for day in days for d in day.validation]
     test = [d for day in days for d in day.test]
-    bare_test = list(score(lm, test, cfg))
+    bare_test = list(score(lm, test, window))
 
-    work = Path(tempfile.mkdtemp(prefix="monim-bench-"))
     results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
                "k": args.k, "bare_ppl": perplexity(bare_test), "policies": {}}
-    policies = [make_policy("monim-amt"), make_policy("fullmem"), None]
-    for policy in policies:
-        if policy is None:  # RandMem at MoNIM's cumulative rate
-            policy = make_policy("randmem", rate=results["policies"]["monim-amt"]["memrate"])
-        memory = Memory(work / policy.name, lm, Settings(calibrated=False, index=index_cfg))  # constant λ: see calibrator.py
+    for name in POLICIES:
+        follows = followed_memrate(name, {p: r["memrate"] for p, r in results["policies"].items()})
+        run = make_run(RunConfig(policy=name, followed_memrate=follows, **config))
         rows = []
-        for day, bare in zip(days, bare_seconds):
-            stats = memorize_day(memory, day.capped(args.max_docs), policy)
-            calibrate(memory, day)  # the next day's Θ
-            pass_seconds = stats.seconds["lm_and_search"] + stats.seconds["policy"]
-            rows.append(stats.as_dict() | {"entries_total": len(memory), "bare_seconds": bare,
-                                           "throughput_ratio": bare / pass_seconds})
-            console.print(f"{policy.name} {stats.date}: stored {stats.stored}/{stats.tokens_seen} "
-                          f"({stats.memrate:.0%}), memory {len(memory)}, pass {pass_seconds:.1f}s vs bare {bare:.1f}s, "
-                          f"index {stats.seconds['index']:.2f}s")
+        for step, (day, bare) in enumerate(zip(days, bare_seconds)):
+            row = run.learn(day.capped(run.cfg.max_docs), step)  # the next day's Θ calibrated too
+            stats = day_stats(day.date.isoformat(), row)
+            pass_seconds = stats["seconds"]["lm_and_search"] + stats["seconds"]["policy"]
+            rows.append(stats | {"entries_total": row["entries"], "bare_seconds": bare,
+                                 "throughput_ratio": bare / pass_seconds})
+            console.print(f"{name} {stats['date']}: stored {stats['stored']}/{stats['tokens_seen']} "
+                          f"({stats['memrate']:.0%}), memory {row['entries']}, pass {pass_seconds:.1f}s vs bare "
+                          f"{bare:.1f}s, index {stats['seconds']['index']:.2f}s")
+        memory = run.memory
         interp, _ = tune_interpolation(memory.score(validation, retrieve=True))
         seen = sum(r["tokens_seen"] for r in rows)
-        results["policies"][policy.name] = {
-            "params": vars(policy), "memrate": len(memory) / seen, "entries": len(memory), "tokens_seen": seen,
-            "test_ppl": perplexity(memory.score(test, retrieve=True), interp), "lam": interp.lam, "temperature": interp.temperature,
-            "bytes": memory.bytes_on_disk(),
+        results["policies"][name] = {
+            "params": vars(run.cfg.make_policy()), "memrate": len(memory) / seen, "entries": len(memory),
+            "tokens_seen": seen, "test_ppl": perplexity(memory.score(test, retrieve=True), interp), "lam": interp.lam,
+            "temperature": interp.temperature, "bytes": memory.bytes_on_disk(),
             "throughput_ratio": sum(r["bare_seconds"] for r in rows)
             / sum(r["seconds"]["lm_and_search"] + r["seconds"]["policy"] for r in rows),
             "days": rows,

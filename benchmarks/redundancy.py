@@ -4,7 +4,10 @@ with a share s of its training articles replaced by articles of the day before, 
 reworded at its top, so every key's context differs from the stored one at first).
 Prints, per share and kind: the day's MemRate, and MemRate on the replaced articles' tokens alone
 (from the stored entries' documents). Resumable: the base memory is kept; each share is learned
-into a copy of it.
+into a copy of it. Every memory is a run's (monim.run.MemoryRun, MoNIM-AMT, the LM's features
+from --features): the base day is learned the product's way (`learn`: memorized, then calibrated,
+so the day after reads its Θ); a share's day is only memorized (`memorize`), the stage the study
+measures, into a copy thrown away after it.
 Usage: python benchmarks/redundancy.py --source FILE --base 1987-03-02 --day 1987-03-03 --features DIR --workdir DIR
 """
 
@@ -20,16 +23,10 @@ from pathlib import Path
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 import numpy as np
 
-from monim.calibration import calibrate
-from monim.catalogue import make_policy
-from monim.features import Features
-from monim.lm import load_lm
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.scoring import ScoreConfig
+from monim.config import RunConfig
+from monim.run import MemoryRun, make_run
 from monim.sources import Document
 from monim.stream import Day, read_day
-from monim.settings import Settings
 
 
 def lead_dropped(text: str) -> str:
@@ -54,6 +51,13 @@ def redundant_day(day: Day, before: Day, share: float, kind: str, seed: int = 0)
     return dataclasses.replace(day, train=out), ids
 
 
+def study_run(cfg: RunConfig, root: Path, store: Path) -> MemoryRun:
+    """The policy's run learning into `root`, the LM's features read from and kept in `store`."""
+    run = make_run(cfg, root=root)
+    run.features = dataclasses.replace(cfg.features(run.lm), store=store)
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", required=True)
@@ -65,14 +69,10 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--model")
     args = ap.parse_args()
-    lm = load_lm(args.model)
-    features = Features(lm, ScoreConfig(), args.features)
-    base_dir, policy = args.workdir / "base", make_policy("monim-amt")
+    cfg = RunConfig(policy="monim-amt", workdir=str(args.workdir), model=args.model)
+    base_dir = args.workdir / "base"
     before, day = read_day(args.source, args.base), read_day(args.source, args.day)
-    base = Memory(base_dir, lm, Settings())
-    if not base.ds.committed(args.base.isoformat()):
-        memorize_day(base, before, policy, features)
-        calibrate(base, before, features)
+    study_run(cfg, base_dir, args.features).learn(before, 0)  # a no-op where the base learned the day already
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     for kind in args.kinds.split(","):
@@ -84,17 +84,18 @@ def main() -> None:
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(base_dir, target)
             synthetic, ids = redundant_day(day, before, share, kind)
-            memory = Memory(target, lm, Settings())
-            stats = memorize_day(memory, synthetic, policy, features)
+            run = study_run(cfg, target, args.features)
+            stats = run.memorize(synthetic)
+            memory, features = run.memory, run.features
             sizes = dict(zip((d.id for d in synthetic.train), (len(t) - 1 for t in features.tokenize(synthetic.train))))
             shard = next(d.shard for d in memory.ds.days if d.date == args.day.isoformat())
             names = memory.ds.shard_docs(shard)
             stored = Counter(names[i] for i in np.asarray(memory.ds.shard(shard, "docs")))
             on_replaced = sum(stored.get(i, 0) for i in ids) / max(sum(sizes[i] for i in ids), 1)
             rows[key] = {"kind": kind, "share": share, "replaced_token_share": sum(sizes[i] for i in ids) / sum(sizes.values()),
-                         "memrate": stats.memrate, "memrate_replaced": on_replaced if ids else None,
-                         "memrate_rest": (stats.stored - sum(stored.get(i, 0) for i in ids))
-                         / max(stats.tokens_seen - sum(sizes[i] for i in ids), 1)}
+                         "memrate": stats["memrate"], "memrate_replaced": on_replaced if ids else None,
+                         "memrate_rest": (stats["stored"] - sum(stored.get(i, 0) for i in ids))
+                         / max(stats["tokens_seen"] - sum(sizes[i] for i in ids), 1)}
             rows_path.write_text(json.dumps(rows, indent=1))
             print(key, {k: round(v, 4) if isinstance(v, float) else v for k, v in rows[key].items()}, flush=True)
             shutil.rmtree(target)
