@@ -34,7 +34,7 @@ def main() -> None:
     for lr in map(float, args.rates.split(",")):
         lm = trained_copy(base)
         started = time.perf_counter()
-        stats = train_day(lm, days[0].train, Learner(lr=lr, max_tokens=args.train_tokens), 0, 0)
+        stats = train_day(lm, days[0].train, Learner(lr=lr, train_tokens=args.train_tokens), 0, 0)
         seconds = time.perf_counter() - started
         rows.append({"lr": lr, "validation_ppl": evaluate(lm, validation, None, ScoreConfig())["ppl"],
                      "seconds": seconds, "tokens_per_s": stats["tokens_trained"] / seconds})

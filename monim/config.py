@@ -4,7 +4,7 @@ validates it and renders it as a form; JSON in and out)."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,10 @@ from monim.stream import DEMO_STREAM
 from monim.settings import PolicyConfig, Settings
 
 
+_LEARNER = Learner()  # the parametric learners' defaults, read once for the fields below
+LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method", "seed"))
+
+
 class RunConfig(BaseModel):
     """One policy learning one stream into a work directory."""
 
@@ -40,8 +44,6 @@ class RunConfig(BaseModel):
     merge_k: int = Field(9, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
     followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
                                            "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
-    learner_params: dict = Field(default_factory=dict, description="monim.parametric.Learner fields for the parametric "
-                                 "learners, e.g. {\"max_tokens\": 4096, \"lr\": 3e-5}.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
     max_docs: int | None = Field(None, ge=1, description="Training articles taken per day (the first ones); empty: all.")
     max_article_tokens: int | None = Field(16384, ge=2, description="Articles longer than this many tokens are cut to "
@@ -67,6 +69,21 @@ class RunConfig(BaseModel):
     feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
     cluster: str | None = Field(None, description="Address of a Dask scheduler (tcp://host:8786) whose workers run the "
                                 "LM over each day's articles into the feature store; empty: this process.")
+    lr: float = Field(_LEARNER.lr, gt=0, description="Parametric learners: Adam's learning rate.")
+    train_tokens: int | None = Field(_LEARNER.train_tokens, ge=1, description="Parametric learners: training tokens a "
+                                     "day, first articles first; empty: all.")
+    train_block: int = Field(_LEARNER.train_block, ge=2, description="Parametric learners: tokens per training sequence.")
+    train_batch: int = Field(_LEARNER.train_batch, ge=1, description="Parametric learners: sequences per optimizer step.")
+    epochs: int = Field(_LEARNER.epochs, ge=1, description="Parametric learners: passes over each day's tokens.")
+    review: str | None = Field(_LEARNER.review, description="Mix-Review: the general-domain text (a plain text file).")
+    review_from: int = Field(_LEARNER.review_from, ge=0, description="Mix-Review: characters of the review text skipped "
+                             "(a forgetting probe may read its start).")
+    mix_ratio: float = Field(_LEARNER.mix_ratio, ge=0, description="Mix-Review: general-domain tokens per new token on "
+                             "the first day.")
+    mix_decay: float = Field(_LEARNER.mix_decay, ge=0, le=1, description="Mix-Review: the ratio's decay a day.")
+    pretrain_coef: float = Field(_LEARNER.pretrain_coef, ge=0, description="RecAdam: γ, the pull toward the pretrained weights.")
+    anneal_k: float = Field(_LEARNER.anneal_k, description="RecAdam: the annealing rate k.")
+    anneal_t0: int = Field(_LEARNER.anneal_t0, description="RecAdam: the annealing midpoint t0, in steps.")
     k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
     nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
     exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly.")
@@ -80,7 +97,7 @@ class RunConfig(BaseModel):
             elif kind == MEMORY:
                 self.make_policy()
         except TypeError as e:
-            raise ValueError(f"learner_params do not fit {self.policy}: {e}") from None
+            raise ValueError(f"{self.policy}: {e}") from None
         if self.cluster and not self.feature_store:
             raise ValueError("cluster needs the feature store: the workers write the LM's features there")
         try:
@@ -105,7 +122,7 @@ class RunConfig(BaseModel):
         return Path(self.workdir) / "weights" / self.name
 
     def learner(self) -> Learner:
-        return Learner(method=self.policy, seed=self.seed, **self.learner_params)
+        return Learner(method=self.policy, seed=self.seed, **{f: getattr(self, f) for f in LEARNER_FIELDS})
 
     @property
     def memory_dir(self) -> Path:
@@ -139,8 +156,8 @@ class RunConfig(BaseModel):
 
     def params(self) -> dict:
         """Flat parameters for an experiment tracker."""
-        out = self.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator_params",
-                                       "learner_params", "cluster"})
+        out = self.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator_params", "cluster",
+                                       *LEARNER_FIELDS})
         if self.kind == LEARNER:
             out |= {f"learner.{k}": v for k, v in asdict(self.learner()).items()}
         elif self.kind == MEMORY:
@@ -152,5 +169,5 @@ class RunConfig(BaseModel):
         """A short hash of the settings that change results (for cache keys)."""
         ignored = {"cluster", "max_feed_lag"}  # where the LM runs, when the daily run fails: no result changes
         if self.kind != LEARNER:
-            ignored.add("learner_params")  # memory runs ignore learner_params
+            ignored |= set(LEARNER_FIELDS)  # memory runs ignore the learners' settings
         return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]

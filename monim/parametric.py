@@ -42,9 +42,9 @@ class Learner:
 
     method: str = "finetune"
     lr: float = 1e-4  # chosen on validation articles (benchmarks/learner_lr.py): 16.44 PPL, 3e-5 16.61, 3e-4 17.54
-    max_tokens: int | None = 4096  # training tokens taken per day (first articles first); None: all
-    block: int = 256  # tokens per training sequence
-    batch: int = 4  # sequences per optimizer step
+    train_tokens: int | None = 4096  # training tokens taken per day (first articles first); None: all
+    train_block: int = 256  # tokens per training sequence
+    train_batch: int = 4  # sequences per optimizer step
     epochs: int = 1
     seed: int = 0
     review: str | None = None  # Mix-Review's general-domain text (a plain text file)
@@ -62,8 +62,8 @@ class Learner:
             raise ValueError("mix-review needs general-domain text to review (review: a text file)")
         if self.review and not Path(self.review).is_file():
             raise ValueError(f"review text not found: {self.review}")
-        if not self.lr > 0 or self.block < 2 or self.batch < 1 or self.epochs < 1:
-            raise ValueError(f"lr > 0, block >= 2, batch >= 1 and epochs >= 1 are needed, got {self}")
+        if not self.lr > 0 or self.train_block < 2 or self.train_batch < 1 or self.epochs < 1:
+            raise ValueError(f"lr > 0, train_block >= 2, train_batch >= 1 and epochs >= 1 are needed, got {self}")
 
     def review_share(self, day_index: int) -> float:
         """General-domain tokens mixed in per new token on the stream's day_index-th day."""
@@ -86,8 +86,8 @@ def review_blocks(lm: LM, learner: Learner, tokens: int, rng: np.random.Generato
         return []
     text = Path(learner.review).read_text(encoding="utf-8")[learner.review_from :]
     ids = lm.tokenizer(text)["input_ids"]
-    starts = rng.choice(max(1, len(ids) - learner.block), size=max(1, round(tokens / learner.block)), replace=True)
-    return [ids[s : s + learner.block] for s in starts]
+    starts = rng.choice(max(1, len(ids) - learner.train_block), size=max(1, round(tokens / learner.train_block)), replace=True)
+    return [ids[s : s + learner.train_block] for s in starts]
 
 
 def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, step: int,
@@ -99,7 +99,7 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
     started = time.perf_counter()
     rng = np.random.default_rng([learner.seed, day_index])
     torch.manual_seed(learner.seed + day_index)
-    new = blocks(lm.tokenizer([d.text for d in docs])["input_ids"] if docs else [], learner.block, learner.max_tokens)
+    new = blocks(lm.tokenizer([d.text for d in docs])["input_ids"] if docs else [], learner.train_block, learner.train_tokens)
     new_tokens = sum(len(b) for b in new)
     review = review_blocks(lm, learner, round(learner.review_share(day_index) * new_tokens), rng)
     data = new + review
@@ -111,8 +111,8 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
     try:
         for _ in range(learner.epochs):
             order = rng.permutation(len(data))
-            for first in range(0, len(order), learner.batch):
-                batch = [data[j] for j in order[first : first + learner.batch]]
+            for first in range(0, len(order), learner.train_batch):
+                batch = [data[j] for j in order[first : first + learner.train_batch]]
                 loss = _loss(lm, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

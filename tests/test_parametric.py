@@ -53,7 +53,7 @@ def test_fine_tuning_learns_the_day_and_leaves_the_base_alone(tiny):
     text = "The central bank raised its key interest rate by half a point on Tuesday. " * 6
     lm = trained_copy(tiny)
     before = _nll(lm, text)
-    stats = train_day(lm, [doc(text)], Learner(lr=1e-2, block=32, batch=2, epochs=5, max_tokens=None), 0, 0)
+    stats = train_day(lm, [doc(text)], Learner(lr=1e-2, train_block=32, train_batch=2, epochs=5, train_tokens=None), 0, 0)
     n = len(tiny.tokenizer(text)["input_ids"])
     assert stats["tokens_trained"] == n - n % 32 + (n % 32 if n % 32 >= 2 else 0)
     assert stats["steps"] == 5 * math.ceil(math.ceil(n / 32) / 2) and stats["step"] == stats["steps"]
@@ -65,7 +65,7 @@ def test_recadam_step_matches_the_hand_computed_update(tiny):
     """One RecAdam step from θ*: Adam's first step is lr·λ·g/(|g|+eps), then the pull
     lr·(1-λ)·γ·(θ-θ*) toward θ*, so θ1 = θ* - lr·λ·g/(|g|+eps)·(1 - lr·(1-λ)·γ)."""
     text = "Oil prices rose sharply after the announcement. " * 3
-    learner = Learner(method="recadam", lr=1e-3, block=16, batch=1, max_tokens=16, pretrain_coef=50.0,
+    learner = Learner(method="recadam", lr=1e-3, train_block=16, train_batch=1, train_tokens=16, pretrain_coef=50.0,
                       anneal_k=0.5, anneal_t0=2)
     ref = trained_copy(tiny)
     ids = torch.tensor([tiny.tokenizer(text)["input_ids"][:16]])
@@ -87,7 +87,7 @@ def test_mix_review_mixes_decaying_general_text(tiny, tmp_path):
     review = tmp_path / "general.txt"
     review.write_text("Wikipedia is a free online encyclopedia written by volunteers around the world. " * 50)
     text = "Stocks fell on Wall Street as investors weighed the latest inflation data. " * 16
-    learner = Learner(method="mix-review", review=str(review), lr=1e-4, block=32, batch=4, max_tokens=128,
+    learner = Learner(method="mix-review", review=str(review), lr=1e-4, train_block=32, train_batch=4, train_tokens=128,
                       mix_ratio=2.0, mix_decay=0.5)
     first = train_day(trained_copy(tiny), [doc(text)], learner, 0, 0)
     third = train_day(trained_copy(tiny), [doc(text)], learner, 2, 0)
@@ -98,7 +98,7 @@ def test_mix_review_mixes_decaying_general_text(tiny, tmp_path):
 
 def test_weights_round_trip_and_a_stray_is_no_day(tiny, tmp_path):
     lm = trained_copy(tiny)
-    train_day(lm, [doc("A short news story about the harvest. " * 4)], Learner(lr=1e-3, block=16), 0, 0)
+    train_day(lm, [doc("A short news story about the harvest. " * 4)], Learner(lr=1e-3, train_block=16), 0, 0)
     weights = Weights(tmp_path / "w")
     weights.save("2022-06-01", lm.model, {"step": 1})
     (tmp_path / "w" / ".tmp-1234-2022-06-02").mkdir()
@@ -141,7 +141,7 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     text = tmp_path / "general.txt"
     text.write_text("The river flows through the old town and into the sea near the harbour. " * 200)
     run = RunConfig(source=str(DEMO_STREAM), workdir=str(tmp_path / "work"), model=model, max_docs=2,
-                    learner_params={"max_tokens": 64, "block": 32, "lr": 1e-3, "review": str(text), "review_from": 2000})
+                    train_tokens=64, train_block=32, lr=1e-3, review=str(text), review_from=2000)
     days = ("1987-03-02", "1987-03-03")
     quiz = tmp_path / "quiz.jsonl"
     quiz.write_text("\n".join(json.dumps({"id": f"q{i}", "date": "1987-03-04", "question": q, "choices": c, "answer": [0],

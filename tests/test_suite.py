@@ -130,7 +130,7 @@ def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
     from tasks.evaluation import _suite_key
 
     policies = ["bare", "fullmem", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]
-    configs = [RunConfig(policy=p, workdir=str(tmp_path), learner_params={"review": __file__}) for p in policies]
+    configs = [RunConfig(policy=p, workdir=str(tmp_path), review=__file__) for p in policies]
     e = EvalConfig(period="week", text=__file__, text_chars=20_000, qa=__file__)
     context = SimpleNamespace(task=SimpleNamespace(name="period_perplexity"))
     key = _suite_key(context, {"configs": configs, "days": ["2022-06-05", "2022-06-07"], "e": e})

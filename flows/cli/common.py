@@ -289,7 +289,7 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
 
     from monim.config import RunConfig
 
-    learner: dict = {} if train_tokens is None else {"max_tokens": train_tokens or None}
+    learner: dict = {} if train_tokens is None else {"train_tokens": train_tokens or None}
     learner |= {} if lr is None else {"lr": lr}
     if review is not None:
         learner["review"] = str(review)
@@ -298,7 +298,7 @@ def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str 
     calibrator = {"source": calibration} | ({} if skip is None else {"skip_threshold": skip})
     try:
         return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
-                         calibrated=not constant_lam, calibrator_params=calibrator, learner_params=learner,
+                         calibrated=not constant_lam, calibrator_params=calibrator, **learner,
                          feature_store=feature_store, cluster=cluster, max_article_tokens=max_article_tokens or None,
                          on_error=on_error, missing_id=missing_id, max_feed_lag=max_feed_lag, delta=delta, rate=rate,
                          merge_k=merge_k)
