@@ -29,7 +29,7 @@ from monim.catalogue import followed_memrate
 from monim.config import RunConfig
 from monim.evaluate import evaluate_many
 from monim.features import Features
-from monim.records import memory_status
+from monim.workdirs import memory_status
 from monim.run import MemoryRun, make_run
 from monim.stream import list_dates, read_day
 

@@ -5,7 +5,7 @@ a check is quick and leaves nothing behind."""
 from __future__ import annotations
 
 from monim.fsck import check_memory, check_records
-from monim.records import memories
+from monim.workdirs import memories
 from tasks.registry import register_state, registered_model, stale_champion
 from tasks.tracking import check_steps, tracking_uri as resolve_tracking_uri
 

@@ -18,7 +18,7 @@ from monim.index import IndexConfig
 from monim.lm import DTYPE_CHOICES, LM
 from monim.parametric import Learner
 from monim.policies import Policy, policy_params
-from monim.records import memory_root
+from monim.workdirs import memory_root
 from monim.scoring import CONTEXT_MODES, ScoreConfig
 from monim.sources import Fields
 from monim.stream import DEMO_STREAM

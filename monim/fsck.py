@@ -22,7 +22,7 @@ from monim.datastore import DTYPES, Datastore
 from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
-from monim.records import record_path, run_lock
+from monim.workdirs import record_path, run_lock
 from monim.settings import Settings
 
 

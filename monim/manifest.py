@@ -45,7 +45,7 @@ class DayRecord:
     forgotten: int = 0
     merged: int = 0  # entries absorbed by later days' entries (Greedy Merging)
     checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
-    evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.records)
+    evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.workdirs)
 
     @property
     def memrate(self) -> float:

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from monim import records
+from monim import workdirs
 from monim.calibration import calibrate as calibrate_memory
 from monim.catalogue import BARE, LEARNER, MEMORY
 from monim.config import RunConfig
@@ -100,7 +100,7 @@ class Run:
 
     def record(self, row: dict) -> None:
         """Record a finished day's row in the memory's manifest and the run's record (atomically)."""
-        records.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
+        workdirs.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
 
     def day(self, day: Day, step: int = 0) -> dict:
         """A whole day without Prefect: featurize, learn, evaluate and record, in that order; its row."""

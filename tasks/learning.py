@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from tqdm.auto import tqdm
 
-from monim import records
+from monim import workdirs
 from monim.config import RunConfig
 from monim.knnlm import RULES
 from monim.lm import cached_lm
@@ -160,12 +160,12 @@ def _rounded(nll: dict) -> dict:
 def run_lock(cfg: RunConfig) -> Path:
     """The lock a run's flow holds while it learns: one stream per run at a time (the daily run
     waits for a backfill), whatever the memory's own lock allows between days."""
-    return records.run_lock(cfg.workdir, cfg.name)
+    return workdirs.run_lock(cfg.workdir, cfg.name)
 
 
 def recorded_days(cfg: RunConfig) -> dict[str, dict]:
     """The evaluated days of this run (date -> its row), from earlier flow runs too."""
-    return records.read_rows(cfg.workdir, cfg.name)
+    return workdirs.read_rows(cfg.workdir, cfg.name)
 
 
 @task(cache_policy=NO_CACHE)

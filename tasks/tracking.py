@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim import records
+from monim import workdirs
 from monim.atomic import create_once, sqlite_damage
 from monim.config import RunConfig
 from monim.lm import DEFAULT_MODEL
@@ -253,13 +253,13 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     not know, or no local store at all (memories copied without it), is a warning: nothing is lost."""
     if (db := sqlite_file(uri)) is not None and not db.exists():
         return [{"where": f"MLflow at {uri}", "what": "no MLflow store: the runs' days are not logged here",
-                 "repair": None, "repaired": False, "warning": True}] if records.run_names(workdir) else []
+                 "repair": None, "repaired": False, "warning": True}] if workdirs.run_names(workdir) else []
     c = client(uri)
     experiments = [e.experiment_id for e in c.search_experiments()]
     problems = []
-    for name in records.run_names(workdir):
-        rows = records.read_rows(workdir, name)
-        memory = str(records.memory_root(workdir, name).resolve())
+    for name in workdirs.run_names(workdir):
+        rows = workdirs.read_rows(workdir, name)
+        memory = str(workdirs.memory_root(workdir, name).resolve())
         runs = c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []
         if not runs and rows:
             moved = [r for r in (c.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")

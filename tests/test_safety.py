@@ -205,7 +205,7 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
     rewritten from it, and fsck finds a record that differs and rewrites it."""
     from monim.fsck import check_records
     from monim.memory import Memory
-    from monim.records import read_rows, record_path, write_row
+    from monim.workdirs import read_rows, record_path, write_row
 
     memory = Memory(tmp_path / "memories" / "fullmem", tiny)
     day = Entries(np.zeros((5, tiny.hidden_size), np.float16), np.arange(5, dtype=np.int32), ["d"] * 5, np.arange(5))

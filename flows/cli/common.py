@@ -160,7 +160,7 @@ def check_source(spec: RunConfig, start: Optional[str], end: Optional[str]) -> l
 
 def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
     """The memory a reading command reads: the one named, the only one, else MoNIM-AMT's."""
-    from monim.records import memories
+    from monim.workdirs import memories
 
     found = memories(workdir)
     if not found:

@@ -27,7 +27,7 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
     from monim.catalogue import MEMORY
     from monim.lm import DEFAULT_MODEL
     from monim.manifest import ManifestError, read_manifest
-    from monim.records import memories
+    from monim.workdirs import memories
     from monim.settings import SettingsMismatch, refuse_other
 
     from monim.datastore import Datastore
@@ -88,7 +88,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
           ) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
-    from monim.records import memory_status
+    from monim.workdirs import memory_status
 
     check_source(spec, start, end)
     preflight(spec, [spec.policy])

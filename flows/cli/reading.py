@@ -18,7 +18,7 @@ from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, 
 def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: bool = AS_JSON) -> None:
     """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, and the
     days, tokens trained and bytes of its parametric learners' weights."""
-    from monim.records import status as workdir_status
+    from monim.workdirs import status as workdir_status
 
     found = workdir_status(workdir)
     memories, weights = found["memories"], found["weights"]

@@ -64,7 +64,7 @@ def forget(workdir: Path = WORKDIR,
     memory's state again, the champion moving to it where it held what was forgotten (a running
     `monim serve-model` follows within its --follow-seconds)."""
     from monim.memory import Memory
-    from monim.records import memories
+    from monim.workdirs import memories
 
     from monim.datastore import Datastore
 

@@ -1,4 +1,6 @@
-"""Run records: each run's evaluated days (date -> the day's row of metrics), where a stream resumes.
+"""The work directory's layout: where each run's memory, weights, record and lock live, its run
+records (each run's evaluated days, date -> the day's row of metrics, where a stream resumes) and
+its status.
 
 A memory's manifest holds the row of every day it evaluated (the truth); `runs/<name>.json` is a
 view of those rows, rewritten from the manifest after each day (and by `monim fsck --repair`). It
