@@ -78,8 +78,9 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
         raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(names(MEMORY))}")
     cfg = replace(cfg or PolicyConfig(), **changes)
     rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else DEFAULT_RATE
-    given = {"delta": cfg.delta, "rate": rate, "k": cfg.merge_k}
-    return getattr(policies, e.make)(**{k: given[k] for k in (r.replace("merge_k", "k") for r in e.reads)}, **dict(e.fixed))
+    # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
+    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k)}
+    return getattr(policies, e.make)(**dict(given[r] for r in e.reads), **dict(e.fixed))
 
 
 def shown_order(runs: list[str]) -> list[str]:

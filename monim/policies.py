@@ -15,7 +15,7 @@ from monim.knnlm import ThetaScores
 from monim.lm import LM
 from monim.merging import greedy_merge
 from monim.scoring import TokenScores
-from monim.threshold import amt_threshold, decided
+from monim.threshold import amt_threshold, certain, decided
 
 if TYPE_CHECKING:
     from monim.memory import Memory
@@ -74,13 +74,8 @@ class MoNIM(Stores):
         return decided(logp, max_logp, lam_max, self.delta, self.adaptive)
 
     def certain(self, logp: np.ndarray, max_logp: np.ndarray, lam_max: float) -> np.ndarray:
-        """Whether each token's decision is the same under every Θ with λ <= lam_max (see `decided`).
-
-        Why: the LM alone (λ = 0) is one of those Θs, so a certain token need not be searched at all:
-        left with no neighbours (Θ = the LM for it) it is stored or skipped exactly as if searched.
-        """
-        store, skip = self.decided(logp, max_logp, lam_max)
-        return store | skip
+        """Whether each token's decision is the same under every Θ with λ <= lam_max (monim.threshold.certain)."""
+        return certain(logp, max_logp, lam_max, self.delta, self.adaptive)
 
 
 @dataclass

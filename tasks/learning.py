@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,15 +38,17 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 _OPEN: dict[tuple[str, str], Run] = {}  # (work directory, run name) -> the run open in this process
+_OPENING = threading.Lock()  # a Dask worker's (or a task runner's) threads ask for the same run at once
 
 
 def run_for(cfg: RunConfig) -> Run:
     """The run `cfg` names, as this process has it open (monim.run): opened at its first task, again
-    when its settings change; every task of the run acts on it."""
+    when its settings change; every task of the run acts on it, whichever thread runs the task."""
     key = (str(Path(cfg.workdir).resolve()), cfg.name)
-    if key not in _OPEN or _OPEN[key].cfg != cfg:
-        _OPEN[key] = make_run(cfg)
-    return _OPEN[key]
+    with _OPENING:
+        if key not in _OPEN or _OPEN[key].cfg != cfg:
+            _OPEN[key] = make_run(cfg)
+        return _OPEN[key]
 
 
 LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
