@@ -294,3 +294,22 @@ def test_promote_and_rollback_move_the_aliases_by_hand(compared):
         rollback(uri, root)
     with pytest.raises(ValueError, match="no version 9"):
         promote(uri, root, "9")
+
+
+def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
+    """monim.run without Prefect or MLflow (featurize, learn, evaluate, record) gives the rows the
+    flows recorded for the same run."""
+    from monim.run import make_run
+    from monim.stream import read_day
+    from monim.workdirs import read_rows
+
+    workdir, model, _ = compared
+    cfg = RunConfig(source=str(DEMO_STREAM), workdir=str(tmp_path), model=model, max_docs=3)
+    run = make_run(cfg)
+    by_flow = read_rows(workdir, "monim-amt")
+    for step, date in enumerate(DAYS):
+        day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields())
+        row = run.day(day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, run.lm.cut), step)
+        assert {k: row[k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")} == \
+               {k: by_flow[date][k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")}
+    assert read_rows(tmp_path, "monim-amt").keys() == set(DAYS)
