@@ -9,7 +9,7 @@ LM's per-token NLL, against the test set's noise (the standard error of the LM's
 '*' when the mean change exceeds 1.96 of it) and against its own paired standard error ('·': Θ is
 consistently, if slightly, worse), λ, T, whether Θ fell back to the LM ('fb'), MemRate. At the end, the skip rule (θ) on the last FullMem-train memory: share
 skipped and PPL on all the test articles (unseen) and on copies of training articles.
-Each memory is a run's (monim.run.MemoryRun, its calibration source in calibrator_params, in a
+Each memory is a run's (monim.run.MemoryRun, its calibration source in `calibrator`, in a
 folder of its own); it learns each day the product's way, memorized then calibrated (`memorize`,
 `calibrate`: the two stages read apart, since a day's row keeps the calibration's record: its
 held-out NLL per rule); the runs share the work directory's feature store (`featurize`).
@@ -85,7 +85,7 @@ def main() -> None:
     rows_path = args.workdir / "rows.json"
     rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
     runs = {name: make_run(RunConfig(policy=policy, workdir=str(args.workdir), model=args.model, max_docs=args.max_docs,
-                                     calibrator_params={"source": source}), root=args.workdir / name.replace("/", "-"))
+                                     calibrator={"source": source}), root=args.workdir / name.replace("/", "-"))
             for name, (policy, source) in ((n, RUNS[n]) for n in args.runs.split(","))}
     first = next(iter(runs.values()))
     lm, cfg = first.lm, first.features  # the LM, once per article for every memory (the runs' feature store)

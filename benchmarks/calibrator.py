@@ -28,7 +28,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibrator import Examples, FEATURE_GROUPS, examples, train_calibrator
+from monim.calibrator import Examples, examples, train_calibrator
+from monim.config import FEATURE_GROUPS
 from monim.catalogue import followed_memrate
 from monim.config import RunConfig
 from monim.knnlm import Interpolation, perplexity, theta_scores
@@ -74,7 +75,7 @@ def main() -> None:
         follows = followed_memrate(policy, {p: r["memrate"] for p, r in results["policies"].items()})
         run = make_run(RunConfig(policy=policy, calibrated=calibrated, followed_memrate=follows, workdir=str(work),
                                  model=args.model, max_docs=args.max_docs, feature_store=False,
-                                 calibrator_params={"skip_threshold": args.skip}))
+                                 calibrator={"skip_threshold": args.skip}))
         label, cal_seconds = run.cfg.name, []
         for step, day in enumerate(days):
             row = run.learn(day.capped(run.cfg.max_docs), step)

@@ -48,6 +48,7 @@ from monim.suite import period_of, text_document
 from monim.features import Features
 from monim.memory import Memory
 from monim.qa import answer_questions, read_questions, wilson
+from monim.policies import run_policy
 from monim.run import MemoryRun, make_run
 from monim.stream import list_dates, read_day
 
@@ -57,7 +58,7 @@ POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its Mem
 
 
 READINGS = {"-const": ("const λ", {"calibrated": False}),  # how Θ reads a memory, by a run name's suffix (RunConfig fields)
-            "-val": ("validation-only calibrator", {"calibrator_params": {"source": "validation"}})}
+            "-val": ("validation-only calibrator", {"calibrator": {"source": "validation"}})}
 
 
 def parse_run(spec: str) -> tuple[str, dict, str]:
@@ -145,7 +146,7 @@ def learn_day(date: dt.date, args, runs: dict[str, MemoryRun]) -> dict:
             stats = run.memorize(day)
         with timed(seconds, f"calibrate_{name}"):
             theta = run.calibrate(day)
-        learned, memory, policy = MemoryRun.learned(stats, theta), run.memory, run.cfg.make_policy()
+        learned, memory, policy = MemoryRun.learned(stats, theta), run.memory, run_policy(run.cfg)
         memrates[name] = learned["memrate"]
         row["runs"][name] = {"tokens": learned["tokens_seen"], "stored": learned["entries_stored"],
                              "memrate_day": learned["memrate_day"], "entries": learned["entries"],

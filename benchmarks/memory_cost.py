@@ -31,6 +31,7 @@ from monim.evaluate import evaluate_many
 from monim.features import Features
 from monim.workdirs import memory_status
 from monim.run import MemoryRun, make_run
+from monim.settings import Settings
 from monim.stream import list_dates, read_day
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def open_runs(args, specs: dict[str, dict]) -> dict[str, MemoryRun]:
     runs = {}
     for name, changes in specs.items():
         cfg = RunConfig(source=str(args.source), workdir=str(args.workdir), policy=name.split("@")[0], model=args.model)
-        runs[name] = make_run(cfg, settings=cfg.settings().with_(**changes), root=args.workdir / name.replace("=", "-"))
+        runs[name] = make_run(cfg, settings=Settings.of(cfg).with_(**changes), root=args.workdir / name.replace("=", "-"))
     first = next(iter(runs.values()))
     features = Features(first.lm, first.cfg.window(), args.features) if args.features else first.features
     for run in runs.values():

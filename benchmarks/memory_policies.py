@@ -24,6 +24,7 @@ from monim.catalogue import followed_memrate
 from monim.config import RunConfig
 from monim.knnlm import perplexity, tune_interpolation
 from monim.lm import cached_lm
+from monim.policies import run_policy
 from monim.run import make_run
 from monim.scoring import score
 from news_days import first_days, parser
@@ -81,7 +82,7 @@ def main() -> None:
         interp, _ = tune_interpolation(memory.score(validation, retrieve=True))
         seen = sum(r["tokens_seen"] for r in rows)
         results["policies"][name] = {
-            "params": vars(run.cfg.make_policy()), "memrate": len(memory) / seen, "entries": len(memory),
+            "params": vars(run_policy(run.cfg)), "memrate": len(memory) / seen, "entries": len(memory),
             "tokens_seen": seen, "test_ppl": perplexity(memory.score(test, retrieve=True), interp), "lam": interp.lam,
             "temperature": interp.temperature, "bytes": memory.bytes_on_disk(),
             "throughput_ratio": sum(r["bare_seconds"] for r in rows)

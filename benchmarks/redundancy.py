@@ -24,6 +24,7 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 import numpy as np
 
 from monim.config import RunConfig
+from monim.features import Features
 from monim.run import MemoryRun, make_run
 from monim.sources import Document
 from monim.stream import Day, read_day
@@ -54,7 +55,7 @@ def redundant_day(day: Day, before: Day, share: float, kind: str, seed: int = 0)
 def study_run(cfg: RunConfig, root: Path, store: Path) -> MemoryRun:
     """The policy's run learning into `root`, the LM's features read from and kept in `store`."""
     run = make_run(cfg, root=root)
-    run.features = dataclasses.replace(cfg.features(run.lm), store=store)
+    run.features = dataclasses.replace(Features.of(cfg, run.lm), store=store)
     return run
 
 

@@ -22,55 +22,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from monim.config import CalibratorConfig
 from monim.knnlm import TEMPERATURES
 
-FEATURE_GROUPS = ("distribution", "lexical", "density")
-SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
 # λ's ceiling, also the copy rule's largest (monim.calibration.COPY_LAMBDAS): at λ = 1 the LM gets
 # no weight, and a token whose target the neighbours miss costs -inf (a full-volume day saw a
 # float32 λ round to exactly 1.0)
 LAM_CEIL = 0.99
 TOP = 10  # neighbours described by the density features
-
-
-@dataclass
-class CalibratorConfig:
-    """How the calibrator is built, trained and used."""
-
-    groups: tuple[str, ...] = FEATURE_GROUPS  # feature groups fed to the network (ablation switches)
-    hidden: int = 128
-    layers: int = 4
-    embed: int = 128  # width of each scalar feature's (and the density numbers') embedding
-    dropout: float = 0.2
-    lr: float = 3e-4
-    knn_penalty: float = 0.05  # × mean kNN weight, added to the mixture NLL
-    max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
-    batch_size: int = 256
-    warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
-    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.calibration)
-    sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
-    seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
-    window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
-    docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
-    holdout: int = 3  # source "validation", one in `holdout` of them held back for early stopping
-    skip_threshold: float | None = None  # θ: skip retrieval where the calibrator predicts λ < θ (paper: 0.3)
-    gate_k: int = 16  # neighbours of the cheap first-stage search the skip decision sees
-    copy_tolerance: float = 1e-3  # never skip a token whose nearest entry lies within this share of the key's
-    # squared norm: its very context is memorized (a repeated article); 0.0 for exact matches only
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.groups = tuple(self.groups)
-        unknown = set(self.groups) - set(FEATURE_GROUPS)
-        if unknown or not self.groups:
-            raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
-        if self.source not in SOURCES:
-            raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
-
-    def without(self, group: str) -> CalibratorConfig:
-        """The same config with one feature group switched off (ablations)."""
-        return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
 
 
 @dataclass

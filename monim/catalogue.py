@@ -4,12 +4,7 @@ in, and the one rule between them (RandMem stores at MoNIM's rate when both run)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # imported where a policy is made: help texts and names need no torch
-    from monim.policies import Policy
-    from monim.settings import PolicyConfig
+from dataclasses import dataclass
 
 BARE, MEMORY, LEARNER = "bare", "memory", "learner"  # the kinds of run
 DEFAULT_RATE = 0.5  # RandMem's and KL's share where neither the run nor a followed MemRate sets it
@@ -64,23 +59,6 @@ def names(kind: str | None = None) -> list[str]:
 def help_text() -> str:
     """Every run name with what it does, for a command's help."""
     return "; ".join(f"{e.name}: {e.help}" for e in CATALOGUE) + "."
-
-
-def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | None = None, **changes) -> Policy:
-    """A memorization policy by its name (fullmem, randmem, monim, monim-amt, kl, greedy-merge), with
-    the parameters it reads from `cfg` and `changes` (PolicyConfig's fields); `follows`: the MemRate it
-    stores at where it follows another run (RandMem, unless a rate is set)."""
-    from monim import policies
-    from monim.settings import PolicyConfig
-
-    e = entry(name)
-    if e.make is None:
-        raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(names(MEMORY))}")
-    cfg = replace(cfg or PolicyConfig(), **changes)
-    rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else DEFAULT_RATE
-    # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
-    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k)}
-    return getattr(policies, e.make)(**dict(given[r] for r in e.reads), **dict(e.fixed))
 
 
 def shown_order(runs: list[str]) -> list[str]:

@@ -1,28 +1,174 @@
-"""RunConfig: everything one learning run depends on, as one typed spec (a pydantic model: Prefect
-validates it and renders it as a form; JSON in and out)."""
+"""The settings, at the bottom of the library: a run's (RunConfig) and the parts Θ and the learners
+are built from (how text is windowed, the index, the calibrator, the policy's parameters, a
+parametric learner's knobs), each a named, typed field with its default and what it means. Nothing
+here imports torch: the command line's options are made from these fields (flows/cli/options.py)."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, fields
+import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monim import catalogue
-from monim.calibrator import CalibratorConfig
 from monim.catalogue import LEARNER, MEMORY
-from monim.features import Features
-from monim.index import IndexConfig
-from monim.lm import DTYPE_CHOICES, LM
-from monim.parametric import Learner
-from monim.policies import Policy, policy_params
-from monim.workdirs import memory_root
-from monim.scoring import CONTEXT_MODES, ScoreConfig
-from monim.sources import Fields
-from monim.stream import DEMO_STREAM
-from monim.settings import PolicyConfig, Settings
+
+DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
+CONTEXT_MODES = ("carry", "document", "recompute")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
+CODECS = ("pq", "fastscan")
+FEATURE_GROUPS = ("distribution", "lexical", "density")
+SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
+METHODS = tuple(catalogue.names(LEARNER))  # the parametric learners: finetune, mix-review, recadam
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Names of the record fields that hold the date, the text and the document id."""
+
+    date: str = "date"
+    text: str = "text"
+    id: str = "id"
+    title: str = "title"  # optional
+    missing_id: Literal["error", "hash"] = "error"  # a record without an id: refused, or named by a hash of its date and text
+
+
+@dataclass
+class ScoreConfig:
+    """Sliding-window scoring: `stride` new tokens per step with up to `context` tokens before
+    (`context_mode`: how that context is computed; "document": all tokens before, up to the model's
+    positions)."""
+
+    stride: int = 512
+    context: int = 512
+    batch_size: int | None = None  # rows per forward pass; None: the device's (DEVICE_BATCH)
+    head_chunk: int | None = None  # tokens projected to the vocabulary at once (bounds logits memory); None: the device's
+    context_mode: str = "carry"
+    sink: int = 4  # carried context keeps the document's first tokens too (the model's attention sink)
+
+    def __post_init__(self) -> None:
+        if self.context_mode not in CONTEXT_MODES:
+            raise ValueError(f"context_mode must be one of {CONTEXT_MODES}, got {self.context_mode!r}")
+
+@dataclass
+class IndexConfig:
+    """Search and build settings; k, nprobe and the "pq" codec's 64-byte codes follow the paper."""
+
+    k: int = 1024
+    # neighbours of a memorization decision (Θ's log P of a training token; None: k): on a week of
+    # full-volume news 128 stored the same entries within 0.03% as 1,024 at 0.83x the learning time
+    k_decide: int | None = 128
+    nprobe: int = 32
+    exact_below: int = 200_000  # exact search beats IVF-PQ below ~200k keys on these CPUs
+    max_nlist: int = 4096
+    # "pq": the paper's 8-bit IVF-PQ of `code_bytes`, searched on a GPU when there is one;
+    # "fastscan": 4-bit PQ over `fastscan_dims`-dim sub-vectors scanned with SIMD lookups (d/8 bytes
+    # at 4 dims): on SmolLM2-like keys it adds 14x and searches 8x faster at the same recall of the
+    # top 10, but its distances come from 8-bit lookup tables, too coarse for the kNN softmax: on a
+    # real 205k-entry memory PPL was 22.80 against 16.72 exact and 16.44 with "pq" (FAISS has no GPU fast-scan)
+    codec: str = "pq"
+    code_bytes: int = 64  # 72 (8-dim sub-vectors at 576 dims) adds 5.5x faster on a CPU at the same PPL; no GPU takes it
+    fastscan_dims: int = 4
+    train_sample: int = 1_000_000
+    retrain_growth: float = 4.0  # retrain once the memory has grown this much since training
+    probe: int = 256  # newest entries whose 10 nearest older entries the index must find (0: no probe)
+    probe_pool: int = 50_000  # the older entries they are looked for among, exactly and in the index
+    min_recall: float = 0.9  # retrain once the probe's recall falls below this share of its recall at training
+    map_above: float = 0.5  # readers map a "pq" index's lists from disk when its file exceeds this share of free RAM
+    query_batch: int = 4096
+    gpu: bool | None = None  # None: search on a GPU when FAISS sees one
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+
+@dataclass
+class CalibratorConfig:
+    """How the calibrator is built, trained and used."""
+
+    groups: tuple[str, ...] = FEATURE_GROUPS  # feature groups fed to the network (ablation switches)
+    hidden: int = 128
+    layers: int = 4
+    embed: int = 128  # width of each scalar feature's (and the density numbers') embedding
+    dropout: float = 0.2
+    lr: float = 3e-4
+    knn_penalty: float = 0.05  # × mean kNN weight, added to the mixture NLL
+    max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
+    batch_size: int = 256
+    warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
+    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.calibration)
+    sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
+    seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
+    window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
+    docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
+    holdout: int = 3  # source "validation", one in `holdout` of them held back for early stopping
+    skip_threshold: float | None = None  # θ: skip retrieval where the calibrator predicts λ < θ (paper: 0.3)
+    gate_k: int = 16  # neighbours of the cheap first-stage search the skip decision sees
+    copy_tolerance: float = 1e-3  # never skip a token whose nearest entry lies within this share of the key's
+    # squared norm: its very context is memorized (a repeated article); 0.0 for exact matches only
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.groups = tuple(self.groups)
+        unknown = set(self.groups) - set(FEATURE_GROUPS)
+        if unknown or not self.groups:
+            raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
+        if self.source not in SOURCES:
+            raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
+
+    def without(self, group: str) -> CalibratorConfig:
+        """The same config with one feature group switched off (ablations)."""
+        return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The memorization policies' parameters, as named fields: a memory records the ones its policy
+    reads at its first commit (`Settings.policy`), and a run that brings others is refused before any
+    work, naming the field."""
+
+    delta: float = -1.5  # MoNIM's δ: store x_t iff log P(x_t|x<t;Θ) < δ, or < δ / (margin + 0.5) under AMT
+    rate: float | None = None  # RandMem's and KL's share of tokens; None: RandMem at the followed MemRate, else 0.5
+    merge_k: int = 9  # Greedy Merging: the neighbours searched for same-value entries to merge
+
+@dataclass
+class Learner:
+    """How a parametric baseline trains each day (docs/results states the settings its report ran)."""
+
+    method: str = "finetune"
+    lr: float = 1e-4  # chosen on validation articles (benchmarks/learner_lr.py): 16.44 PPL, 3e-5 16.61, 3e-4 17.54
+    train_tokens: int | None = 4096  # training tokens taken per day (first articles first); None: all
+    train_block: int = 256  # tokens per training sequence
+    train_batch: int = 4  # sequences per optimizer step
+    epochs: int = 1
+    seed: int = 0
+    review: str | None = None  # Mix-Review's general-domain text (a plain text file)
+    review_from: int = 0  # characters of it skipped (a forgetting probe may read its start)
+    mix_ratio: float = 1.0
+    mix_decay: float = 0.9
+    pretrain_coef: float = 5000.0  # RecAdam's γ (its released default)
+    anneal_k: float = 0.5  # RecAdam's k (its released default)
+    anneal_t0: int = 10  # RecAdam's t0 in steps (its default 250 assumes thousands of steps a run)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown parametric method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.method == "mix-review" and not self.review:
+            raise ValueError("mix-review needs general-domain text to review (review: a text file)")
+        if self.review and not Path(self.review).is_file():
+            raise ValueError(f"review text not found: {self.review}")
+        if not self.lr > 0 or self.train_block < 2 or self.train_batch < 1 or self.epochs < 1:
+            raise ValueError(f"lr > 0, train_block >= 2, train_batch >= 1 and epochs >= 1 are needed, got {self}")
+
+    def review_share(self, day_index: int) -> float:
+        """General-domain tokens mixed in per new token on the stream's day_index-th day."""
+        return self.mix_ratio * self.mix_decay**day_index if self.method == "mix-review" else 0.0
+
+    def anneal(self, step: int) -> float:
+        """RecAdam's λ(t): the weight of the new data's loss at optimizer step t (1 for the others)."""
+        return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
 
 
 _LEARNER = Learner()  # the parametric learners' defaults, read once for the fields below
@@ -55,14 +201,15 @@ class RunConfig(BaseModel):
                                                  "hash of its date and text.")
     max_feed_lag: int = Field(1, ge=0, description="The daily run fails (monim.stream.FeedStalled) when the feed's last "
                               "article is dated more than this many days before yesterday, the day it should learn.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the run's random draws: RandMem's tokens, calibration samples, a learner's batches.")
     calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
-    calibrator_params: dict = Field(default_factory=dict, description="monim.calibrator.CalibratorConfig fields.")
+    calibrator: CalibratorConfig = Field(default_factory=CalibratorConfig, description="How the NN calibrator is "
+                                         "trained and used (CalibratorConfig's fields).")
     stride: int = Field(512, ge=1, description="Tokens scored per window.")
     context: int = Field(512, ge=0, description="Tokens of left context per window.")
     context_mode: Literal[CONTEXT_MODES] = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
     batch_size: int | None = Field(None, ge=1, description="Rows of up to stride + context tokens per forward "
-                                   "pass; empty: 8 on a CPU, 64 on a GPU.")
+                                   "pass; empty: 8 on a CPU, 128 on a GPU.")
     dtype: Literal[DTYPE_CHOICES] = Field("auto", description="The LM's weights: float32, bfloat16 or float16; auto: bfloat16 on a GPU, "
                        "float32 on a CPU (where bfloat16 runs ~2x slower).")
     feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
@@ -90,20 +237,13 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:
-        kind = catalogue.entry(self.policy).kind  # a clear error naming the policies
-        try:
-            if kind == LEARNER:
+        if catalogue.entry(self.policy).kind == LEARNER:  # a clear error naming the policies
+            try:
                 self.learner()
-            elif kind == MEMORY:
-                self.make_policy()
-        except TypeError as e:
-            raise ValueError(f"{self.policy}: {e}") from None
+            except TypeError as e:
+                raise ValueError(f"{self.policy}: {e}") from None
         if self.cluster and not self.feature_store:
             raise ValueError("cluster needs the feature store: the workers write the LM's features there")
-        try:
-            self.settings()
-        except TypeError as e:
-            raise ValueError(f"calibrator_params: {e}") from None
         return self
 
     @property
@@ -124,10 +264,6 @@ class RunConfig(BaseModel):
     def learner(self) -> Learner:
         return Learner(method=self.policy, seed=self.seed, **{f: getattr(self, f) for f in LEARNER_FIELDS})
 
-    @property
-    def memory_dir(self) -> Path:
-        return memory_root(self.workdir, self.name)
-
     def fields(self) -> Fields:
         """How the source's records are read."""
         return Fields(missing_id=self.missing_id)
@@ -136,34 +272,12 @@ class RunConfig(BaseModel):
         """The parameters the run's policy reads (the others at their defaults): what its memory records."""
         return PolicyConfig(**{f: getattr(self, f) for f in catalogue.entry(self.policy).reads})
 
-    def make_policy(self) -> Policy:
-        return catalogue.make_policy(self.policy, self.policy_config(), self.followed_memrate)
-
     def window(self) -> ScoreConfig:
         return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,
                            context_mode=self.context_mode)
 
-    def settings(self) -> Settings:
-        """What Θ is read with (monim.settings): a memory records these at its first commit."""
-        return Settings(self.dtype, self.calibrated, self.window(),
-                        IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below),
-                        CalibratorConfig(**self.calibrator_params), policy=self.policy_config())
-
-    def features(self, lm: LM) -> Features:
-        """How this run gets the LM's view of documents: from the work directory's feature store, or the LM."""
-        store = Path(self.workdir) / "features" if self.feature_store else None
-        return Features(lm, self.window(), store, int(self.feature_cap_gb * 2**30))
-
-    def params(self) -> dict:
-        """Flat parameters for an experiment tracker."""
-        out = self.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator_params", "cluster",
-                                       *LEARNER_FIELDS})
-        if self.kind == LEARNER:
-            out |= {f"learner.{k}": v for k, v in asdict(self.learner()).items()}
-        elif self.kind == MEMORY:
-            out |= {f"policy.{k}": v for k, v in policy_params(self.make_policy()).items()}
-            out |= {f"calibrator.{k}": v for k, v in asdict(self.settings().calibrator).items()}
-        return out
+    def index(self) -> IndexConfig:
+        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""

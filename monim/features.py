@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from monim.atomic import TMP, is_stray, replacing
+from monim.config import RunConfig
 from monim.lm import LM
 from monim.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
 from monim.sources import Document
@@ -46,6 +47,12 @@ class Features:
     max_bytes: int | None = None  # the store's size cap: the oldest folders go first
     computed: int = 0  # tokens the LM scored through this object
     _index: dict[str, tuple[str, int, int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, cfg: RunConfig, lm: LM) -> Features:
+        """How a run gets the LM's view of documents: from its work directory's feature store, or the LM."""
+        store = Path(cfg.workdir) / "features" if cfg.feature_store else None
+        return cls(lm, cfg.window(), store, int(cfg.feature_cap_gb * 2**30))
 
     @cached_property
     def folder(self) -> Path:

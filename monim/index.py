@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -15,48 +14,15 @@ import psutil
 import torch
 
 from monim.atomic import checksum, replacing, write_json
+from monim.config import IndexConfig
 from monim.datastore import Datastore
 from monim.exact import TorchExact, gpu_free_bytes, search_backend
 
 log = logging.getLogger(__name__)
 
 
-CODECS = ("pq", "fastscan")
 # sub-vector sizes FAISS's GPU IVF-PQ scans without precomputed tables (others need them)
 GPU_SUBDIMS = {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32}
-
-
-@dataclass
-class IndexConfig:
-    """Search and build settings; k, nprobe and the "pq" codec's 64-byte codes follow the paper."""
-
-    k: int = 1024
-    # neighbours of a memorization decision (Θ's log P of a training token; None: k): on a week of
-    # full-volume news 128 stored the same entries within 0.03% as 1,024 at 0.83x the learning time
-    k_decide: int | None = 128
-    nprobe: int = 32
-    exact_below: int = 200_000  # exact search beats IVF-PQ below ~200k keys on these CPUs
-    max_nlist: int = 4096
-    # "pq": the paper's 8-bit IVF-PQ of `code_bytes`, searched on a GPU when there is one;
-    # "fastscan": 4-bit PQ over `fastscan_dims`-dim sub-vectors scanned with SIMD lookups (d/8 bytes
-    # at 4 dims): on SmolLM2-like keys it adds 14x and searches 8x faster at the same recall of the
-    # top 10, but its distances come from 8-bit lookup tables, too coarse for the kNN softmax: on a
-    # real 205k-entry memory PPL was 22.80 against 16.72 exact and 16.44 with "pq" (FAISS has no GPU fast-scan)
-    codec: str = "pq"
-    code_bytes: int = 64  # 72 (8-dim sub-vectors at 576 dims) adds 5.5x faster on a CPU at the same PPL; no GPU takes it
-    fastscan_dims: int = 4
-    train_sample: int = 1_000_000
-    retrain_growth: float = 4.0  # retrain once the memory has grown this much since training
-    probe: int = 256  # newest entries whose 10 nearest older entries the index must find (0: no probe)
-    probe_pool: int = 50_000  # the older entries they are looked for among, exactly and in the index
-    min_recall: float = 0.9  # retrain once the probe's recall falls below this share of its recall at training
-    map_above: float = 0.5  # readers map a "pq" index's lists from disk when its file exceeds this share of free RAM
-    query_batch: int = 4096
-    gpu: bool | None = None  # None: search on a GPU when FAISS sees one
-
-    def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
 
 
 def scaled_nlist(n: int, cap: int) -> int:

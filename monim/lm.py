@@ -22,6 +22,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 from monim.atomic import checksum, replacing
+from monim.config import DTYPE_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -49,8 +50,7 @@ DECODER_BLOCKS = {
     "gemma3_text": "model.layers",
 }
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # DTYPE_CHOICES' named ones
 
 
 def cache_dir() -> Path:

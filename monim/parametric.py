@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,51 +26,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from monim import catalogue
 from monim.atomic import is_stray, replacing, write_json
+from monim.config import Learner
 from monim.lm import LM
 from monim.sources import Document
 
-METHODS = tuple(catalogue.names(catalogue.LEARNER))  # finetune, mix-review, recadam
 WEIGHTS = "model.safetensors"
-
-
-@dataclass
-class Learner:
-    """How a parametric baseline trains each day (docs/results states the settings its report ran)."""
-
-    method: str = "finetune"
-    lr: float = 1e-4  # chosen on validation articles (benchmarks/learner_lr.py): 16.44 PPL, 3e-5 16.61, 3e-4 17.54
-    train_tokens: int | None = 4096  # training tokens taken per day (first articles first); None: all
-    train_block: int = 256  # tokens per training sequence
-    train_batch: int = 4  # sequences per optimizer step
-    epochs: int = 1
-    seed: int = 0
-    review: str | None = None  # Mix-Review's general-domain text (a plain text file)
-    review_from: int = 0  # characters of it skipped (a forgetting probe may read its start)
-    mix_ratio: float = 1.0
-    mix_decay: float = 0.9
-    pretrain_coef: float = 5000.0  # RecAdam's γ (its released default)
-    anneal_k: float = 0.5  # RecAdam's k (its released default)
-    anneal_t0: int = 10  # RecAdam's t0 in steps (its default 250 assumes thousands of steps a run)
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown parametric method {self.method!r}; expected one of {', '.join(METHODS)}")
-        if self.method == "mix-review" and not self.review:
-            raise ValueError("mix-review needs general-domain text to review (review: a text file)")
-        if self.review and not Path(self.review).is_file():
-            raise ValueError(f"review text not found: {self.review}")
-        if not self.lr > 0 or self.train_block < 2 or self.train_batch < 1 or self.epochs < 1:
-            raise ValueError(f"lr > 0, train_block >= 2, train_batch >= 1 and epochs >= 1 are needed, got {self}")
-
-    def review_share(self, day_index: int) -> float:
-        """General-domain tokens mixed in per new token on the stream's day_index-th day."""
-        return self.mix_ratio * self.mix_decay**day_index if self.method == "mix-review" else 0.0
-
-    def anneal(self, step: int) -> float:
-        """RecAdam's λ(t): the weight of the new data's loss at optimizer step t (1 for the others)."""
-        return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
 
 
 def blocks(ids: list[list[int]], block: int, max_tokens: int | None) -> list[list[int]]:

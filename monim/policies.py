@@ -3,13 +3,15 @@ Greedy Merging)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from typing import TYPE_CHECKING
-
+from monim import catalogue
+from monim.catalogue import MEMORY
+from monim.config import PolicyConfig
 from monim.datastore import Entries
 from monim.knnlm import ThetaScores
 from monim.lm import LM
@@ -18,6 +20,7 @@ from monim.scoring import TokenScores
 from monim.threshold import amt_threshold, certain, decided
 
 if TYPE_CHECKING:
+    from monim.config import RunConfig
     from monim.memory import Memory
 
 
@@ -126,9 +129,28 @@ class GreedyMerge(Stores):
 
 
 Policy = FullMem | RandMem | MoNIM | KL | GreedyMerge
+CLASSES = {c.__name__: c for c in (FullMem, RandMem, MoNIM, KL, GreedyMerge)}  # by the catalogue's `make`
 
 
 def policy_params(policy: Policy) -> dict:
     """The policy's parameters, as recorded in the manifest and in experiment trackers."""
     return asdict(policy)
 
+
+def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | None = None, **changes) -> Policy:
+    """A memorization policy by its name (fullmem, randmem, monim, monim-amt, kl, greedy-merge), with
+    the parameters it reads from `cfg` and `changes` (PolicyConfig's fields); `follows`: the MemRate it
+    stores at where it follows another run (RandMem, unless a rate is set)."""
+    e = catalogue.entry(name)
+    if e.make is None:
+        raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(catalogue.names(MEMORY))}")
+    cfg = replace(cfg or PolicyConfig(), **changes)
+    rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else catalogue.DEFAULT_RATE
+    # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
+    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k)}
+    return CLASSES[e.make](**dict(given[r] for r in e.reads), **dict(e.fixed))
+
+
+def run_policy(cfg: RunConfig) -> Policy:
+    """The policy a run learns with: its PolicyConfig, at the MemRate it follows where it follows one."""
+    return make_policy(cfg.policy, cfg.policy_config(), cfg.followed_memrate)

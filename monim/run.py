@@ -31,6 +31,7 @@ from monim.knnlm import RULES
 from monim.lm import LM, cached_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
+from monim.policies import run_policy
 from monim.parametric import Weights, load_day, train_day, trained_copy
 from monim.recency import Recency
 from monim.settings import Settings
@@ -55,7 +56,7 @@ class Run:
     @cached_property
     def features(self) -> Features:
         """How the run sees documents: the frozen LM's view, through the work directory's feature store."""
-        return self.cfg.features(self.lm)
+        return Features.of(self.cfg, self.lm)
 
     @property
     def memory(self) -> Memory | None:
@@ -125,7 +126,7 @@ class MemoryRun(Run):
         """`settings`, `root`: a study's memory with settings a RunConfig does not name (an index codec,
         calibrator features), in a folder of its own; default: the run's settings and memory folder."""
         super().__init__(cfg)
-        self.settings, self.root = settings or cfg.settings(), Path(root or cfg.memory_dir)
+        self.settings, self.root = settings or Settings.of(cfg), Path(root or workdirs.memory_root(cfg.workdir, cfg.name))
         self._memory: Memory | None = None
 
     @property
@@ -153,7 +154,7 @@ class MemoryRun(Run):
     def memorize(self, day: Day, progress: Progress | None = None) -> dict:
         """Score the day with Θ, memorize through the policy, commit atomically (idempotent): what it did."""
         memory = self.memory
-        stats = memorize_day(memory, day, self.cfg.make_policy(), self.features, self.cfg.seed, progress=progress)
+        stats = memorize_day(memory, day, run_policy(self.cfg), self.features, self.cfg.seed, progress=progress)
         # the index's health as a metric where its probe measured it (rebuilds, which depend on the process's history, are logged)
         recall = stats.index.get("recall")
         return stats.as_dict() | {"entries": len(memory), "bytes": memory.bytes_on_disk(), "memrate_total": memory.ds.memrate,

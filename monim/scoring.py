@@ -16,32 +16,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from monim.config import ScoreConfig
 from monim.lm import LM
 from monim.sources import Document
 
-CONTEXT_MODES = ("carry", "document", "recompute")
 # device type -> (rows per forward pass, tokens per vocabulary projection, tokens planned together) where the
 # config leaves them open: a GPU needs large batches to be busy (and a plan large enough to fill them); a CPU
 # runs as fast with 8 rows and keeps the logits small
 DEVICE_BATCH = {"cpu": (8, 256, 1 << 16), "cuda": (128, 1024, 1 << 20)}
-
-
-@dataclass
-class ScoreConfig:
-    """Sliding-window scoring: `stride` new tokens per step with up to `context` tokens before
-    (`context_mode`: how that context is computed; "document": all tokens before, up to the model's
-    positions)."""
-
-    stride: int = 512
-    context: int = 512
-    batch_size: int | None = None  # rows per forward pass; None: the device's (DEVICE_BATCH)
-    head_chunk: int | None = None  # tokens projected to the vocabulary at once (bounds logits memory); None: the device's
-    context_mode: str = "carry"
-    sink: int = 4  # carried context keeps the document's first tokens too (the model's attention sink)
-
-    def __post_init__(self) -> None:
-        if self.context_mode not in CONTEXT_MODES:
-            raise ValueError(f"context_mode must be one of {CONTEXT_MODES}, got {self.context_mode!r}")
 
 
 @dataclass

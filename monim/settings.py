@@ -15,22 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from monim.calibrator import CalibratorConfig
-from monim.index import IndexConfig
+from monim.config import CalibratorConfig, IndexConfig, PolicyConfig, RunConfig, ScoreConfig
 from monim.manifest import recorded
 from monim.recency import Recency
-from monim.scoring import ScoreConfig
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """The memorization policies' parameters, as named fields: a memory records the ones its policy
-    reads at its first commit (`Settings.policy`), and a run that brings others is refused before any
-    work, naming the field."""
-
-    delta: float = -1.5  # MoNIM's δ: store x_t iff log P(x_t|x<t;Θ) < δ, or < δ / (margin + 0.5) under AMT
-    rate: float | None = None  # RandMem's and KL's share of tokens; None: RandMem at the followed MemRate, else 0.5
-    merge_k: int = 9  # Greedy Merging: the neighbours searched for same-value entries to merge
-
 
 # how fast, not what: never recorded as a difference
 THROUGHPUT = {"window.batch_size", "window.head_chunk", "index.query_batch", "index.gpu", "index.map_above"}
@@ -58,6 +45,11 @@ class Settings:
     calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
     recency: Recency = field(default_factory=Recency)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Settings:
+        """What a run's Θ is learned and read with: its memory records these at its first commit."""
+        return cls(cfg.dtype, cfg.calibrated, cfg.window(), cfg.index(), cfg.calibrator, policy=cfg.policy_config())
 
     def flat(self) -> dict:
         """{"dtype": ..., "window.stride": ..., ...}: every setting by its dotted name."""

@@ -11,8 +11,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, Iterator, Protocol
 
+from monim.config import Fields
 from monim.dayindex import BOM, IndexedFile, open_text
 
 
@@ -53,17 +54,6 @@ class BadRecord:
     def __str__(self) -> str:
         what = f"field '{self.field}': " if self.field else ""
         return f"{self.where}: {what}{self.problem}"
-
-
-@dataclass(frozen=True)
-class Fields:
-    """Names of the record fields that hold the date, the text and the document id."""
-
-    date: str = "date"
-    text: str = "text"
-    id: str = "id"
-    title: str = "title"  # optional
-    missing_id: Literal["error", "hash"] = "error"  # a record without an id: refused, or named by a hash of its date and text
 
 
 Record = tuple[str, Document] | BadRecord

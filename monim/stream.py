@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from monim import dedup
+from monim.config import DEMO_STREAM
 from monim.sources import BadRecord, Document, Fields, Source, StreamError, open_source
 
-DEMO_STREAM = Path(__file__).parent / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 SPLITS = ("train", "validation", "test")
 
 

@@ -23,6 +23,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from monim import workdirs
 from monim.config import RunConfig
 from monim.datastore import Datastore
 from monim.evaluate import evaluate_many
@@ -182,7 +183,7 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
     `champion` to it if its validation PPL is not worse than the champion's (never to an older day
     than the champion's); the gate's numbers are logged."""
     name, date = _model_for(cfg, run_id, uri), day.date.isoformat()
-    version, new = _new_version(name, cfg.memory_dir, date, memory.checksum(), run_id, uri)
+    version, new = _new_version(name, workdirs.memory_root(cfg.workdir, cfg.name), date, memory.checksum(), run_id, uri)
     if not new:
         return {"model_version": int(version), "registered": 0}
     champion = _alias(client(uri), name, CHAMPION)

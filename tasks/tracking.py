@@ -10,6 +10,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -18,10 +19,12 @@ from prefect.cache_policies import NO_CACHE
 
 from monim import workdirs
 from monim.atomic import create_once, sqlite_damage
-from monim.config import RunConfig
+from monim.catalogue import LEARNER, MEMORY
+from monim.config import LEARNER_FIELDS, RunConfig
 from monim.lm import DEFAULT_MODEL
 from monim.lock import hold
 from monim.plots import memory_growth, ppl_over_days
+from monim.policies import policy_params, run_policy
 from monim.stream import list_dates
 from tasks.charts import NOT_LOGGED, VIEW, VIEW_TAG, chart_name, row_key, saved_view
 from tasks.learning import logger, recorded_days
@@ -102,6 +105,18 @@ def step_of(origin: str, date: str) -> int:
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def run_params(cfg: RunConfig) -> dict:
+    """The run's settings as MLflow's flat parameters: the policy's as it learns with them, the
+    learner's or the calibrator's as dotted names."""
+    out = cfg.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator", "cluster", *LEARNER_FIELDS})
+    if cfg.kind == LEARNER:
+        out |= {f"learner.{k}": v for k, v in asdict(cfg.learner()).items()}
+    elif cfg.kind == MEMORY:
+        out |= {f"policy.{k}": v for k, v in policy_params(run_policy(cfg)).items()}
+        out |= {f"calibrator.{k}": v for k, v in asdict(cfg.calibrator).items()}
+    return out
+
+
 @one_at_a_time
 def open_run(cfg: RunConfig, experiment: str, uri: str, comparison: str | None = None) -> tuple[str, str]:
     """The MLflow run of this policy on this work directory, resumed (RUNNING again) if it exists,
@@ -110,7 +125,7 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, comparison: str | None =
     the stream's first day, tagged once when the run is created (so that a step always names the
     same date, and readers can turn steps back into dates)."""
     c = client(uri)
-    memory = str(cfg.memory_dir.resolve())
+    memory = str(workdirs.memory_root(cfg.workdir, cfg.name).resolve())
     every = [e.experiment_id for e in c.search_experiments()]  # a renamed source keeps its run and experiment
     runs = c.search_runs(every, filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1) if every else []
     exp = runs[0].info.experiment_id if runs else experiment_id(uri, experiment, cfg.workdir)
@@ -131,7 +146,7 @@ def open_run(cfg: RunConfig, experiment: str, uri: str, comparison: str | None =
     run = c.create_run(exp, run_name=cfg.name, tags=tags)
     from mlflow.entities import Param
 
-    c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in cfg.params().items()])
+    c.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in run_params(cfg).items()])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(cfg.model_dump_json(indent=1))

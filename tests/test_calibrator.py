@@ -18,7 +18,7 @@ from monim.scoring import TokenScores
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
 

@@ -212,6 +212,33 @@ def test_every_option_says_what_it_takes():
     assert monim("--version").stdout.startswith("monim ")
 
 
+def test_every_run_setting_is_an_option_of_its_own_name():
+    """`learn` and `compare` take each RunConfig field as --its-name (a command's own choice and a
+    comparison's aside), and what they parse is what the spec holds."""
+    import typer.main
+
+    from flows.cli import app
+    from flows.cli.common import run_spec
+    from monim.config import RunConfig
+
+    commands = typer.main.get_command(app).commands
+    own = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
+    for verb in ("learn", "compare"):
+        flags = {f for p in commands[verb].params for f in p.opts}
+        assert {f"--{n.replace('_', '-')}" for n in RunConfig.model_fields if n not in own} <= flags, verb
+        assert {"--delta", "--train-block", "--anneal-t0", "--exact-below", "--calibration", "--skip", "--constant-lam"} <= flags
+    args = ["--source", DEMO, "--delta", "-2.0", "--train-block", "64", "--constant-lam", "--calibration", "yesterday",
+            "--max-article-tokens", "0", "--no-feature-store", "--k", "16", "--context-mode", "document"]
+    params = commands["learn"].make_context("learn", args).params
+    spec = run_spec(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
+    assert (spec.delta, spec.train_block, spec.calibrated, spec.calibrator.source) == (-2.0, 64, False, "yesterday")
+    assert (spec.max_article_tokens, spec.feature_store, spec.k, spec.context_mode) == (None, False, 16, "document")
+    assert spec.model_dump(exclude={"delta", "train_block", "calibrated", "calibrator", "max_article_tokens",
+                                    "feature_store", "k", "context_mode", "source", "workdir"}) == \
+        RunConfig().model_dump(exclude={"delta", "train_block", "calibrated", "calibrator", "max_article_tokens",
+                                        "feature_store", "k", "context_mode", "source", "workdir"})
+
+
 def test_the_cli_imports_prefect_only_after_it_sets_prefects_home():
     """Prefect reads its settings at import: imported before use_workdir, it would start its own
     temporary server (one no kill of monim stops) and keep state outside the work directory."""

@@ -4,6 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from monim.config import RunConfig
+from monim.workdirs import memory_root
+from tasks.tracking import run_params
 from monim.suite import EvalConfig
 
 
@@ -15,7 +17,7 @@ from monim.suite import EvalConfig
     ({"policy": "lru"}, "unknown policy 'lru'"),
     ({"policy": "randmem", "rate": 1.5}, "rate"),
     ({"delta": 0.5}, "delta"),
-    ({"calibrator_params": {"epochz": 3}}, "calibrator_params"),
+    ({"calibrator": {"epochz": 3}}, "calibrator"),
 ])
 def test_bad_settings_name_the_field(fields, where):
     with pytest.raises(ValidationError, match=where):
@@ -26,10 +28,10 @@ def test_the_spec_round_trips_through_json_and_names_its_run():
     run = RunConfig(policy="monim-amt", calibrated=False, delta=-2.0, max_docs=8)
     again = RunConfig.model_validate_json(run.model_dump_json())
     assert again == run and again.fingerprint() == run.fingerprint()
-    assert run.name == "monim-amt-const" and str(run.memory_dir).endswith("memories/monim-amt-const")
+    assert run.name == "monim-amt-const" and str(memory_root(run.workdir, run.name)).endswith("memories/monim-amt-const")
     assert RunConfig(policy="bare", calibrated=False).name == "bare"
     assert run.fingerprint() != run.model_copy(update={"max_docs": 9}).fingerprint()
-    assert run.params()["policy.delta"] == -2.0 and "delta" not in run.params()
+    assert run_params(run)["policy.delta"] == -2.0 and "delta" not in run_params(run)
 
 
 def test_flows_show_the_spec_as_a_form():

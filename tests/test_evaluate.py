@@ -16,7 +16,7 @@ from monim.calibration import calibrate
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3), dt.date(1987, 3, 4))

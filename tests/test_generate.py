@@ -17,7 +17,7 @@ from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.recency import Recency
 from monim.stream import DEMO_STREAM, Day, iter_days, open_source
 

@@ -12,7 +12,7 @@ from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
 from monim.merging import greedy_merge
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
 
 

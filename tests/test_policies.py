@@ -14,7 +14,7 @@ from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.policies import KL, MoNIM, RandMem, key_surprisal
 from monim.threshold import amt_threshold
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.stream import Day, Document, iter_days, open_source
 
 

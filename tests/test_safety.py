@@ -145,7 +145,7 @@ def tiny(tiny_model_dir):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.catalogue import make_policy
+    from monim.policies import make_policy
     from monim.memorize import memorize_day
     from monim.memory import Memory
     from monim.stream import DEMO_STREAM, iter_days, open_source

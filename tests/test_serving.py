@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from monim.catalogue import make_policy
+from monim.policies import make_policy
 from monim.index import IndexConfig
 from monim.stream import DEMO_STREAM, Document, iter_days, open_source
 from monim.settings import Settings

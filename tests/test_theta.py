@@ -19,11 +19,12 @@ from monim.index import IndexConfig
 from monim.scoring import ScoreConfig, with_neighbors
 from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
 from monim.settings import Settings, SettingsMismatch
+from monim.workdirs import memory_root
 
 DAYS = ("1987-03-02", "1987-03-03")
 MONIM = str(Path(sys.executable).parent / "monim")
 # everything a reader could get wrong differs from the defaults: the window, k, the skip rule
-ODD = dict(stride=64, context=32, k=8, calibrator_params={"skip_threshold": 0.3})
+ODD = dict(stride=64, context=32, k=8, calibrator={"skip_threshold": 0.3})
 
 
 def test_settings_round_trip_and_a_reader_may_change_only_how_it_reads():
@@ -42,7 +43,7 @@ def test_settings_round_trip_and_a_reader_may_change_only_how_it_reads():
 
 
 def test_a_writer_with_other_settings_is_refused_and_an_old_memory_adopts_them(tiny_model_dir, tmp_path):
-    from monim.catalogue import make_policy
+    from monim.policies import make_policy
     from monim.lm import load_lm
     from monim.memorize import memorize_day
     from monim.memory import Memory
@@ -109,7 +110,7 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
     served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(model_name(cfg), version.version))
     by_server = served.predict([{"text": text}])[0]
     by_eval = monim_json("eval", "--workdir", cfg.workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
-    champion = SimpleNamespace(tags={"monim.memory": str(cfg.memory_dir.resolve()), "monim.as_of": DAYS[0]})
+    champion = SimpleNamespace(tags={"monim.memory": str(memory_root(cfg.workdir, cfg.name).resolve()), "monim.as_of": DAYS[0]})
     from tasks.learning import run_for
 
     by_gate = _gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
@@ -124,7 +125,7 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     from monim.memory import Memory
 
     cfg, rows = odd_run
-    memory = Memory.open(cfg.memory_dir)
+    memory = Memory.open(memory_root(cfg.workdir, cfg.name))
     assert memory.settings.window.stride == 64 and memory.settings.index.k == 8
     assert memory.settings.calibrator.skip_threshold == 0.3
     day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2)))

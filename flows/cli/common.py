@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows import servers
+from flows.cli.options import SKIP_HELP, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
     from monim.config import RunConfig
@@ -31,8 +32,7 @@ AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last 
 MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
 CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant λ, T instead of the NN calibrator.")
-SKIP = typer.Option(None, "--skip", help="Skip retrieval where the calibrator, after a cheap top-16 search, predicts "
-                    "λ below this number in [0, 1] (paper: 0.3).")
+SKIP = typer.Option(None, "--skip", help=SKIP_HELP)
 HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN weight halves with every this many days "
                          "of age (nothing is deleted).")
 MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
@@ -202,27 +202,6 @@ def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, 
 def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSONL/News Crawl file, a folder "
                                               "of per-day files, or hf:NAME."),
                   start: Optional[str] = START, end: Optional[str] = END, workdir: Path = WORKDIR,
-                  model: Optional[str] = MODEL,
-                  max_docs: Optional[int] = typer.Option(None, "--max-docs", help="Training articles taken per day (the "
-                                                         "first ones; default: all)."),
-                  max_article_tokens: int = typer.Option(16384, "--max-article-tokens", help="Articles longer than this "
-                                                         "many tokens are cut to them (0: no cap)."),
-                  on_error: str = typer.Option("raise", "--on-error", help="A bad record (a broken line, a missing field, "
-                                               "an id met twice, a date after today): raise (the default) or skip "
-                                               "(counted in the day's docs_skipped)."),
-                  missing_id: str = typer.Option("error", "--missing-id", help="A record without an id: error (the "
-                                                 "default), or hash (named by a hash of its date and text)."),
-                  constant_lam: bool = CONSTANT_LAM, skip: Optional[float] = SKIP,
-                  delta: float = typer.Option(-1.5, "--delta", help="MoNIM's δ: a token is stored when its log P under "
-                                              "Θ is below δ (monim), or below δ / (margin + 0.5) (monim-amt)."),
-                  rate: Optional[float] = typer.Option(None, "--rate", help="RandMem's and KL's share of tokens stored "
-                                                       "(default: RandMem at MoNIM's MemRate in a comparison, else 0.5)."),
-                  merge_k: int = typer.Option(9, "--merge-k", help="Greedy Merging: neighbours searched for same-value "
-                                              "entries to merge."),
-                  calibration: str = typer.Option("train", "--calibration", help="Calibration examples: train (a sample "
-                                                  "of the day's training articles, their own near-duplicates left out), "
-                                                  "yesterday (the sample against the memory before the day) or "
-                                                  "validation (the paper's: the validation articles)."),
                   period: Optional[str] = typer.Option(None, "--period", help="month or week: PPL on each period's test "
                                                        "set as of each period's end."),
                   period_docs: Optional[int] = typer.Option(None, "--period-docs", help="Test articles per period "
@@ -235,33 +214,23 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
                                                     "final memories."),
                   shots: str = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3."),
                   half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
-                  train_tokens: int = typer.Option(4096, "--train-tokens", help="Parametric learners: training tokens a "
-                                                   "day, first articles first (0: all; 2 CPU cores train SmolLM2-135M at "
-                                                   "~170 tokens/s)."),
-                  lr: float = typer.Option(1e-4, "--lr", help="Parametric learners: Adam's learning rate (default chosen "
-                                           "on validation articles by benchmarks/learner_lr.py)."),
-                  review: Optional[Path] = typer.Option(None, "--review-text", help="Mix-Review's general-domain text "
-                                                        "(default: the probe's --text after its --text-chars)."),
-                  cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address "
-                                                        "(tcp://host:8786): its workers run the LM over each day's "
-                                                        "articles into WORKDIR/features, at the same path."),
                   tracking_uri: Optional[str] = TRACKING, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
-    """The options every learning command takes (their values become `spec`, `evaluation` and the rest)."""
+    """The options every learning command takes besides the run's settings (flows.cli.options)."""
 
 
 def learning_options(command):
-    """Give a learning command the options of a run's spec and of the evaluation suite; it is called
-    with them built: `spec` (monim.config.RunConfig), `evaluation` (None: nothing to measure), and
-    `source`, `start`, `end`, `workdir`, `tracking_uri`, `wait`, `as_json` as given."""
-    own, shared = inspect.signature(command), inspect.signature(_spec_options)
+    """Give a learning command the run's settings as options (one per RunConfig field, flows.cli.options)
+    and the evaluation suite's; it is called with them built: `spec` (monim.config.RunConfig),
+    `evaluation` (None: nothing to measure), and `source`, `start`, `end`, `workdir`, `tracking_uri`,
+    `wait`, `as_json` as given."""
+    own, shared, settings = inspect.signature(command), inspect.signature(_spec_options), field_options()
     passed = ("source", "start", "end", "workdir", "tracking_uri", "wait", "as_json")
 
     @functools.wraps(command)
     def run(**values):
-        options = {k: values.pop(k) for k in shared.parameters}
+        options = {k: values.pop(k) for k in [*shared.parameters, *(p.name for p in settings)]}
         values |= {k: options[k] for k in passed}
-        values["spec"] = run_spec(policy=values.pop("policy", "monim-amt"), feature_store=values.pop("feature_store", True),
-                                  **options)
+        values["spec"] = run_spec(policy=values.pop("policy", "monim-amt"), **options)
         suite = evaluation(options["period"], options["period_docs"], options["text"], options["text_chars"],
                            options["text_every"], options["qa"], options["shots"], options["half_life"], options["max_age"])
         if not (suite.period or suite.text or suite.qa):
@@ -271,37 +240,24 @@ def learning_options(command):
         return command(evaluation=suite, **values)
 
     mine = [p for name, p in own.parameters.items() if name not in ("spec", "evaluation", *passed)]
-    run.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()))
+    run.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()) + settings)
     run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
     return run
 
 
-def run_spec(policy: str = "monim-amt", feature_store: bool = True, source: str = "", workdir: Path = Path("monim-work"),
-             model: Optional[str] = None, max_docs: Optional[int] = None, constant_lam: bool = False,
-             skip: Optional[float] = None, calibration: str = "train", text: Optional[Path] = None,
-             text_chars: Optional[int] = None, train_tokens: Optional[int] = None, lr: Optional[float] = None,
-             review: Optional[Path] = None, cluster: Optional[str] = None, max_article_tokens: int = 16384,
-             on_error: str = "raise", missing_id: str = "error", max_feed_lag: int = 1, delta: float = -1.5,
-             rate: Optional[float] = None, merge_k: int = 9, **_) -> RunConfig:
+def run_spec(policy: str = "monim-amt", source: str = "", workdir: Path = Path("monim-work"), **options) -> RunConfig:
     """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
-    error naming the field."""
+    error naming the field. Without --review, Mix-Review reviews the text the forgetting probe does not read."""
     from pydantic import ValidationError
 
+    from flows.cli.options import given_fields
     from monim.config import RunConfig
 
-    learner: dict = {} if train_tokens is None else {"train_tokens": train_tokens or None}
-    learner |= {} if lr is None else {"lr": lr}
-    if review is not None:
-        learner["review"] = str(review)
-    elif text is not None and text_chars:  # Mix-Review reviews text the forgetting probe does not read
-        learner |= {"review": str(text), "review_from": text_chars}
-    calibrator = {"source": calibration} | ({} if skip is None else {"skip_threshold": skip})
+    given = given_fields(options)
+    if "review" not in given and options.get("text") is not None and options.get("text_chars"):
+        given |= {"review": str(options["text"]), "review_from": options["text_chars"]}
     try:
-        return RunConfig(source=source, policy=policy, workdir=str(workdir), model=model, max_docs=max_docs,
-                         calibrated=not constant_lam, calibrator_params=calibrator, **learner,
-                         feature_store=feature_store, cluster=cluster, max_article_tokens=max_article_tokens or None,
-                         on_error=on_error, missing_id=missing_id, max_feed_lag=max_feed_lag, delta=delta, rate=rate,
-                         merge_k=merge_k)
+        return RunConfig(source=source, policy=policy, workdir=str(workdir), **given)
     except ValidationError as e:
         raise fail("; ".join(": ".join([*map(str, err["loc"]), err["msg"].removeprefix("Value error, ")])
                              for err in e.errors()))

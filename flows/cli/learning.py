@@ -27,8 +27,8 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
     from monim.catalogue import MEMORY
     from monim.lm import DEFAULT_MODEL
     from monim.manifest import ManifestError, read_manifest
-    from monim.workdirs import memories
-    from monim.settings import SettingsMismatch, refuse_other
+    from monim.workdirs import memories, memory_root
+    from monim.settings import Settings, SettingsMismatch, refuse_other
 
     from monim.datastore import Datastore
     from monim.lm import cached_lm
@@ -42,11 +42,11 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
             raise fail(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
     for policy in policies:
         run = spec.model_copy(update={"policy": policy})
-        path = run.memory_dir / "manifest.json"
-        if run.kind == MEMORY and path.exists():
+        root = memory_root(run.workdir, run.name)
+        if run.kind == MEMORY and (root / "manifest.json").exists():
             with clear_errors(SettingsMismatch, MemoryMismatch):
-                refuse_other(read_manifest(path), model, run.settings(), where=run.memory_dir)
-                Datastore.for_lm(run.memory_dir, cached_lm(spec.model, spec.dtype))  # its weights (loaded once, kept)
+                refuse_other(read_manifest(root / "manifest.json"), model, Settings.of(run), where=root)
+                Datastore.for_lm(root, cached_lm(spec.model, spec.dtype))  # its weights (loaded once, kept)
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
@@ -81,14 +81,10 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
 @learning_options
 def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
           workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
-          policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}"),
-          feature_store: bool = typer.Option(True, "--feature-store/--no-feature-store",
-                                             help="Keep the LM's features in WORKDIR/features for other policies and "
-                                                  "re-runs (off: nothing kept; for a single-policy production run).")
-          ) -> None:
+          policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}")) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked)."""
-    from monim.workdirs import memory_status
+    from monim.workdirs import memory_root, memory_status
 
     check_source(spec, start, end)
     preflight(spec, [spec.policy])
@@ -100,7 +96,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
         rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
     console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                             "entries", "ppl_lm", "ppl", "accuracy"]))
-    root = spec.memory_dir  # the bare LM and a parametric learner keep no memory
+    root = memory_root(spec.workdir, spec.name)  # the bare LM and a parametric learner keep no memory
     emit((memory_status(root) if (root / "manifest.json").exists() else {}) | {"policy": spec.name, "rows": rows},
          as_json)
 

@@ -1,0 +1,67 @@
+"""The learning commands' options, made from RunConfig's fields (monim.config): a setting has one name
+in Python, in a deployment's `run` parameter and on the command line (`merge_k` is `--merge-k`), its
+field's description as help and its field's default."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Literal, Optional, Union, get_args, get_origin
+
+import typer
+
+from monim.config import RunConfig
+
+SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
+# fields a command sets itself (source, workdir, policy) or a comparison does (followed_memrate); the
+# calibrator's settings are one field, two of them with options of their own (CALIBRATOR)
+NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
+NAMES = {"calibrated": ("--calibrated/--constant-lam",), "review": ("--review", "--review-text")}  # older names kept
+CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
+    "calibration": ("source", Optional[Literal["train", "yesterday", "validation"]],
+                    "Calibration examples: train (a sample of the day's training articles, their own near-duplicates "
+                    "left out), yesterday (the sample against the memory before the day) or validation (the paper's: "
+                    "the validation articles). [default: train]"),
+    "skip": ("skip_threshold", Optional[float], SKIP_HELP),
+}
+
+
+def _optional(annotation) -> tuple[object, bool]:
+    """The field's type for the command line (None: the option not given), and whether 0 means empty
+    there (an `int | None` field: the command line has no word for None)."""
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return Optional[inner], inner is int
+    return Optional[annotation], False
+
+
+def field_options() -> list[inspect.Parameter]:
+    """One keyword parameter per RunConfig field a learning command takes, as Typer reads it."""
+    out = []
+    for name, f in RunConfig.model_fields.items():
+        if name in NOT_OPTIONS:
+            continue
+        kind, zero_empty = _optional(f.annotation)
+        default = f.get_default(call_default_factory=True)
+        help_text = f.description + (" 0 means empty." if zero_empty else "")
+        flag = f"--{name.replace('_', '-')}"
+        flags = NAMES.get(name, (f"{flag}/--no-{flag[2:]}",) if kind == Optional[bool] else (flag,))
+        option = typer.Option(None, *flags, help=help_text,
+                              show_default=False if default is None else str(default))
+        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
+    for name, (_, kind, help_text) in CALIBRATOR.items():
+        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, f"--{name}", help=help_text),
+                                     annotation=kind))
+    return out
+
+
+def given_fields(options: dict) -> dict:
+    """RunConfig's fields from the options given (those not given keep RunConfig's defaults)."""
+    out = {}
+    for name, f in RunConfig.model_fields.items():
+        value = options.get(name)
+        if value is not None and name not in NOT_OPTIONS:
+            out[name] = None if value == 0 and _optional(f.annotation)[1] else value
+    calibrator = {field: options[name] for name, (field, _, _) in CALIBRATOR.items() if options.get(name) is not None}
+    return out | ({"calibrator": calibrator} if calibrator else {})
