@@ -34,6 +34,7 @@ from monim.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, inter
                          prior_lam, tune_grid)
 from monim.features import Features
 from monim.scoring import TokenScores
+from monim.settings import Settings
 from monim.sources import Document
 from monim.stream import Day
 
@@ -207,9 +208,11 @@ def theta_checksums(folder: Path) -> dict[str, str]:
     return {f: checksum(folder / f) for f in THETA_FILES}
 
 
-def retrain_calibrator(ds: Datastore, settings: CalibratorConfig) -> None:
-    """A calibrator for the last calibration trained again from its window's examples, in place of
-    a lost or damaged one (a fresh start, not yesterday's warm one: close, not the same)."""
+def retrain_calibrator(ds: Datastore) -> None:
+    """A calibrator for the last calibration trained again from its window's examples with the
+    settings the memory recorded, in place of a lost or damaged one (a fresh start, not yesterday's
+    warm one: close, not the same)."""
+    settings = Settings.from_dict(ds.manifest.get("settings") or {}).calibrator
     theta = ds.theta_at()
     folder = ds.root / theta["dir"]
     files = json.loads((folder / "meta.json").read_text())["examples"]

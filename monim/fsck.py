@@ -13,17 +13,17 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from monim.atomic import checksum, is_stray, write_json
-from monim.calibration import retrain_calibrator
 from monim.datastore import DTYPES, Datastore
 from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
-from monim.workdirs import record_path, run_lock
 from monim.settings import Settings
+from monim.workdirs import record_path, run_lock
 
 
 @dataclass
@@ -159,18 +159,20 @@ def _theta_problems(ds: Datastore) -> list[Problem]:
     return out
 
 
-def check_memory(root: Path | str, repair: bool = False) -> list[Problem]:
+def check_memory(root: Path | str, repair: bool = False, retrain: Callable[[Datastore], None] | None = None
+                 ) -> list[Problem]:
     """Every problem of one memory directory (with `repair`, what can be is rebuilt or removed),
     checked under its write lock (a writer's half-written day is not a stray); on a read-only mount,
-    without it (a check writes nothing)."""
+    without it (a check writes nothing). A damaged last calibrator is trained again by `retrain` (a
+    model's work, not the storage's: without it the problem is reported and left)."""
     root = Path(root)
     if not repair and not os.access(root, os.W_OK):
-        return _check_memory(root, repair)
+        return _check_memory(root, repair, retrain)
     with hold(root / ".lock"):
-        return _check_memory(root, repair)
+        return _check_memory(root, repair, retrain)
 
 
-def _check_memory(root: Path, repair: bool) -> list[Problem]:
+def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None] | None) -> list[Problem]:
     try:
         ds = Datastore.read(root)
     except (OSError, ValueError, KeyError) as e:
@@ -188,8 +190,8 @@ def _check_memory(root: Path, repair: bool) -> list[Problem]:
                 LexicalCounts.of(ds)
             elif p.repair == "rebuild the index from the shards" and not corrupt:
                 _index(ds).sync(ds, retrain=True)
-            elif p.repair == "train the calibrator again from the calibration window":
-                retrain_calibrator(ds, Settings.from_dict(ds.manifest.get("settings") or {}).calibrator)
+            elif p.repair == "train the calibrator again from the calibration window" and retrain:
+                retrain(ds)
             else:
                 continue
             p.repaired = True

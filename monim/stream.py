@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from monim import dedup
-from monim.config import DEMO_STREAM
+from monim.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
 from monim.sources import BadRecord, Document, Fields, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")

@@ -144,7 +144,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
 def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
     import sqlite3
 
-    from flows.fsck import check_workdir
+    from flows.cli.fsck import check_workdir
 
     workdir, model, summary = compared
     assert check_workdir(str(workdir)) == []
@@ -239,7 +239,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
     import urllib.error
     import urllib.request
 
-    from flows import servers
+    import flows.cli.servers as servers
 
     workdir, model, summary = compared
     port = servers.free_port()

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def following(prefect_api, tiny_model_dir, tmp_path_factory):
     """Day one learned (MLflow on), and `monim serve-model` following its champion."""
-    from flows import servers
+    import flows.cli.servers as servers
 
     workdir = tmp_path_factory.mktemp("follow") / "w"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}

@@ -330,7 +330,7 @@ def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(thet
 @pytest.fixture(scope="module")
 def served(prefect_api, tiny_model_dir, tmp_path_factory):
     """A work directory learned by `monim learn` (MLflow on), and `monim serve-model` on its champion."""
-    from flows import servers
+    import flows.cli.servers as servers
 
     workdir = tmp_path_factory.mktemp("served") / "monim-demo"  # the README's name for it
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}

@@ -16,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from flows import servers
+import flows.cli.servers as servers
 from flows.cli.options import SKIP_HELP, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from flows import servers
+import flows.cli.servers as servers
 from monim import catalogue  # names and help only: no torch
 from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, emit, fail,
                               learning_options, table, use_tracking, use_workdir)
@@ -124,7 +124,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
 
 
 def started(server, *args) -> Popen:
-    """A server from `flows.servers`, or a clean exit saying why it did not start."""
+    """A server from `flows.cli.servers`, or a clean exit saying why it did not start."""
     try:
         return server(*args)
     except RuntimeError as e:

@@ -136,7 +136,7 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    from flows.model_server import SERVED, Follower, serve
+    from flows.cli.model_server import SERVED, Follower, serve
     from monim.serving import Limits, Service
     from tasks.registry import find_version, load_theta
     from tasks.tracking import tracking_uri as resolve

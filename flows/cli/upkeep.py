@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flows import servers
+import flows.cli.servers as servers
 from flows.cli.common import (AS_JSON, POLICY, TRACKING, WORKDIR, clear_errors, console, day, emit, fail, memory_dir,
                               table, use_workdir)
 from flows.cli.learning import print_links, started
@@ -24,7 +24,7 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
     if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
         raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
     use_workdir(workdir, api=False)  # no Prefect server: a check runs no flow
-    from flows.fsck import check_workdir
+    from flows.cli.fsck import check_workdir
 
     problems = check_workdir(str(workdir), tracking_uri, repair)
     wrong = [p for p in problems if not p["repaired"] and not p.get("warning")]

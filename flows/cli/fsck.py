@@ -1,9 +1,10 @@
 """fsck of a work directory: every memory against its manifest, run records against memories, and
-MLflow's steps against run records; with `repair`, what is derived is rebuilt. No Prefect run:
-a check is quick and leaves nothing behind."""
+MLflow's steps against run records; with `repair`, what is derived is rebuilt (a damaged calibrator
+trained again). No Prefect run: a check is quick and leaves nothing behind."""
 
 from __future__ import annotations
 
+from monim.calibration import retrain_calibrator
 from monim.fsck import check_memory, check_records
 from monim.workdirs import memories
 from tasks.registry import register_state, registered_model, stale_champion
@@ -13,7 +14,7 @@ from tasks.tracking import check_steps, tracking_uri as resolve_tracking_uri
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:
     """Every problem found (each with what repair does, and whether it was done)."""
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair)]
+    problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair, retrain_calibrator)]
     problems += [p.as_dict() for p in check_records(workdir, repair)]
     return problems + check_steps(uri, workdir, repair) + check_champions(uri, workdir, repair)
 
