@@ -224,7 +224,7 @@ def test_every_run_setting_is_an_option_of_its_own_name():
     commands = typer.main.get_command(app).commands
     own = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
     for verb in ("learn", "compare"):
-        flags = {f for p in commands[verb].params for f in p.opts}
+        flags = {f for p in commands[verb].params for f in [*p.opts, *p.secondary_opts]}
         assert {f"--{n.replace('_', '-')}" for n in RunConfig.model_fields if n not in own} <= flags, verb
         assert {"--delta", "--train-block", "--anneal-t0", "--exact-below", "--calibration", "--skip", "--constant-lam"} <= flags
     args = ["--source", DEMO, "--delta", "-2.0", "--train-block", "64", "--constant-lam", "--calibration", "yesterday",
