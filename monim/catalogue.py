@@ -1,6 +1,7 @@
 """Every kind of run monim makes, in one list: the bare LM, the memorization policies and the
 parametric learners, with what each does (help texts), the order reports and comparisons show them
-in, and the one rule between them (RandMem stores at MoNIM's rate when both run)."""
+in and how their numbers are shown, and the one rule between them (RandMem stores at MoNIM's rate
+when both run)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ CATALOGUE = (
     Entry("randmem", MEMORY, "a random share of the tokens (at MoNIM's rate when MoNIM runs too)", "RandMem",
           follows=("monim-amt", "monim"), reads=("rate",)),
     Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM", fixed=(("adaptive", False),),
-          reads=("delta",)),
+          reads=("delta", "search_margin")),
     Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", fixed=(("adaptive", True),),
-          reads=("delta",)),
+          reads=("delta", "search_margin")),
     Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
           reads=("rate",)),
     Entry("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge",
@@ -59,6 +60,16 @@ def names(kind: str | None = None) -> list[str]:
 def help_text() -> str:
     """Every run name with what it does, for a command's help."""
     return "; ".join(f"{e.name}: {e.help}" for e in CATALOGUE) + "."
+
+
+def shown(value, key: str = "") -> str:
+    """A number as the report and the terminal show it: MemRate as a percent, other floats to 4
+    digits, trailing zeros kept so a column's numbers line up (18.90 beside 19.21), thousands whole."""
+    if key in ("memrate", "MemRate") and isinstance(value, (int, float)):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
+    return str(value)
 
 
 def shown_order(runs: list[str]) -> list[str]:

@@ -132,6 +132,10 @@ class PolicyConfig:
     delta: float = -1.5  # MoNIM's δ: store x_t iff log P(x_t|x<t;Θ) < δ, or < δ / (margin + 0.5) under AMT
     rate: float | None = None  # RandMem's and KL's share of tokens; None: RandMem at the followed MemRate, else 0.5
     merge_k: int = 9  # Greedy Merging: the neighbours searched for same-value entries to merge
+    # MoNIM: a token the LM alone keeps out of memory by more than this slack (monim.threshold.lm_slack)
+    # is not searched but decided as the LM decides it (one in PROBE_EVERY searched anyway: the day's
+    # measured error); None: every token the memory could flip is searched
+    search_margin: float | None = 1.0
 
 @dataclass
 class Learner:
@@ -171,7 +175,7 @@ class Learner:
         return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
 
 
-_LEARNER = Learner()  # the parametric learners' defaults, read once for the fields below
+_LEARNER, _POLICY = Learner(), PolicyConfig()  # the learners' and the policies' defaults, for the fields below
 LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method", "seed"))
 
 
@@ -183,11 +187,15 @@ class RunConfig(BaseModel):
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
     policy: str = Field("monim-amt", description=catalogue.help_text())
-    delta: float = Field(-1.5, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
+    delta: float = Field(_POLICY.delta, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
                          "(monim), or below δ / (margin + 0.5) under the adaptive threshold (monim-amt).")
-    rate: float | None = Field(None, gt=0, le=1, description="RandMem's and KL's share of tokens stored; empty: "
+    rate: float | None = Field(_POLICY.rate, gt=0, le=1, description="RandMem's and KL's share of tokens stored; empty: "
                                "RandMem at MoNIM's MemRate when a comparison runs both, else 0.5.")
-    merge_k: int = Field(9, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
+    merge_k: int = Field(_POLICY.merge_k, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
+    search_margin: float | None = Field(_POLICY.search_margin, ge=0, description="MoNIM: a training token the LM alone "
+                                        "keeps out of memory by more than this slack (g(L, M) - δ) is not searched for "
+                                        "the decision, one in 16 of them searched anyway to measure the error; empty: "
+                                        "every token the memory could flip is searched.")
     followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
                                            "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")

@@ -6,17 +6,19 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import faiss
 import numpy as np
 import psutil
-import torch
 
 from monim.atomic import checksum, replacing, write_json
 from monim.config import IndexConfig
 from monim.datastore import Datastore
-from monim.exact import TorchExact, gpu_free_bytes, search_backend
+from monim.workdirs import index_bytes
+
+if TYPE_CHECKING:
+    from monim.exact import TorchExact
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ def backend(cfg: IndexConfig, n_keys: int, dim: int) -> str:
     GPU index, exact torch on the GPU, or FAISS on the CPU."""
     if cfg.gpu is False:
         return "faiss-cpu"
+    import torch  # torch where a search runs: a check of the index (fsck, status) reads it without
+
+    from monim.exact import gpu_free_bytes, search_backend
+
     return search_backend(n_keys, dim, faiss.get_num_gpus(), torch.cuda.is_available(), gpu_free_bytes())
 
 
@@ -62,12 +68,6 @@ def indexed_ids(index: faiss.Index) -> np.ndarray:
     lists = ivf.invlists
     parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist) if lists.list_size(i)]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-
-
-def index_bytes(root: Path | str) -> int:
-    """Bytes of a memory's index file, without loading it."""
-    path = Path(root) / "index" / "index.faiss"
-    return path.stat().st_size if path.exists() else 0
 
 
 def free_ram() -> int:
@@ -260,6 +260,8 @@ class MemoryIndex:
             self._search_index = self.index
             where = backend(self.cfg, self.ntotal, self.d)
             if where == "torch" and self._ds is not None:
+                from monim.exact import TorchExact
+
                 self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.array("ids")),
                                                            self.ntotal, self.d, "cuda")
                 return self._search_index

@@ -32,6 +32,9 @@ class DayStats:
     seconds: dict = field(default_factory=dict)
     index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
     searched: int | None = None  # tokens the decision searched the memory for (None: Θ searched nothing)
+    confident: int = 0  # tokens the LM alone kept out by more than the policy's search_margin
+    probed: int = 0  # of those, searched anyway (one in PROBE_EVERY)
+    probe_stored: int = 0  # of those, stored: the others, not searched, would have been in this share
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,11 +52,21 @@ def _timed(search: Callable, timer: dict) -> Callable:
     return timed
 
 
+PROBE_EVERY = 16  # one in this many confident tokens (by position) is searched anyway: the day's measured error
+
+
+def _probes(batch) -> np.ndarray:
+    return batch.position % PROBE_EVERY == 0
+
+
 def _uncertain(search: Callable, policy: Policy, lam_max: float) -> Callable:
     """The memory's search for only the tokens whose decision the memory can change
-    (monim.policies.MoNIM.certain): the others keep no neighbours, the LM alone deciding them as Θ would."""
+    (monim.policies.MoNIM.certain) and the LM alone does not settle by a wide margin
+    (MoNIM.confident; its probes searched all the same): the others keep no neighbours, the LM alone
+    deciding them (exactly as Θ would for the certain ones)."""
     def search_uncertain(batch):
-        return search(batch, wanted=~policy.certain(batch.logp, batch.max_logp, lam_max))
+        confident = policy.confident(batch.logp, batch.max_logp) & ~_probes(batch)
+        return search(batch, wanted=~policy.certain(batch.logp, batch.max_logp, lam_max) & ~confident)
 
     return search_uncertain
 
@@ -68,7 +81,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
     runs may have filled already); default: the LM runs under the memory's window.
     `progress(tokens_done, tokens_total)` is called after each scored batch.
     `decision_skip`: search the memory only for the tokens whose decision it can change (the same
-    entries are stored; off: every token is searched).
+    entries are stored) and the LM alone does not settle by the policy's `search_margin` (an
+    approximation, its error measured on probes: DayStats.probe_stored); off: every token is searched.
     """
     with memory.writing():  # one writer at a time; the manifest re-read under the lock
         ds, date = memory.ds, day.date.isoformat()
@@ -89,7 +103,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         search = None
         if memory.retrieves and policy.uses_theta:
             search = _timed(_uncertain(decide, policy, memory.lam_max) if decision_skip else decide, timer)
-        searched = 0
+        searched = confident = probed = probe_stored = 0
         total = sum(max(0, len(t) - 1) for t in tokens)
         for batch in features.scores(docs, f"{date}-train", search, tokens):
             t = time.perf_counter()
@@ -98,6 +112,11 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
             parts.append(Entries(batch.key[keep], batch.target[keep], list(batch.doc_id[keep]), batch.position[keep]))
             if batch.knn_values is not None:
                 searched += len(batch) if batch.knn_skipped is None else int((~batch.knn_skipped).sum())
+                if decision_skip:
+                    sure = policy.confident(batch.logp, batch.max_logp)
+                    probes = sure & _probes(batch)
+                    confident, probed, probe_stored = confident + int(sure.sum()), probed + int(probes.sum()), \
+                        probe_stored + int((keep & probes).sum())
             sample.add(batch)
             tokens_seen += len(batch)
             if progress:
@@ -119,4 +138,4 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         timer["index"] = index.pop("seconds")
         memrate = len(entries) / tokens_seen if tokens_seen else 0.0
         return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index,
-                        searched if search is not None else None)
+                        searched if search is not None else None, confident, probed, probe_stored)

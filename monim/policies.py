@@ -17,7 +17,7 @@ from monim.knnlm import ThetaScores
 from monim.lm import LM
 from monim.merging import greedy_merge
 from monim.scoring import TokenScores
-from monim.threshold import amt_threshold, certain, decided
+from monim.threshold import amt_threshold, certain, decided, lm_slack
 
 if TYPE_CHECKING:
     from monim.config import RunConfig
@@ -62,6 +62,7 @@ class MoNIM(Stores):
 
     delta: float = -1.5
     adaptive: bool = True
+    search_margin: float | None = None  # see monim.config.PolicyConfig (None here: every token decided exactly)
     uses_theta = True  # its rule reads the semiparametric model's prediction
 
     @property
@@ -79,6 +80,12 @@ class MoNIM(Stores):
     def certain(self, logp: np.ndarray, max_logp: np.ndarray, lam_max: float) -> np.ndarray:
         """Whether each token's decision is the same under every Θ with λ <= lam_max (monim.threshold.certain)."""
         return certain(logp, max_logp, lam_max, self.delta, self.adaptive)
+
+    def confident(self, logp: np.ndarray, max_logp: np.ndarray) -> np.ndarray:
+        """Whether the LM alone keeps each token out of memory by more than `search_margin` (not searched)."""
+        if self.search_margin is None:
+            return np.zeros(len(logp), bool)
+        return lm_slack(logp, max_logp, self.delta, self.adaptive) > self.search_margin
 
 
 @dataclass
@@ -147,7 +154,8 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
     cfg = replace(cfg or PolicyConfig(), **changes)
     rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else catalogue.DEFAULT_RATE
     # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
-    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k)}
+    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k),
+             "search_margin": ("search_margin", cfg.search_margin)}
     return CLASSES[e.make](**dict(given[r] for r in e.reads), **dict(e.fixed))
 
 

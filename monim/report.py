@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from monim.catalogue import shown_order
+from monim.catalogue import shown, shown_order
 from monim.evaluate import combine
 from monim.plots import bars, lines, panels
 
@@ -50,16 +50,6 @@ def _date(run: dict, step: int) -> str:
 
 def _ordered(runs: dict) -> list[str]:
     return shown_order(list(runs))
-
-
-def shown(value, key: str = "") -> str:
-    """A number as the report and the terminal show it: MemRate as a percent, other floats to 4
-    digits, trailing zeros kept so a column's numbers line up (18.90 beside 19.21), thousands whole."""
-    if key in ("memrate", "MemRate") and isinstance(value, (int, float)):
-        return f"{100 * value:.1f}%"
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
-    return str(value)
 
 
 def _table(header: list[str], rows: list[list]) -> str:

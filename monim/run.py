@@ -181,7 +181,9 @@ class MemoryRun(Run):
         """The day's row from what memorizing (`memorize`) and calibrating (`calibrate`) did."""
         seconds = stats["seconds"]
         pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
-        return {
+        decision = {} if stats.get("searched") is None else {  # what the decision searched, and its measured error
+            f"decision_{k}": stats[k] for k in ("searched", "confident", "probed", "probe_stored")}
+        return decision | {
             "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,

@@ -15,10 +15,8 @@ from pathlib import Path
 from monim import catalogue
 from monim.atomic import write_json
 from monim.datastore import Datastore
-from monim.index import index_bytes
 from monim.manifest import recorded
 from monim.lock import hold
-from monim.parametric import Weights
 
 
 def record_path(workdir: str | Path, name: str) -> Path:
@@ -28,6 +26,12 @@ def record_path(workdir: str | Path, name: str) -> Path:
 def run_lock(workdir: str | Path, name: str) -> Path:
     """The lock a run's stream holds while it learns (one stream per run at a time)."""
     return Path(workdir) / "runs" / f".{name}.lock"
+
+
+def index_bytes(root: str | Path) -> int:
+    """Bytes of a memory's index file, without loading it."""
+    path = Path(root) / "index" / "index.faiss"
+    return path.stat().st_size if path.exists() else 0
 
 
 def memory_root(workdir: str | Path, name: str) -> Path:
@@ -85,6 +89,8 @@ def learned_with(name: str, manifest: dict) -> dict:
 
 def weights_status(root: Path) -> dict:
     """A parametric learner's days, tokens trained, optimizer steps and bytes on disk."""
+    from monim.parametric import Weights  # torch: only where a work directory has a learner
+
     weights = Weights(root)
     metas = [weights.meta(d) for d in weights.days()]
     return {"days": len(metas), "last_day": metas[-1]["date"] if metas else None, "bytes": weights.bytes_on_disk(),

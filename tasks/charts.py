@@ -17,7 +17,7 @@ SECTIONS = (  # a name ending in "_" or "/" takes every metric that starts with 
     ("3_quality", ("accuracy_lm", "ppl_novel", "ppl_lm_novel", "twin_share", "skipped", "tokens")),
     ("4_suite", ("ppl_period/", "accuracy_period/", "ppl_text", "ppl_text_lm", "qa_")),
     ("5_calibration", ("lam", "lam_copy", "temperature", "theta_", "heldout_", "calibration_", "calibrator_seconds")),
-    ("6_cost", ("seconds_", "tokens_per_s", "tokens_featurized", "featurize_workers", "evaluate_seconds")),
+    ("6_cost", ("seconds_", "tokens_per_s", "decision_", "tokens_featurized", "featurize_workers", "evaluate_seconds")),
     ("7_registry", ("model_version", "registered", "champion_moved", "gate_")),
     ("8_data", ("docs_",)),
 )

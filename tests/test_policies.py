@@ -183,26 +183,61 @@ def entries(memory):
     return {a: np.concatenate([np.asarray(ds.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
 
 
-def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smollm, data_dir, tmp_path):
-    """Day 2 memorized onto the same memory (constant λ) with and without the skip: the same entries."""
+def start_and_day2(smollm, data_dir, tmp_path) -> Day:
+    """A memory of day 1's article (constant λ) in tmp_path / "start", and day 2: a repeat of it and a new one."""
     days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
     first, second = [d.train[0] for d in days]
     cut = lambda doc, n: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:n])  # noqa: E731
     start = Memory(tmp_path / "start", smollm)
     memorize_day(start, article_day(dt.date(2022, 6, 1), cut(first, 600), "a"), make_policy("fullmem"))
     assert start.rule == "constant" and start.lam_max == start.interpolation.lam == 0.25
-    day2 = Day(dt.date(2022, 6, 2), [Document("b", dt.date(2022, 6, 2), cut(first, 400)),  # a repeat: the memory matters
+    return Day(dt.date(2022, 6, 2), [Document("b", dt.date(2022, 6, 2), cut(first, 400)),  # a repeat: the memory matters
                                      Document("c", dt.date(2022, 6, 2), cut(second, 400))], [], [])
+
+
+def memorized(smollm, tmp_path, name, day, policy, **how):
+    shutil.copytree(tmp_path / "start", tmp_path / name)
+    memory = Memory(tmp_path / name, smollm)
+    return memorize_day(memory, day, policy, **how), entries(memory)
+
+
+def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smollm, data_dir, tmp_path):
+    """Day 2 memorized onto the same memory (constant λ) with and without the skip: the same entries."""
+    day2 = start_and_day2(smollm, data_dir, tmp_path)
     stats, stored = {}, {}
     for skip in (True, False):
-        shutil.copytree(tmp_path / "start", tmp_path / str(skip))
-        memory = Memory(tmp_path / str(skip), smollm)
-        stats[skip] = memorize_day(memory, day2, make_policy("monim-amt"), decision_skip=skip)
-        stored[skip] = entries(memory)
+        stats[skip], stored[skip] = memorized(smollm, tmp_path, str(skip), day2, make_policy("monim-amt", search_margin=None),
+                                              decision_skip=skip)
     assert stats[False].searched == stats[False].tokens_seen == stats[True].tokens_seen
     assert 0 < stats[True].searched < 0.8 * stats[True].tokens_seen, stats[True]  # part of the tokens were certain
     assert stats[True].stored == stats[False].stored > 0
     for a in stored[True]:
         np.testing.assert_array_equal(stored[True][a], stored[False][a], a)
     bare = Memory(tmp_path / "bare", smollm)  # the memory did change decisions: the bare LM stores another set
-    assert memorize_day(bare, day2, make_policy("monim-amt")).stored != stats[True].stored
+    assert memorize_day(bare, day2, make_policy("monim-amt", search_margin=None)).stored != stats[True].stored
+
+
+def test_the_search_margin_leaves_out_only_tokens_the_lm_keeps_out_by_it(smollm, data_dir, tmp_path):
+    """With a search margin, every searched token is decided as before; the only tokens that may be
+    stored differently are those the LM alone keeps out by more than the margin (its slack worked out
+    here from the LM's statistics) and that are no probe (one position in 16, searched anyway)."""
+    day2 = start_and_day2(smollm, data_dir, tmp_path)
+    exact, _ = memorized(smollm, tmp_path, "exact", day2, make_policy("monim-amt", search_margin=None))
+    margin, _ = memorized(smollm, tmp_path, "margin", day2, make_policy("monim-amt", search_margin=0.5))
+    batches = list(Memory(tmp_path / "start", smollm).features().scores(day2.train, "by-hand"))
+    lp, mp = (np.concatenate([getattr(b, f) for b in batches]).astype(np.float64) for f in ("logp", "max_logp"))
+    slack = lp * (np.maximum(mp - lp, 0) + 0.5) + 1.5  # g(L, M) - δ under the LM alone
+    token = [(str(d), int(p)) for b in batches for d, p in zip(b.doc_id, b.position)]
+    confident = {t for t, s in zip(token, slack) if s > 0.5}
+    probes = {t for t in confident if t[1] % 16 == 0}
+    def kept(name: str) -> set[tuple[str, int]]:  # day 2's stored tokens as (document, position)
+        ds = Memory(tmp_path / name, smollm).ds
+        shard = ds.days[-1].shard
+        names = ds.shard_docs(shard)
+        return {(names[d], int(p)) for d, p in zip(ds.shard(shard, "docs"), ds.shard(shard, "positions"))}
+
+    stored, stored_exact = "margin", "exact"
+    assert kept(stored) <= kept(stored_exact) and kept(stored_exact) - kept(stored) <= confident - probes
+    assert (margin.confident, margin.probed) == (len(confident), len(probes)) and len(confident) > len(token) / 4
+    assert exact.searched - len(confident - probes) <= margin.searched < exact.searched  # some were certain anyway
+    assert margin.probe_stored == len(kept(stored) & probes)

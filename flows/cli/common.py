@@ -59,7 +59,7 @@ def table(title: str, rows: list[dict], columns: list[str]) -> Table:
     out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # fits 80 columns
     for col in columns:
         out.add_column(col, justify="left" if col == columns[0] else "right")
-    from monim.report import shown
+    from monim.catalogue import shown
 
     for r in rows:
         out.add_row(*[shown(r.get(c, ""), c) for c in columns])

@@ -4,7 +4,6 @@ trained again). No Prefect run: a check is quick and leaves nothing behind."""
 
 from __future__ import annotations
 
-from monim.calibration import retrain_calibrator
 from monim.fsck import check_memory, check_records
 from monim.workdirs import memories
 from tasks.registry import register_state, registered_model, stale_champion
@@ -14,9 +13,16 @@ from tasks.tracking import check_steps, tracking_uri as resolve_tracking_uri
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:
     """Every problem found (each with what repair does, and whether it was done)."""
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair, retrain_calibrator)]
+    problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair, _retrain)]
     problems += [p.as_dict() for p in check_records(workdir, repair)]
     return problems + check_steps(uri, workdir, repair) + check_champions(uri, workdir, repair)
+
+
+def _retrain(ds) -> None:
+    """A damaged last calibrator trained again (torch and the calibrator loaded only for this repair)."""
+    from monim.calibration import retrain_calibrator
+
+    retrain_calibrator(ds)
 
 
 def check_champions(uri: str, workdir: str, repair: bool = False) -> list[dict]:

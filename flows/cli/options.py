@@ -26,14 +26,16 @@ CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
 }
 
 
-def _optional(annotation) -> tuple[object, bool]:
-    """The field's type for the command line (None: the option not given), and whether 0 means empty
-    there (an `int | None` field: the command line has no word for None)."""
+def _optional(annotation) -> tuple[object, str | None]:
+    """The field's type for the command line (None: the option not given), and the word for empty
+    where the field may be empty: 0 for an `int | None` field, "none" for a `float | None` one (read
+    as text, pydantic makes the number)."""
     args = get_args(annotation)
     if get_origin(annotation) in (Union, types.UnionType) and type(None) in args:
         (inner,) = [a for a in args if a is not type(None)]
-        return Optional[inner], inner is int
-    return Optional[annotation], False
+        empty = {int: 0, float: "none"}.get(inner)
+        return Optional[str if inner is float else inner], empty
+    return Optional[annotation], None
 
 
 def field_options() -> list[inspect.Parameter]:
@@ -42,12 +44,12 @@ def field_options() -> list[inspect.Parameter]:
     for name, f in RunConfig.model_fields.items():
         if name in NOT_OPTIONS:
             continue
-        kind, zero_empty = _optional(f.annotation)
+        kind, empty = _optional(f.annotation)
         default = f.get_default(call_default_factory=True)
-        help_text = f.description + (" 0 means empty." if zero_empty else "")
+        help_text = f.description + (f" {empty} means empty." if empty is not None else "")
         flag = f"--{name.replace('_', '-')}"
         flags = NAMES.get(name, (f"{flag}/--no-{flag[2:]}",) if kind == Optional[bool] else (flag,))
-        option = typer.Option(None, *flags, help=help_text,
+        option = typer.Option(None, *flags, help=help_text, metavar="FLOAT|none" if empty == "none" else None,
                               show_default=False if default is None else str(default))
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
     for name, (_, kind, help_text) in CALIBRATOR.items():
@@ -62,6 +64,7 @@ def given_fields(options: dict) -> dict:
     for name, f in RunConfig.model_fields.items():
         value = options.get(name)
         if value is not None and name not in NOT_OPTIONS:
-            out[name] = None if value == 0 and _optional(f.annotation)[1] else value
+            empty = _optional(f.annotation)[1]
+            out[name] = None if empty is not None and value == empty else value
     calibrator = {field: options[name] for name, (field, _, _) in CALIBRATOR.items() if options.get(name) is not None}
     return out | ({"calibrator": calibrator} if calibrator else {})
