@@ -23,6 +23,7 @@ CODECS = ("pq", "fastscan")
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
 METHODS = tuple(catalogue.names(LEARNER))  # the parametric learners: finetune, mix-review, recadam
+PROBE_EVERY = 16  # of the tokens a search margin leaves to the LM, one in this many (by position) is searched anyway
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ScoreConfig:
     def __post_init__(self) -> None:
         if self.context_mode not in CONTEXT_MODES:
             raise ValueError(f"context_mode must be one of {CONTEXT_MODES}, got {self.context_mode!r}")
+
 
 @dataclass
 class IndexConfig:
@@ -84,6 +86,7 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+
 
 @dataclass
 class CalibratorConfig:
@@ -123,6 +126,7 @@ class CalibratorConfig:
         """The same config with one feature group switched off (ablations)."""
         return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
 
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """The memorization policies' parameters, as named fields: a memory records the ones its policy
@@ -136,6 +140,7 @@ class PolicyConfig:
     # is not searched but decided as the LM decides it (one in PROBE_EVERY searched anyway: the day's
     # measured error); None: every token the memory could flip is searched
     search_margin: float | None = 1.0
+
 
 @dataclass
 class Learner:
@@ -194,7 +199,7 @@ class RunConfig(BaseModel):
     merge_k: int = Field(_POLICY.merge_k, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
     search_margin: float | None = Field(_POLICY.search_margin, ge=0, description="MoNIM: a training token the LM alone "
                                         "keeps out of memory by more than this slack (g(L, M) - δ) is not searched for "
-                                        "the decision, one in 16 of them searched anyway to measure the error; empty: "
+                                        f"the decision, one in {PROBE_EVERY} of them searched anyway to measure the error; empty: "
                                         "every token the memory could flip is searched.")
     followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
                                            "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")

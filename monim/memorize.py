@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from monim.calibration import Sample, sample_path
+from monim.config import PROBE_EVERY
 from monim.datastore import Entries
 from monim.dedup import Signatures
 from monim.features import Features
@@ -50,9 +51,6 @@ def _timed(search: Callable, timer: dict) -> Callable:
             timer["search"] += time.perf_counter() - started
 
     return timed
-
-
-PROBE_EVERY = 16  # one in this many confident tokens (by position) is searched anyway: the day's measured error
 
 
 def _probes(batch) -> np.ndarray:

@@ -23,8 +23,8 @@ from monim.recency import Recency
 THROUGHPUT = {"window.batch_size", "window.head_chunk", "index.query_batch", "index.gpu", "index.map_above"}
 # what a reader may change without changing what was learned
 READ = THROUGHPUT | {"dtype", "calibrated", "index.k", "index.nprobe", "calibrator.skip_threshold",
-                     "calibrator.gate_k", "calibrator.copy_tolerance", "recency.half_life", "recency.max_age",
-                     "policy.delta", "policy.rate", "policy.merge_k"}
+                     "calibrator.gate_k", "calibrator.copy_tolerance", "recency.half_life", "recency.max_age"} | {
+    f"policy.{f.name}" for f in fields(PolicyConfig)}  # the policy shaped what was learned; a reader reads it as it is
 SECTIONS = {"window": ScoreConfig, "index": IndexConfig, "calibrator": CalibratorConfig, "recency": Recency,
             "policy": PolicyConfig}
 

@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from monim.config import RunConfig
+from monim.config import SOURCES, CalibratorConfig, RunConfig
 
 SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
 # fields a command sets itself (source, workdir, policy) or a comparison does (followed_memrate); the
@@ -18,10 +18,10 @@ SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, p
 NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
 NAMES = {"calibrated": ("--calibrated/--constant-lam",), "review": ("--review", "--review-text")}  # older names kept
 CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
-    "calibration": ("source", Optional[Literal["train", "yesterday", "validation"]],
+    "calibration": ("source", Optional[Literal[SOURCES]],
                     "Calibration examples: train (a sample of the day's training articles, their own near-duplicates "
                     "left out), yesterday (the sample against the memory before the day) or validation (the paper's: "
-                    "the validation articles). [default: train]"),
+                    f"the validation articles). [default: {CalibratorConfig().source}]"),
     "skip": ("skip_threshold", Optional[float], SKIP_HELP),
 }
 
