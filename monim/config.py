@@ -23,7 +23,8 @@ CODECS = ("pq", "fastscan")
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.calibration)
 METHODS = tuple(catalogue.names(LEARNER))  # the parametric learners: finetune, mix-review, recadam
-PROBE_EVERY = 16  # of the tokens a search margin leaves to the LM, one in this many (by position) is searched anyway
+PROBE_EVERY = 16  # of the tokens MoNIM's decision leaves to the LM, one in this many (by position) is searched anyway
+SEEN_CONTEXT = 3  # the context tokens a memory's text is matched on (PolicyConfig.search_context, monim.lexical)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,9 @@ class PolicyConfig:
     # is not searched but decided as the LM decides it (one in PROBE_EVERY searched anyway: the day's
     # measured error); None: every token the memory could flip is searched
     search_margin: float | None = 1.0
+    # MoNIM: a token the LM alone would store is searched only where the memorized text holds its last
+    # SEEN_CONTEXT tokens (elsewhere the LM decides it; probes as above); False: every such token searched
+    search_context: bool = True
 
 
 @dataclass
@@ -201,6 +205,10 @@ class RunConfig(BaseModel):
                                         "keeps out of memory by more than this slack (g(L, M) - δ) is not searched for "
                                         f"the decision, one in {PROBE_EVERY} of them searched anyway to measure the error; empty: "
                                         "every token the memory could flip is searched.")
+    search_context: bool = Field(_POLICY.search_context, description="MoNIM: a training token the LM alone would store "
+                                 f"is searched for the decision only where the memorized text holds its last {SEEN_CONTEXT} "
+                                 f"tokens, one in {PROBE_EVERY} of the others searched anyway to measure the error; off: "
+                                 "every such token is searched.")
     followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
                                            "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")

@@ -14,7 +14,7 @@ from monim.config import PROBE_EVERY
 from monim.datastore import Entries
 from monim.dedup import Signatures
 from monim.features import Features
-from monim.lexical import day_counts
+from monim.lexical import LexicalCounts, context_grams, day_counts
 from monim.memory import Memory
 from monim.policies import Policy, policy_params
 from monim.stream import Day
@@ -33,9 +33,9 @@ class DayStats:
     seconds: dict = field(default_factory=dict)
     index: dict = field(default_factory=dict)  # the index update: added, removed, rebuilt, recall (its probe's)
     searched: int | None = None  # tokens the decision searched the memory for (None: Θ searched nothing)
-    confident: int = 0  # tokens the LM alone kept out by more than the policy's search_margin
+    settled: int = 0  # tokens the policy left to the LM alone (MoNIM.settled: its search margin and context)
     probed: int = 0  # of those, searched anyway (one in PROBE_EVERY)
-    probe_stored: int = 0  # of those, stored: the others, not searched, would have been in this share
+    probe_flipped: int = 0  # of those, decided otherwise than the LM alone: the others' measured error rate
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,14 +57,27 @@ def _probes(batch) -> np.ndarray:
     return batch.position % PROBE_EVERY == 0
 
 
-def _uncertain(search: Callable, policy: Policy, lam_max: float) -> Callable:
+class Contexts:
+    """Whether each training token's context (monim.lexical.context_grams) is in the memorized text."""
+
+    def __init__(self, docs: list, tokens: list[list[int]], known: LexicalCounts):
+        self.start = dict(zip((d.id for d in docs), np.cumsum([0, *map(len, tokens)])))
+        self.grams = np.concatenate([context_grams(t) for t in tokens]) if tokens else np.zeros(0, np.uint64)
+        self.known = known
+
+    def seen(self, batch) -> np.ndarray:
+        at = np.fromiter((self.start[d] for d in batch.doc_id), np.int64, len(batch)) + batch.position
+        return self.known.seen(self.grams[at])
+
+
+def _uncertain(search: Callable, policy: Policy, lam_max: float, contexts: Contexts) -> Callable:
     """The memory's search for only the tokens whose decision the memory can change
-    (monim.policies.MoNIM.certain) and the LM alone does not settle by a wide margin
-    (MoNIM.confident; its probes searched all the same): the others keep no neighbours, the LM alone
-    deciding them (exactly as Θ would for the certain ones)."""
+    (monim.policies.MoNIM.certain) and the policy does not leave to the LM alone (MoNIM.settled; its
+    probes searched all the same): the others keep no neighbours, the LM alone deciding them (exactly
+    as Θ would for the certain ones)."""
     def search_uncertain(batch):
-        confident = policy.confident(batch.logp, batch.max_logp) & ~_probes(batch)
-        return search(batch, wanted=~policy.certain(batch.logp, batch.max_logp, lam_max) & ~confident)
+        settled = policy.settled(batch.logp, batch.max_logp, contexts.seen(batch)) & ~_probes(batch)
+        return search(batch, wanted=~policy.certain(batch.logp, batch.max_logp, lam_max) & ~settled)
 
     return search_uncertain
 
@@ -79,8 +92,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
     runs may have filled already); default: the LM runs under the memory's window.
     `progress(tokens_done, tokens_total)` is called after each scored batch.
     `decision_skip`: search the memory only for the tokens whose decision it can change (the same
-    entries are stored) and the LM alone does not settle by the policy's `search_margin` (an
-    approximation, its error measured on probes: DayStats.probe_stored); off: every token is searched.
+    entries are stored) and the policy does not leave to the LM alone (its search margin and context:
+    an approximation, its error measured on probes, DayStats.probe_flipped); off: every token is searched.
     """
     with memory.writing():  # one writer at a time; the manifest re-read under the lock
         ds, date = memory.ds, day.date.isoformat()
@@ -98,10 +111,13 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         started = time.perf_counter()
         memory.sync()
         decide = functools.partial(memory.search, k=memory.settings.index.k_decide)
-        search = None
+        search = contexts = None
         if memory.retrieves and policy.uses_theta:
-            search = _timed(_uncertain(decide, policy, memory.lam_max) if decision_skip else decide, timer)
-        searched = confident = probed = probe_stored = 0
+            if decision_skip:
+                contexts = Contexts(docs, tokens, memory.lexical())
+                decide = _uncertain(decide, policy, memory.lam_max, contexts)
+            search = _timed(decide, timer)
+        searched = settled = probed = probe_flipped = 0
         total = sum(max(0, len(t) - 1) for t in tokens)
         for batch in features.scores(docs, f"{date}-train", search, tokens):
             t = time.perf_counter()
@@ -111,10 +127,11 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
             if batch.knn_values is not None:
                 searched += len(batch) if batch.knn_skipped is None else int((~batch.knn_skipped).sum())
                 if decision_skip:
-                    sure = policy.confident(batch.logp, batch.max_logp)
-                    probes = sure & _probes(batch)
-                    confident, probed, probe_stored = confident + int(sure.sum()), probed + int(probes.sum()), \
-                        probe_stored + int((keep & probes).sum())
+                    left = policy.settled(batch.logp, batch.max_logp, contexts.seen(batch))
+                    probes = left & _probes(batch)
+                    flipped = probes & (keep != policy.lm_stores(batch.logp, batch.max_logp))
+                    settled, probed, probe_flipped = settled + int(left.sum()), probed + int(probes.sum()), \
+                        probe_flipped + int(flipped.sum())
             sample.add(batch)
             tokens_seen += len(batch)
             if progress:
@@ -136,4 +153,4 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         timer["index"] = index.pop("seconds")
         memrate = len(entries) / tokens_seen if tokens_seen else 0.0
         return DayStats(date, tokens_seen, len(entries), memrate, True, ds.version, timer, index,
-                        searched if search is not None else None, confident, probed, probe_stored)
+                        searched if search is not None else None, settled, probed, probe_flipped)

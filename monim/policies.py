@@ -62,7 +62,8 @@ class MoNIM(Stores):
 
     delta: float = -1.5
     adaptive: bool = True
-    search_margin: float | None = None  # see monim.config.PolicyConfig (None here: every token decided exactly)
+    search_margin: float | None = None  # see monim.config.PolicyConfig (None, False here: every token decided exactly)
+    search_context: bool = False
     uses_theta = True  # its rule reads the semiparametric model's prediction
 
     @property
@@ -81,11 +82,17 @@ class MoNIM(Stores):
         """Whether each token's decision is the same under every Θ with λ <= lam_max (monim.threshold.certain)."""
         return certain(logp, max_logp, lam_max, self.delta, self.adaptive)
 
-    def confident(self, logp: np.ndarray, max_logp: np.ndarray) -> np.ndarray:
-        """Whether the LM alone keeps each token out of memory by more than `search_margin` (not searched)."""
-        if self.search_margin is None:
-            return np.zeros(len(logp), bool)
-        return lm_slack(logp, max_logp, self.delta, self.adaptive) > self.search_margin
+    def lm_stores(self, logp: np.ndarray, max_logp: np.ndarray) -> np.ndarray:
+        """Whether the LM alone (Θ without neighbours) stores each token."""
+        return lm_slack(logp, max_logp, self.delta, self.adaptive) < 0
+
+    def settled(self, logp: np.ndarray, max_logp: np.ndarray, seen: np.ndarray) -> np.ndarray:
+        """Whether each token is left to the LM alone, not searched: it keeps the token out by more
+        than `search_margin`, or (`search_context`) stores it and the memory's text lacks its context
+        (`seen`: monim.lexical.LexicalCounts.seen), where no neighbour is near enough to unstore it."""
+        slack = lm_slack(logp, max_logp, self.delta, self.adaptive)
+        out = slack > self.search_margin if self.search_margin is not None else np.zeros(len(slack), bool)
+        return out | (slack < 0) & ~seen if self.search_context else out
 
 
 @dataclass
@@ -155,7 +162,7 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
     rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else catalogue.DEFAULT_RATE
     # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
     given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k),
-             "search_margin": ("search_margin", cfg.search_margin)}
+             "search_margin": ("search_margin", cfg.search_margin), "search_context": ("search_context", cfg.search_context)}
     return CLASSES[e.make](**dict(given[r] for r in e.reads), **dict(e.fixed))
 
 

@@ -182,7 +182,7 @@ class MemoryRun(Run):
         seconds = stats["seconds"]
         pass_seconds = seconds.get("lm_and_search", 0.0) + seconds.get("policy", 0.0)
         decision = {} if stats.get("searched") is None else {  # what the decision searched, and its measured error
-            f"decision_{k}": stats[k] for k in ("searched", "confident", "probed", "probe_stored")}
+            f"decision_{k}": stats[k] for k in ("searched", "settled", "probed", "probe_flipped")}
         return decision | {
             "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],

@@ -13,7 +13,7 @@ from monim.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density
                               train_calibrator)
 from monim.datastore import Datastore, Entries
 from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
-from monim.lexical import LexicalCounts, day_counts
+from monim.lexical import LexicalCounts, context_grams, day_counts
 from monim.scoring import TokenScores
 from monim.memorize import memorize_day
 from monim.memory import Memory
@@ -48,6 +48,11 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
         prev = np.array([0, 5, 7, 29, 2**20, 2**21, 31])  # 2**21 and 31: never seen
         want = np.log1p([[count[t], len(succ[t])] for t in prev])
         np.testing.assert_allclose(lex.features(prev), want, rtol=1e-6)
+        padded = lambda doc: [None] * 3 + list(doc)  # noqa: E731  (a document's start is a context too)
+        held = {tuple(padded(d)[p: p + 3]) for d in docs for p in range(len(d))}
+        for doc in [d for day in days for d in day] + [[0, 5, 0, 5, 0, 5], [2**20, 7, 3, 3]]:
+            want = [tuple(padded(doc)[p: p + 3]) in held for p in range(len(doc))]
+            assert lex.seen(context_grams(doc)).tolist() == want, doc
 
     commit(0)
     check(days[0])
@@ -61,6 +66,10 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     check(days[0] + days[2])
     ds.forget(doc_ids=["d0"])  # forgetting documents keeps the day's text counts (per day, not per doc)
     check(days[0] + days[2])
+    (tmp_path / "shards" / ds.days[0].shard / "lex_grams.npy").unlink()  # a day from before contexts were kept
+    (tmp_path / "lexical.npz").unlink()
+    assert LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"})).seen(
+        np.arange(5, dtype=np.uint64)).all()  # its contexts unknown: every one may be held
 
 
 def test_density_features_equal_brute_force():

@@ -183,16 +183,22 @@ def entries(memory):
     return {a: np.concatenate([np.asarray(ds.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
 
 
-def start_and_day2(smollm, data_dir, tmp_path) -> Day:
-    """A memory of day 1's article (constant λ) in tmp_path / "start", and day 2: a repeat of it and a new one."""
+EXACT = {"search_margin": None, "search_context": False}  # MoNIM deciding every token the memory could flip
+
+
+def start_and_day2(smollm, data_dir, tmp_path) -> tuple[Day, list[int]]:
+    """A memory of day 1's article (constant λ) in tmp_path / "start", and day 2: a repeat of it and a
+    new one; with day 1's tokens."""
     days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
     first, second = [d.train[0] for d in days]
     cut = lambda doc, n: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:n])  # noqa: E731
     start = Memory(tmp_path / "start", smollm)
-    memorize_day(start, article_day(dt.date(2022, 6, 1), cut(first, 600), "a"), make_policy("fullmem"))
+    day1 = article_day(dt.date(2022, 6, 1), cut(first, 600), "a")
+    memorize_day(start, day1, make_policy("fullmem"))
     assert start.rule == "constant" and start.lam_max == start.interpolation.lam == 0.25
     return Day(dt.date(2022, 6, 2), [Document("b", dt.date(2022, 6, 2), cut(first, 400)),  # a repeat: the memory matters
-                                     Document("c", dt.date(2022, 6, 2), cut(second, 400))], [], [])
+                                     Document("c", dt.date(2022, 6, 2), cut(second, 400))], [], []), \
+        smollm.tokenizer(day1.train[0].text)["input_ids"]
 
 
 def memorized(smollm, tmp_path, name, day, policy, **how):
@@ -203,10 +209,10 @@ def memorized(smollm, tmp_path, name, day, policy, **how):
 
 def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smollm, data_dir, tmp_path):
     """Day 2 memorized onto the same memory (constant λ) with and without the skip: the same entries."""
-    day2 = start_and_day2(smollm, data_dir, tmp_path)
+    day2, _ = start_and_day2(smollm, data_dir, tmp_path)
     stats, stored = {}, {}
     for skip in (True, False):
-        stats[skip], stored[skip] = memorized(smollm, tmp_path, str(skip), day2, make_policy("monim-amt", search_margin=None),
+        stats[skip], stored[skip] = memorized(smollm, tmp_path, str(skip), day2, make_policy("monim-amt", **EXACT),
                                               decision_skip=skip)
     assert stats[False].searched == stats[False].tokens_seen == stats[True].tokens_seen
     assert 0 < stats[True].searched < 0.8 * stats[True].tokens_seen, stats[True]  # part of the tokens were certain
@@ -214,30 +220,39 @@ def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smol
     for a in stored[True]:
         np.testing.assert_array_equal(stored[True][a], stored[False][a], a)
     bare = Memory(tmp_path / "bare", smollm)  # the memory did change decisions: the bare LM stores another set
-    assert memorize_day(bare, day2, make_policy("monim-amt", search_margin=None)).stored != stats[True].stored
+    assert memorize_day(bare, day2, make_policy("monim-amt", **EXACT)).stored != stats[True].stored
 
 
-def test_the_search_margin_leaves_out_only_tokens_the_lm_keeps_out_by_it(smollm, data_dir, tmp_path):
-    """With a search margin, every searched token is decided as before; the only tokens that may be
-    stored differently are those the LM alone keeps out by more than the margin (its slack worked out
-    here from the LM's statistics) and that are no probe (one position in 16, searched anyway)."""
-    day2 = start_and_day2(smollm, data_dir, tmp_path)
-    exact, _ = memorized(smollm, tmp_path, "exact", day2, make_policy("monim-amt", search_margin=None))
-    margin, _ = memorized(smollm, tmp_path, "margin", day2, make_policy("monim-amt", search_margin=0.5))
+def test_the_decision_leaves_to_the_lm_only_the_tokens_its_margin_and_context_settle(smollm, data_dir, tmp_path):
+    """With a search margin and the context rule, every searched token is decided as before; the only
+    tokens that may be stored differently are, worked out here from the LM's statistics and day 1's
+    tokens, those the LM alone keeps out by more than the margin, or stores where day 1's text has no
+    token with the same 3 tokens before it, and that are no probe (one position in 16, searched anyway)."""
+    day2, day1_ids = start_and_day2(smollm, data_dir, tmp_path)
+    exact, _ = memorized(smollm, tmp_path, "exact", day2, make_policy("monim-amt", **EXACT))
+    rough, _ = memorized(smollm, tmp_path, "rough", day2, make_policy("monim-amt", search_margin=0.5, search_context=True))
     batches = list(Memory(tmp_path / "start", smollm).features().scores(day2.train, "by-hand"))
     lp, mp = (np.concatenate([getattr(b, f) for b in batches]).astype(np.float64) for f in ("logp", "max_logp"))
     slack = lp * (np.maximum(mp - lp, 0) + 0.5) + 1.5  # g(L, M) - δ under the LM alone
     token = [(str(d), int(p)) for b in batches for d, p in zip(b.doc_id, b.position)]
-    confident = {t for t, s in zip(token, slack) if s > 0.5}
-    probes = {t for t in confident if t[1] % 16 == 0}
+    padded = lambda ids: [None] * 3 + list(ids)  # noqa: E731  (a document's start is a context too)
+    held = {tuple(padded(day1_ids)[p: p + 3]) for p in range(len(day1_ids))}
+    ids = {d.id: padded(smollm.tokenizer(d.text)["input_ids"]) for d in day2.train}
+    unseen = {(d, p) for d, p in token if tuple(ids[d][p: p + 3]) not in held}
+    skip_side = {t for t, s in zip(token, slack) if s > 0.5}
+    store_side = {t for t, s in zip(token, slack) if s < 0} & unseen
+    settled = skip_side | store_side
+    probes = {t for t in settled if t[1] % 16 == 0}
     def kept(name: str) -> set[tuple[str, int]]:  # day 2's stored tokens as (document, position)
         ds = Memory(tmp_path / name, smollm).ds
         shard = ds.days[-1].shard
         names = ds.shard_docs(shard)
         return {(names[d], int(p)) for d, p in zip(ds.shard(shard, "docs"), ds.shard(shard, "positions"))}
 
-    stored, stored_exact = "margin", "exact"
-    assert kept(stored) <= kept(stored_exact) and kept(stored_exact) - kept(stored) <= confident - probes
-    assert (margin.confident, margin.probed) == (len(confident), len(probes)) and len(confident) > len(token) / 4
-    assert exact.searched - len(confident - probes) <= margin.searched < exact.searched  # some were certain anyway
-    assert margin.probe_stored == len(kept(stored) & probes)
+    assert kept("rough") ^ kept("exact") <= settled - probes
+    assert len(skip_side) > len(token) / 4 and len(store_side) > len(token) / 10  # both rules left tokens out
+    assert len([t for t in store_side if t[0] == "b"]) < len([t for t in store_side if t[0] == "c"])  # b repeats day 1
+    assert (rough.settled, rough.probed) == (len(settled), len(probes))
+    assert exact.searched - len(settled - probes) <= rough.searched < exact.searched  # some were certain anyway
+    lm_stores = {t for t, s in zip(token, slack) if s < 0}
+    assert rough.probe_flipped == len(probes & (kept("rough") ^ lm_stores))

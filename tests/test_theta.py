@@ -205,4 +205,4 @@ def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refu
     assert len(json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())["days"]) == 1
     monim_json(*learn, "--end", DAYS[1], "--delta", -2.0)
     status = monim_json("status", "--workdir", tmp_path)
-    assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0, "search_margin": 1.0}
+    assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0, "search_margin": 1.0, "search_context": True}

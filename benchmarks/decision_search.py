@@ -1,13 +1,15 @@
-"""MoNIM-AMT's decision searches with and without a search margin (monim.config.PolicyConfig.search_margin).
+"""MoNIM-AMT's decision searches as its search rules leave tokens to the LM alone
+(monim.config.PolicyConfig.search_margin and search_context).
 
 Consecutive days of a stream, every article, learned through the product's own run
-(monim.run.MemoryRun.day: featurize, memorize, calibrate, evaluate) by one memory per margin, all
-reading one feature store (the LM runs once per article). Per day and margin: the share of training
-tokens the decision searched, the tokens left to the LM alone and the error measured on their probes,
-MemRate, test PPL and the seconds of each stage; at the end, each margin against searching every
-token the memory could flip ("none"). Resumable: WORKDIR keeps the memories, features and the JSON
-(a day done is not redone).
-Usage: python benchmarks/decision_margin.py [--source FILE] [--start 2022-06-01] [--days 4] [--margins none,1.0]
+(monim.run.MemoryRun.day: featurize, memorize, calibrate, evaluate) by one memory per variant, all
+reading one feature store (the LM runs once per article). A variant is a margin ("none": no margin),
+"+context" where the context rule is on. Per day and variant: the share of training tokens the
+decision searched, the tokens left to the LM alone and the error measured on their probes, MemRate,
+test PPL and the seconds of each stage; at the end, each variant against searching every token the
+memory could flip (the first variant, "none"). Resumable: WORKDIR keeps the memories, features and
+the JSON (a day done is not redone).
+Usage: python benchmarks/decision_search.py [--source FILE] [--start 2022-06-01] [--days 4] [--variants none,1.0+context]
 """
 
 import argparse
@@ -28,28 +30,32 @@ from monim.stream import list_dates, read_day
 REPO = Path(__file__).resolve().parents[1]
 STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
 KEPT = ("tokens_seen", "memrate_day", "memrate", "entries", "memory_bytes", "ppl", "ppl_lm", "decision_searched",
-        "decision_confident", "decision_probed", "decision_probe_stored", "seconds_featurize", "seconds_learn",
+        "decision_settled", "decision_probed", "decision_probe_flipped", "seconds_featurize", "seconds_learn",
         "seconds_lm_and_search", "seconds_search", "calibrator_seconds")
 
 
-def margin_of(text: str) -> float | None:
-    return None if text == "none" else float(text)
+def variant(spec: str) -> dict:
+    """The policy fields of a variant: "none" or a margin, "+context" where the context rule is on."""
+    margin, _, context = spec.partition("+")
+    if context not in ("", "context"):
+        raise ValueError(f"variant {spec!r}: expected MARGIN or MARGIN+context (MARGIN a number or none)")
+    return {"search_margin": None if margin == "none" else float(margin), "search_context": bool(context)}
 
 
 def summary(rows: dict[str, list[dict]]) -> dict[str, dict]:
-    """Per margin over the days learned by all: tokens searched, the LM-alone error estimate, MemRate
-    and PPL over the test tokens (as the rows' token-weighted NLL), against "none"."""
+    """Per variant over the days learned by all: tokens searched, the LM-alone error estimate, MemRate
+    and PPL (the days' geometric mean)."""
     out = {}
     for name, days in rows.items():
         seen = sum(r["tokens_seen"] for r in days)
         got = lambda r, k: r.get(k) or 0  # noqa: E731  (None: a first day, nothing to search)
         searched = sum(got(r, "decision_searched") for r in days)
-        left = sum(got(r, "decision_confident") - got(r, "decision_probed") for r in days)
+        left = sum(got(r, "decision_settled") - got(r, "decision_probed") for r in days)
         probed = sum(got(r, "decision_probed") for r in days)
-        stored_rate = sum(got(r, "decision_probe_stored") for r in days) / probed if probed else 0.0
+        flip_rate = sum(got(r, "decision_probe_flipped") for r in days) / probed if probed else 0.0
         searchable = sum(r["tokens_seen"] for r in days if r.get("decision_searched") is not None)
         out[name] = {"days": len(days), "tokens_seen": seen, "searched_share": searched / searchable if searchable else 0.0,
-                     "left_to_lm": left, "est_decision_errors": round(left * stored_rate), "memrate": days[-1]["memrate"],
+                     "left_to_lm": left, "est_decision_errors": round(left * flip_rate), "memrate": days[-1]["memrate"],
                      "ppl_last": days[-1]["ppl"], "ppl_mean": math.exp(sum(math.log(r["ppl"]) for r in days) / len(days)),
                      "seconds_search": sum(got(r, "seconds_search") for r in days),
                      "seconds_learn": sum(r["seconds_learn"] for r in days),
@@ -62,18 +68,18 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=STREAM)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=4)
-    ap.add_argument("--margins", default="none,1.0", help="comma-separated search margins; none: every token searched")
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "decision-margin-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "decision-margin.json")
+    ap.add_argument("--variants", default="none,1.0+context",
+                    help="comma-separated: a search margin (none: no margin), +context for the context rule")
+    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "decision-search-work")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "decision-search.json")
     args = ap.parse_args()
     dates = list_dates(args.source, start=args.start)[: args.days]
     out = json.loads(args.out.read_text()) if args.out.exists() else {"rows": {}}
     out |= {"source": args.source.name, "dates": [d.isoformat() for d in dates]}
-    for margin in args.margins.split(","):
-        name = f"margin-{margin}"
-        cfg = RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt",
-                        search_margin=margin_of(margin))
-        run = make_run(cfg, root=args.workdir / name)
+    for spec in args.variants.split(","):
+        name = f"margin-{spec}"
+        cfg = RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt", **variant(spec))
+        run = make_run(cfg, root=args.workdir / "memories" / name)
         done = out["rows"].setdefault(name, [])
         for step, date in enumerate(dates):
             if any(r["date"] == date.isoformat() for r in done):
@@ -87,7 +93,7 @@ def main() -> None:
     write_json(args.out, out)
     table = Table(title=f"MoNIM-AMT's decision searches, {args.source.name}, {common} days")
     columns = ["searched_share", "left_to_lm", "est_decision_errors", "memrate", "ppl_mean", "seconds_search", "seconds_learn"]
-    for c in ["margin", *columns]:
+    for c in ["variant", *columns]:
         table.add_column(c)
     for name, s in out["summary"].items():
         table.add_row(name, *(f"{s[c]:.4g}" for c in columns))
