@@ -12,7 +12,8 @@ from prefect import flow
 from monim.config import RunConfig
 from monim.features import balanced_parts
 from monim.stream import Day
-from tasks.learning import featurize, featurize_part, logger
+from tasks.learning import featurize, featurize_part
+from tasks.logs import logger
 
 PARTS_PER_THREAD = 2  # a little slack for uneven articles and workers
 

@@ -15,7 +15,8 @@ from monim.suite import EvalConfig
 from monim.lock import hold
 from monim.stream import FeedStalled, check_feed, list_dates
 from tasks.feed import arrived_late, thin_day
-from tasks.learning import logger, recorded_days, run_for, run_lock
+from tasks.learning import recorded_days, run_for, run_lock
+from tasks.logs import logger
 from tasks.tracking import describe, ended, experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
 
 

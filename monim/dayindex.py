@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from monim.atomic import replacing, write_json
-from monim.lm import cache_dir
+from monim.config import cache_dir
 
 
 @dataclass

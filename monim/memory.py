@@ -33,7 +33,7 @@ from monim.lock import Locked, hold
 from monim.recency import Recency
 from monim.scoring import Found, TokenScores, score
 from monim.sources import Document
-from monim.settings import READ, THROUGHPUT, Settings, SettingsMismatch, refuse_other
+from monim.settings import READ, THROUGHPUT, Settings, refuse_other
 
 
 class Memory:

@@ -7,21 +7,20 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from monim import catalogue
 from monim.catalogue import MEMORY
 from monim.config import PolicyConfig
 from monim.datastore import Entries
-from monim.knnlm import ThetaScores
-from monim.lm import LM
 from monim.merging import greedy_merge
-from monim.scoring import TokenScores
 from monim.threshold import amt_threshold, certain, decided, lm_slack
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects keys (key_surprisal)
     from monim.config import RunConfig
+    from monim.knnlm import ThetaScores
+    from monim.lm import LM
     from monim.memory import Memory
+    from monim.scoring import TokenScores
 
 
 class Stores:
@@ -112,16 +111,18 @@ class KL(Stores):
         return kl >= np.quantile(kl, 1.0 - self.rate)
 
 
-@torch.inference_mode()
 def key_surprisal(lm: LM, keys: np.ndarray, targets: np.ndarray, chunk: int = 256) -> np.ndarray:
     """-log softmax(E·key)[target] for each key, projecting `chunk` keys at a time."""
+    import torch
+
     out = []
     weight = lm.model.get_output_embeddings().weight
-    for i in range(0, len(keys), chunk):
-        key = torch.from_numpy(keys[i : i + chunk]).to(device=lm.device, dtype=weight.dtype)
-        logits = lm.logits(key)
-        target = torch.from_numpy(targets[i : i + chunk]).long().to(lm.device)
-        out.append((torch.logsumexp(logits, -1) - logits.gather(1, target[:, None])[:, 0]).cpu())
+    with torch.inference_mode():
+        for i in range(0, len(keys), chunk):
+            key = torch.from_numpy(keys[i : i + chunk]).to(device=lm.device, dtype=weight.dtype)
+            logits = lm.logits(key)
+            target = torch.from_numpy(targets[i : i + chunk]).long().to(lm.device)
+            out.append((torch.logsumexp(logits, -1) - logits.gather(1, target[:, None])[:, 0]).cpu())
     return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
 
 

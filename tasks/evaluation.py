@@ -18,7 +18,8 @@ from prefect import task
 from monim.catalogue import LEARNER
 from monim.config import RunConfig
 from monim.suite import EvalConfig, View, period_of, period_results, period_sets, qa_results, text_document, text_results
-from tasks.learning import logger, run_for
+from tasks.learning import run_for
+from tasks.logs import logger
 
 
 def _views(configs: list[RunConfig], days: list[str], e: EvalConfig) -> Iterator[View]:

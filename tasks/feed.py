@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from monim.config import RunConfig
 from monim.stream import arrived_after, articles
-from tasks.learning import logger
+from tasks.logs import logger
 from tasks.tracking import client, log_points, one_at_a_time
 
 THIN_SHARE = 0.25  # a day with fewer articles than this share of the median of the days before it is thin

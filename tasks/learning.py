@@ -4,7 +4,6 @@ a parametric learner, train the weights; and the run records a stream resumes fr
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 import socket
 import sys
@@ -14,10 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
 from tqdm.auto import tqdm
 
 from monim import workdirs
@@ -27,14 +25,7 @@ from monim.lm import cached_lm
 from monim.run import Run, make_run
 from monim.sources import Document
 from monim.stream import Day, read_day
-
-
-def logger() -> logging.Logger | logging.LoggerAdapter:
-    """Prefect's run logger inside a run, a plain logger outside (e.g. unit tests via .fn)."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("monim")
+from tasks.logs import logger
 
 
 _OPEN: dict[tuple[str, str], Run] = {}  # (work directory, run name) -> the run open in this process

@@ -1,5 +1,6 @@
-"""The MLflow Model Registry: Θ as of each committed day as a version of a pyfunc model, the
-champion gate, and the model that `mlflow models serve` answers with.
+"""The MLflow Model Registry: Θ as of each committed day as a version of a pyfunc model, where
+`champion` points, and the model that `mlflow models serve` answers with (the gate that moves the
+champion after a learned day: tasks.gate).
 
 A version references, never copies, the memory directory as of its day (time travel), the LM and
 the calibrator; a checksum of what Θ reads refuses a memory changed since (e.g. a forgotten article).
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
 import pandas as pd
@@ -20,18 +22,13 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
-from monim import workdirs
 from monim.config import RunConfig
 from monim.datastore import Datastore
-from monim.evaluate import evaluate_many
-from monim.memory import Memory
-from monim.serving import BadRequest, Busy, Service
-from monim.stream import Day
-from tasks.learning import logger, run_for
 from tasks.tracking import client, experiment_name, one_at_a_time, sqlite_file
+
+if TYPE_CHECKING:
+    from monim.memory import Memory
+    from monim.serving import Service
 
 MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
 CHAMPION, PREVIOUS = "champion", "previous"
@@ -55,6 +52,8 @@ def model_name(cfg: RunConfig, uri: str | None = None, run_id: str | None = None
 def open_memory(config: dict) -> Memory:
     """Θ a version references: its memory as of its day, opened as it describes itself (with the
     version's read overrides, if any); refused if what Θ reads has changed since."""
+    from monim.memory import Memory  # the LM and the index load only where a version does: bookkeeping stays light
+
     memory = Memory.open(config["memory"], as_of=config["as_of"], **config.get("overrides", {}))
     found = memory.checksum()
     if found != config["checksum"]:
@@ -78,6 +77,8 @@ class MonimModel(mlflow.pyfunc.PythonModel):
     @property
     def service(self) -> Service:
         """The service answering with this model's Θ (its worker started on first use)."""
+        from monim.serving import Service
+
         with self._started:
             if self._service is None:
                 self._service = Service(self.memory)
@@ -88,6 +89,8 @@ class MonimModel(mlflow.pyfunc.PythonModel):
         if isinstance(rows, list):  # a DataFrame gives each row every column: the missing ones as NaN
             rows = [{k: v for k, v in r.items() if isinstance(v, str) or v == v} if isinstance(r, dict) else r
                     for r in rows]
+        from monim.serving import BadRequest, Busy
+
         try:
             return self.service.answer({"dataframe_records": rows, "params": params or {}})
         except BadRequest as e:
@@ -100,7 +103,7 @@ def _versions(c, name: str) -> list:
     return sorted(c.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
 
 
-def _alias(c, name: str, alias: str):
+def aliased(c, name: str, alias: str):
     """The version an alias points to, or None where the alias is not set."""
     try:
         return c.get_model_version_by_alias(name, alias)
@@ -112,17 +115,17 @@ def _alias(c, name: str, alias: str):
 
 def move_champion(c, name: str, version: str) -> dict:
     """Point `champion` at a version, and `previous` at the champion it replaces."""
-    old = _alias(c, name, CHAMPION)
+    old = aliased(c, name, CHAMPION)
     old = None if old is None else str(old.version)  # (this MLflow returns it as an int)
     if old is not None and old != str(version):
         c.set_registered_model_alias(name, PREVIOUS, old)
     c.set_registered_model_alias(name, CHAMPION, str(version))
-    kept = _alias(c, name, PREVIOUS)
+    kept = aliased(c, name, PREVIOUS)
     return {"champion": str(version), "previous": None if kept is None else str(kept.version)}
 
 
 @one_at_a_time
-def _new_version(name: str, root: Path, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
+def new_version(name: str, root: Path, date: str, checksum: str, run_id: str, uri: str) -> tuple[str, bool]:
     """The version of Θ as of `date` of this memory with this checksum: found, or logged beside the
     run (in it, MLflow would log the config as run params) and registered with its tags."""
     c, root = client(uri), str(Path(root).resolve())
@@ -142,7 +145,7 @@ def _new_version(name: str, root: Path, date: str, checksum: str, run_id: str, u
 
 
 @one_at_a_time
-def _model_for(cfg: RunConfig, run_id: str, uri: str) -> str:
+def model_for(cfg: RunConfig, run_id: str, uri: str) -> str:
     """The registered model of a run's memory, created on first use."""
     c, name = client(uri), model_name(cfg, uri, run_id)
     if c.search_registered_models(f"name = '{name}'") == []:
@@ -151,53 +154,20 @@ def _model_for(cfg: RunConfig, run_id: str, uri: str) -> str:
     return name
 
 
-def _gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
-    """PPL of the new version and of the champion on the day's validation articles (one LM pass).
-    The validation articles are held out of calibration, though its early stopping reads them."""
-    root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
-    champ = memory.at(as_of) if Path(root) == memory.ds.root.resolve() else Memory.open(root, memory.lm, as_of)
-    r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, run_for(cfg).features,
-                      f"{day.date}-validation")
-    return {"gate_tokens": r["new"]["tokens"], "gate_ppl": r["new"]["ppl"], "gate_ppl_champion": r["champion"]["ppl"]}
-
-
 @one_at_a_time
-def _settle(name: str, version: str, champion: str | None, gate: dict, uri: str) -> bool:
+def settle(name: str, version: str, champion: str | None, gate: dict, uri: str) -> bool:
     """Log the gate on the version and move `champion` to it if it passed, unless the champion moved
     meanwhile (the gate then compared with another version)."""
     c = client(uri)
     for key, value in gate.items():
         c.set_model_version_tag(name, version, key, str(value))
-    now = _alias(c, name, CHAMPION)
+    now = aliased(c, name, CHAMPION)
     if (None if now is None else str(now.version)) != champion:
         return False
     if champion is None or gate.get("gate_tokens") and not gate["gate_ppl"] > gate["gate_ppl_champion"]:
         move_champion(c, name, version)
         return True
     return False  # worse, or nothing to compare on (a day without validation articles): the champion stays
-
-
-@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
-def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str) -> dict:
-    """Register Θ as of a committed day as a new version (once per day and memory state), and move
-    `champion` to it if its validation PPL is not worse than the champion's (never to an older day
-    than the champion's); the gate's numbers are logged."""
-    name, date = _model_for(cfg, run_id, uri), day.date.isoformat()
-    version, new = _new_version(name, workdirs.memory_root(cfg.workdir, cfg.name), date, memory.checksum(), run_id, uri)
-    if not new:
-        return {"model_version": int(version), "registered": 0}
-    champion = _alias(client(uri), name, CHAMPION)
-    if champion is not None and champion.tags.get("monim.as_of", "") > date:
-        logger().info("%s version %s (%s): not promoted; champion v%s is of a later day", name, version, date,
-                      champion.version)
-        return {"model_version": int(version), "registered": 1, "champion_moved": 0}
-    gate = _gate(cfg, day, memory, champion) if champion is not None else {}
-    promoted = _settle(name, version, None if champion is None else str(champion.version), gate, uri)
-    why = ("" if not gate else f"; the day has no validation articles to compare on: champion v{champion.version} stays"
-           if not gate["gate_tokens"] else
-           f"; validation PPL {gate['gate_ppl']:.2f} vs champion v{champion.version} {gate['gate_ppl_champion']:.2f}")
-    logger().info("%s version %s (%s): %s%s", name, version, date, "champion" if promoted else "not promoted", why)
-    return {"model_version": int(version), "registered": 1, "champion_moved": int(promoted)} | gate
 
 
 def registered(uri: str, memory: Path) -> str:
@@ -213,7 +183,7 @@ def find_version(uri: str, memory: Path, version: str | None = None) -> dict:
     """What a registered version of a memory's model is (default: the one `champion` points to):
     model, version, day, memory, checksum and where its files lie."""
     c, name = client(uri), registered(uri, memory)
-    found = _alias(c, name, CHAMPION) if version is None else next(
+    found = aliased(c, name, CHAMPION) if version is None else next(
         (v for v in _versions(c, name) if str(v.version) == str(version)), None)
     if found is None:
         raise ValueError(f"{name} has {'no champion' if version is None else f'no version {version}'}: "
@@ -261,7 +231,7 @@ def promote(uri: str, memory: Path, version: str | None = None) -> dict:
 def rollback(uri: str, memory: Path) -> dict:
     """Move `champion` back to `previous` (which is then cleared), unless that can no longer load."""
     c, name = client(uri), registered(uri, memory)
-    back = _alias(c, name, PREVIOUS)
+    back = aliased(c, name, PREVIOUS)
     if back is None:
         raise ValueError(f"{name} has no 'previous' version to roll back to")
     _loadable(name, back, memory)
@@ -311,7 +281,7 @@ def register_state(uri: str, memory: Path, as_of: str | None = None) -> dict:
         raise ValueError(f"{name} version {newest.version} names no MLflow run (tag monim.run_id) to log beside")
     out = {"model": name, "registered": {}}
     for day in sorted(days):
-        version, new = _new_version(name, memory, day, ds.checksum(day), run_id, uri)
+        version, new = new_version(name, memory, day, ds.checksum(day), run_id, uri)
         out["registered"][day] = {"version": version, "new": new}
     if stale:
         champion = _replace_champion(uri, name, stale["version"], out["registered"][replacing]["version"])
@@ -324,7 +294,7 @@ def _replace_champion(uri: str, name: str, expected: str, version: str) -> str |
     """Point `champion` at `version` where it still points at `expected` (which can no longer load, so
     `previous` stays as it is: a rollback must not return to it); where `champion` points after."""
     c = client(uri)
-    now = _alias(c, name, CHAMPION)
+    now = aliased(c, name, CHAMPION)
     if now is not None and str(now.version) == str(expected):
         c.set_registered_model_alias(name, CHAMPION, str(version))
         return str(version)

@@ -12,7 +12,8 @@ from monim.config import RunConfig
 from monim.lm import cached_lm
 from monim.run import MemoryRun
 from monim.stream import Day
-from tasks.learning import calibrate, logger, memorize, run_for, train
+from tasks.learning import calibrate, memorize, run_for, train
+from tasks.logs import logger
 
 
 def learn(cfg: RunConfig, day: Day, step: int) -> dict:
@@ -28,7 +29,7 @@ def register(cfg: RunConfig, day: Day, run_id: str, uri: str) -> dict:
     """Register what the run predicts with as of the day (a memory's Θ) in the model registry."""
     if cfg.kind != MEMORY:
         return {}
-    from tasks.registry import register_day  # MLflow's model registry: only where a run is logged
+    from tasks.gate import register_day  # MLflow's model registry: only where a run is logged
 
     return register_day(cfg, day, run_for(cfg).memory.at(day.date.isoformat()), run_id, uri)
 

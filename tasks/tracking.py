@@ -20,14 +20,12 @@ from prefect.cache_policies import NO_CACHE
 from monim import workdirs
 from monim.atomic import create_once, sqlite_damage
 from monim.catalogue import LEARNER, MEMORY
-from monim.config import LEARNER_FIELDS, RunConfig
-from monim.lm import DEFAULT_MODEL
+from monim.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
 from monim.lock import hold
-from monim.plots import memory_growth, ppl_over_days
 from monim.policies import policy_params, run_policy
 from monim.stream import list_dates
 from tasks.charts import NOT_LOGGED, VIEW, VIEW_TAG, chart_name, row_key, saved_view
-from tasks.learning import logger, recorded_days
+from tasks.logs import logger
 
 
 KIND = "mlflow.experimentKind"
@@ -180,7 +178,7 @@ def close_run(run_id: str, uri: str, status: str, note: str) -> None:
 
 def describe(cfg: RunConfig) -> str:
     """What a policy's run is: the policy, the stream, the days learned so far, the model."""
-    days = sorted(recorded_days(cfg))
+    days = sorted(workdirs.read_rows(cfg.workdir, cfg.name))
     return (f"**{cfg.name}** on `{Path(cfg.source).name}`: {len(days)} days learned"
             + (f", {days[0]} .. {days[-1]}" if days else "") + f"; model `{cfg.model or DEFAULT_MODEL}`"
             + (f", at most {cfg.max_docs} training articles a day" if cfg.max_docs else ", every article"))
@@ -323,6 +321,8 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
             writer.writeheader()
             writer.writerows(rows)
         c.log_artifact(run_id, str(path))
+        from monim.plots import memory_growth, ppl_over_days  # matplotlib: only where a run's charts are drawn
+
         for name, figure in (("memory_growth.png", memory_growth(rows)), ("ppl.png", ppl_over_days(rows))):
             figure.savefig(Path(tmp) / name, dpi=100, bbox_inches="tight")
             c.log_artifact(run_id, str(Path(tmp) / name), artifact_path="plots")

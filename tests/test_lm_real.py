@@ -5,7 +5,8 @@ import datetime as dt
 import numpy as np
 import torch
 
-from monim.lm import DEFAULT_MODEL, convert_gguf, packaged_gguf
+from monim.config import DEFAULT_MODEL
+from monim.lm import convert_gguf, packaged_gguf
 from monim.scoring import ScoreConfig, score
 from monim.stream import Document
 

@@ -99,7 +99,8 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from tasks.registry import _gate, model_name
+    from tasks.gate import validation_gate
+    from tasks.registry import model_name
 
     cfg, rows = odd_run
     day2 = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))
@@ -113,7 +114,7 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
     champion = SimpleNamespace(tags={"monim.memory": str(memory_root(cfg.workdir, cfg.name).resolve()), "monim.as_of": DAYS[0]})
     from tasks.learning import run_for
 
-    by_gate = _gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
+    by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
     assert by_server["tokens"] == by_eval["text_tokens"] == by_gate["gate_tokens"]
     assert by_server["ppl"] == pytest.approx(by_eval["ppl_text"], rel=1e-5)
     assert by_server["ppl"] == pytest.approx(by_gate["gate_ppl_champion"], rel=1e-5)
@@ -205,4 +206,4 @@ def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refu
     assert len(json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())["days"]) == 1
     monim_json(*learn, "--end", DAYS[1], "--delta", -2.0)
     status = monim_json("status", "--workdir", tmp_path)
-    assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0, "search_margin": 1.0, "search_context": True}
+    assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0, "search_margin": 1.0, "search_context": False}

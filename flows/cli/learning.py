@@ -25,7 +25,7 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
     """Refuse, before any work, a work directory whose memories another model learned (one model per
     work directory), or a memory to learn into that was learned with other settings (naming the fields)."""
     from monim.catalogue import MEMORY
-    from monim.lm import DEFAULT_MODEL
+    from monim.config import DEFAULT_MODEL
     from monim.manifest import ManifestError, read_manifest
     from monim.workdirs import memories, memory_root
     from monim.settings import Settings, SettingsMismatch, refuse_other
