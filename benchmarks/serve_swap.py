@@ -81,7 +81,7 @@ class Timeline:
 
     def __init__(self, port: int, workdir: Path, every: float = 0.25):
         from tasks.registry import find_version
-        from tasks.tracking import tracking_uri
+        from tasks.store import tracking_uri
 
         self.moved: dict[str, float] = {}
         self.served: dict[str, float] = {}

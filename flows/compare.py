@@ -14,7 +14,8 @@ from monim import catalogue
 from monim.config import RunConfig
 from monim.suite import EvalConfig
 from monim.report import summarize
-from tasks.tracking import ended, experiment_name, open_comparison, tracking_uri as resolve_tracking_uri
+from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking import ended, open_comparison
 
 
 @flow(name="monim-compare")

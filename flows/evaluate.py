@@ -14,7 +14,8 @@ from monim.config import RunConfig
 from monim.suite import EvalConfig, period_of
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
 from tasks.learning import recorded_days
-from tasks.tracking import describe, ended, experiment_name, log_points, metric_steps, open_run, step_of, tracking_uri as resolve_tracking_uri
+from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking import describe, ended, log_points, metric_steps, open_run, step_of
 
 
 def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:

@@ -8,7 +8,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from monim.report import render_report
-from tasks.tracking import client, fetch_runs, log_folder
+from tasks.store import client
+from tasks.tracking import fetch_runs, log_folder
 
 
 def write_report(experiment: str | None, tracking_uri: str, out: str) -> tuple[str, str]:

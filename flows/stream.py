@@ -17,7 +17,8 @@ from monim.stream import FeedStalled, check_feed, list_dates
 from tasks.feed import arrived_late, thin_day
 from tasks.learning import recorded_days, run_for, run_lock
 from tasks.logs import logger
-from tasks.tracking import describe, ended, experiment_name, log_summary, open_run, step_of, tracking_uri as resolve_tracking_uri
+from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking import describe, ended, log_summary, open_run, step_of
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:

@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 from monim.config import RunConfig
 from monim.stream import arrived_after, articles
 from tasks.logs import logger
-from tasks.tracking import client, log_points, one_at_a_time
+from tasks.store import client, one_at_a_time
+from tasks.tracking import log_points
 
 THIN_SHARE = 0.25  # a day with fewer articles than this share of the median of the days before it is thin
 THIN_DAYS = 7  # the learned days the median is taken over (the last ones before the day; at least 3)

@@ -16,7 +16,7 @@ from monim.stream import Day
 from tasks.learning import run_for
 from tasks.logs import logger
 from tasks.registry import CHAMPION, aliased, model_for, new_version, settle
-from tasks.tracking import client
+from tasks.store import client
 
 
 def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:

@@ -24,7 +24,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from monim.config import RunConfig
 from monim.datastore import Datastore
-from tasks.tracking import client, experiment_name, one_at_a_time, sqlite_file
+from tasks.store import client, experiment_name, one_at_a_time, sqlite_file
 
 if TYPE_CHECKING:
     from monim.memory import Memory

@@ -135,7 +135,8 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from monim.suite import EvalConfig
     from monim.stream import iter_days, open_source
     from tasks.learning import recorded_days
-    from tasks.tracking import experiment_name, fetch_runs, tracking_uri
+    from tasks.store import experiment_name, tracking_uri
+    from tasks.tracking import fetch_runs
 
     model = str(tiny_model_dir("llama"))
     text = tmp_path / "general.txt"

@@ -45,7 +45,7 @@ def kill_in_the_first_table_rebuild(conn, cursor, statement, *args):
         os.kill(os.getpid(), signal.SIGKILL)
 uri = "sqlite:///" + sys.argv[2]
 if sys.argv[1] == "monim":
-    from tasks.tracking import client
+    from tasks.store import client
     client(uri)
 else:
     from mlflow.tracking import MlflowClient
@@ -67,7 +67,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
             MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
         return
     assert not db.exists() and all(is_stray(p) for p in tmp_path.iterdir())
-    from tasks.tracking import client
+    from tasks.store import client
 
     assert [e.name for e in client(f"sqlite:///{db}").search_experiments()] == ["Default"]
 

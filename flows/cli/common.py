@@ -87,9 +87,10 @@ def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
         raise fail(str(e))
 
 
-def use_workdir(workdir: Path, api: bool = True) -> None:
+def use_workdir(workdir: Path, api: bool = True, prefect: bool = True) -> None:
     """Point Prefect's local state at the work directory (unless a server or home is configured) and,
-    for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C."""
+    for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C.
+    `prefect`: False for a command that never imports Prefect (its console and SIGTERM handler left alone)."""
     if workdir.exists() and not workdir.is_dir():
         raise fail(f"{workdir} is a file, not a work directory: give another --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -103,8 +104,9 @@ def use_workdir(workdir: Path, api: bool = True) -> None:
                           f"(`monim ui --workdir {workdir}` shows them)", highlight=False, soft_wrap=True)
     import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
 
-    servers.guard_prefect_stops()
-    quiet_console(tracebacks=not os.environ.get("MONIM_VERBOSE"), links=private)
+    if prefect:
+        servers.guard_prefect_stops()
+        quiet_console(tracebacks=not os.environ.get("MONIM_VERBOSE"), links=private)
 
 
 def quiet_console(tracebacks: bool, links: bool) -> None:
@@ -137,7 +139,7 @@ def _drop_link(record) -> bool:
 
 def use_tracking(workdir: Path, uri: Optional[str]) -> str:
     """The MLflow store's URI, the store checked (a damaged one is a clear error, before any work)."""
-    from tasks.tracking import ensure_store, tracking_uri
+    from tasks.store import ensure_store, tracking_uri
 
     resolved = tracking_uri(str(workdir), uri)
     with clear_errors(ValueError):

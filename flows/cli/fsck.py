@@ -7,7 +7,7 @@ from __future__ import annotations
 from monim.fsck import check_memory, check_records
 from monim.workdirs import memories
 from tasks.registry import register_state, registered_model, stale_champion
-from tasks.tracking import check_steps, tracking_uri as resolve_tracking_uri
+from tasks.store import check_steps, tracking_uri as resolve_tracking_uri
 
 
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:

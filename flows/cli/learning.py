@@ -175,7 +175,8 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
 
 
 def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
-    from tasks.tracking import tracking_uri, ui_links
+    from tasks.store import tracking_uri
+    from tasks.tracking import ui_links
 
     console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
     for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):

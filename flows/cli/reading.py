@@ -107,7 +107,7 @@ def report(workdir: Path = WORKDIR,
     """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
     use_workdir(workdir, api=False)  # a plain function: no Prefect run, no server
     from flows.report import write_report
-    from tasks.tracking import tracking_uri as resolve
+    from tasks.store import tracking_uri as resolve
 
     with clear_errors(ValueError):
         path, _ = write_report(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
@@ -139,7 +139,7 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     from flows.cli.model_server import SERVED, Follower, serve
     from monim.serving import Limits, Service
     from tasks.registry import find_version, load_theta
-    from tasks.tracking import tracking_uri as resolve
+    from tasks.store import tracking_uri as resolve
 
     if follow_seconds <= 0:
         raise fail(f"--follow-seconds: {follow_seconds:g}; give a number of seconds above 0")

@@ -96,7 +96,7 @@ def prefect_api(attempts: int = 3) -> str:
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
     """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
-    from tasks.tracking import ensure_store  # not at the top: Prefect is imported after use_workdir sets its home
+    from tasks.store import ensure_store  # not at the top: MLflow loads where a server starts
 
     store = f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
     ensure_store(store)

@@ -23,7 +23,7 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
     MLflow's steps against them; exit status 1 when something is wrong (and not repaired)."""
     if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
         raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
-    use_workdir(workdir, api=False)  # no Prefect server: a check runs no flow
+    use_workdir(workdir, api=False, prefect=False)  # a check runs no flow: no Prefect at all
     from flows.cli.fsck import check_workdir
 
     problems = check_workdir(str(workdir), tracking_uri, repair)
@@ -93,7 +93,7 @@ def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optiona
     """A memory's state registered again (tasks.registry.register_state); None where it has no registered model."""
     use_workdir(workdir, api=False)
     from tasks.registry import register_state, registered_model
-    from tasks.tracking import tracking_uri
+    from tasks.store import tracking_uri
 
     uri = tracking_uri(str(workdir), tracking)
     if registered_model(uri, root) is None:  # learned without MLflow: nothing registered to follow
@@ -128,7 +128,7 @@ def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str]
     """A tasks.registry function on the memory's registered model, or a clear error."""
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
-    from tasks.tracking import tracking_uri
+    from tasks.store import tracking_uri
 
     with clear_errors(ValueError):
         return fn(tracking_uri(str(workdir), tracking), root, *args)
