@@ -18,6 +18,8 @@ from tasks.charts import NOT_LOGGED, chart_name
 from tasks.logs import logger
 
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
+
+
 def tracking_uri(workdir: str, uri: str | None = None) -> str:
     """The option, else $MLFLOW_TRACKING_URI, else a SQLite database inside the work directory."""
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).resolve() / 'mlflow.db'}"
