@@ -58,16 +58,20 @@ def _probes(batch) -> np.ndarray:
 
 
 class Contexts:
-    """Whether each training token's context (monim.lexical.context_grams) is in the memorized text."""
+    """Whether each of a day's training tokens has its context (monim.lexical.context_grams) in the
+    memorized text, looked up once for the day (the memory does not change while the day is
+    memorized); every token counts as seen where the policy reads no contexts (`known` None)."""
 
-    def __init__(self, docs: list, tokens: list[list[int]], known: LexicalCounts):
-        self.start = dict(zip((d.id for d in docs), np.cumsum([0, *map(len, tokens)])))
-        self.grams = np.concatenate([context_grams(t) for t in tokens]) if tokens else np.zeros(0, np.uint64)
-        self.known = known
+    def __init__(self, docs: list, tokens: list[list[int]], known: LexicalCounts | None):
+        self.held = None
+        if known is not None and tokens:
+            self.start = dict(zip((d.id for d in docs), np.cumsum([0, *map(len, tokens)])))
+            self.held = known.seen(np.concatenate([context_grams(t) for t in tokens]))
 
     def seen(self, batch) -> np.ndarray:
-        at = np.fromiter((self.start[d] for d in batch.doc_id), np.int64, len(batch)) + batch.position
-        return self.known.seen(self.grams[at])
+        if self.held is None:
+            return np.ones(len(batch), bool)
+        return self.held[np.fromiter((self.start[d] for d in batch.doc_id), np.int64, len(batch)) + batch.position]
 
 
 def _uncertain(search: Callable, policy: Policy, lam_max: float, contexts: Contexts) -> Callable:
@@ -114,7 +118,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         search = contexts = None
         if memory.retrieves and policy.uses_theta:
             if decision_skip:
-                contexts = Contexts(docs, tokens, memory.lexical())
+                contexts = Contexts(docs, tokens, memory.lexical() if policy.search_context else None)
                 decide = _uncertain(decide, policy, memory.lam_max, contexts)
             search = _timed(decide, timer)
         searched = settled = probed = probe_flipped = 0

@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
 from monim.config import RunConfig
 from monim.datastore import Datastore
 from tasks.store import client, experiment_name, one_at_a_time, sqlite_file
