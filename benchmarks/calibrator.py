@@ -43,7 +43,7 @@ def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
     nll, n = 0.0, 0
     for b in batches:
         lam = calibrator.lam(examples(b, memory.lexical()))
-        nll -= theta_scores(b, Interpolation(0.0, calibrator.temperature), len(memory.lm.tokenizer), lam).logp.sum()
+        nll -= theta_scores(b, Interpolation(0.0, calibrator.temperature), lam).logp.sum()
         n += len(b)
     return math.exp(nll / n)
 

@@ -265,7 +265,7 @@ def paper_day(lm: LM, index: TorchExact, values: np.ndarray, size: dict, knnlm_r
     started = time.perf_counter()
     for batch in score_tokens(lm, seqs, ScoreConfig(), decide):
         t0 = time.perf_counter()
-        theta = theta_scores(batch, interp, vocab, device=device)
+        theta = theta_scores(batch, interp, device=device)
         keep = theta.logp < amt_threshold(DELTA, theta.max_logp - theta.logp)
         stored.append((batch.key[keep], batch.target[keep]))
         if sum(len(s) for s in sample) < size["sample"]:

@@ -32,6 +32,22 @@ def knn_full_probs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) ->
     return probs.scatter_add_(1, values.clamp(min=0).long(), logw.exp())  # missing ones weigh 0
 
 
+def knn_value_probs(logw: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """p_kNN of each neighbour's own value [n, k]: the weights of the row's neighbours sharing it
+    summed (a sort per row, not a [n, V] buffer); missing neighbours weigh 0."""
+    sorted_values, order = values.clamp(min=0).sort(dim=1, stable=True)
+    start = torch.ones_like(sorted_values, dtype=torch.bool)
+    start[:, 1:] = sorted_values[:, 1:] != sorted_values[:, :-1]
+    run = start.cumsum(1) - 1  # each sorted neighbour's run of equal values
+    sums = torch.zeros_like(logw).scatter_add_(1, run, logw.exp().gather(1, order))
+    return torch.empty_like(sums).scatter_(1, order, sums.gather(1, run))
+
+
+def knn_token_probs(logw: torch.Tensor, values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """p_kNN of one token per row [n]: the weights of the neighbours whose value it is."""
+    return (logw.exp() * (values == token[:, None])).sum(1)
+
+
 def knn_full_logprobs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """log p_kNN over the whole vocabulary [n, V] (for next-word prediction and generation)."""
     return knn_full_probs(logw, values, vocab_size).log()
@@ -68,7 +84,7 @@ def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
     return torch.where(has, torch.as_tensor(lam, dtype=torch.float64), 0.0).double()
 
 
-def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray | None = None,
+def theta_scores(batch, interp: Interpolation, lam: np.ndarray | None = None,
                  chunk: int | None = None, device: torch.device | str = "cpu") -> ThetaScores:
     """Score a batch (monim.scoring.TokenScores with neighbours) under the interpolated model.
 
@@ -93,12 +109,12 @@ def theta_scores(batch, interp: Interpolation, vocab_size: int, lam: np.ndarray 
         values = on(batch.knn_values[sl]).long()
         prior = _prior(batch, sl)
         logw = knn_log_weights(on(batch.knn_dist[sl]), values, interp.temperature, None if prior is None else prior.to(device))
-        probs = knn_full_probs(logw, values, vocab_size)
         target, top = on(batch.target[sl]).long(), on(batch.argmax[sl]).long()
-        logp = interpolate(on(batch.logp[sl]), probs.gather(1, target[:, None])[:, 0].log(), lams[sl])
+        logp = interpolate(on(batch.logp[sl]), knn_token_probs(logw, values, target).log(), lams[sl])
         cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
         cand_lm = torch.cat([on(batch.max_logp[sl])[:, None], on(batch.lm_logp_values[sl])], 1)
-        cand = interpolate(cand_lm, probs.gather(1, cand_ids).log(), lams[sl])
+        cand_p = torch.cat([knn_token_probs(logw, values, top)[:, None], knn_value_probs(logw, values)], 1)
+        cand = interpolate(cand_lm, cand_p.log(), lams[sl])
         cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
         best = cand.argmax(dim=1)
         out.append((logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))

@@ -221,7 +221,7 @@ class Memory:
 
     def theta_scores(self, batch: TokenScores) -> ThetaScores:
         """log P(target), max log P and top-1 of each token under Θ."""
-        return theta_scores(batch, self.interpolation, len(self.lm.tokenizer), self.lam(batch), device=self.lm.device)
+        return theta_scores(batch, self.interpolation, self.lam(batch), device=self.lm.device)
 
     def theta_logprobs(self, batch: TokenScores, lm_logp: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Θ's log P over the vocabulary [n, V] for the tokens of a searched batch, from the LM's

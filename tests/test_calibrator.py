@@ -174,7 +174,7 @@ def test_per_token_lambda_in_theta_scores_matches_numpy():
                         lm.argmax(1).astype(np.int32), np.zeros((n, 4), np.float16), dist, values,
                         np.take_along_axis(lm, np.clip(values, 0, None), 1).astype(np.float32))
     lam = rng.random(n)
-    got = theta_scores(batch, Interpolation(0.5, 2.0), V, lam)
+    got = theta_scores(batch, Interpolation(0.5, 2.0), lam)
     for r in range(n):
         w = np.exp(-dist[r] / 2.0)
         pk = np.zeros(V)

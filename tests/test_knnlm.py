@@ -103,7 +103,7 @@ def test_theta_scores_equal_the_full_interpolated_distribution(memory):
     batch, lm_logp = fake_batch(memory)
     lam = 0.3
     ref = np.log((1 - lam) * np.exp(lm_logp.astype(np.float32).astype(np.float64)) + lam * brute_force(queries, keys, values, K, T))
-    got = theta_scores(batch, Interpolation(lam, T), V, chunk=7)
+    got = theta_scores(batch, Interpolation(lam, T), chunk=7)
     n = np.arange(len(queries))
     np.testing.assert_allclose(got.logp, ref[n, batch.target], atol=1e-5)
     np.testing.assert_allclose(got.max_logp, ref.max(1), atol=1e-5)
