@@ -72,7 +72,9 @@ class IndexConfig:
     # full-volume news 128 stored the same entries within 0.03% as 1,024 at 0.83x the learning time
     k_decide: int | None = 128
     nprobe: int = 32
-    exact_below: int = 200_000  # exact search beats IVF-PQ below ~200k keys on these CPUs
+    # entries below which a memory searched by its calibration sample alone is searched exactly; one
+    # whose decision searches too (MoNIM) turns IVF-PQ sooner, in proportion (monim.index.exact_limit)
+    exact_below: int = 200_000
     max_nlist: int = 4096
     # "pq": the paper's 8-bit IVF-PQ of `code_bytes`, searched on a GPU when there is one;
     # "fastscan": 4-bit PQ over `fastscan_dims`-dim sub-vectors scanned with SIMD lookups (d/8 bytes
@@ -263,7 +265,8 @@ class RunConfig(BaseModel):
     anneal_t0: int = Field(_LEARNER.anneal_t0, description="RecAdam: the annealing midpoint t0, in steps.")
     k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
     nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
-    exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly.")
+    exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly "
+                             "(fewer for a policy whose decision searches the memory: monim.index.exact_limit).")
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:

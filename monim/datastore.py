@@ -246,14 +246,14 @@ class Datastore:
     def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
                    params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None,
                    titles: dict[str, str] | None = None, weights: np.ndarray | None = None,
-                   merged: np.ndarray | None = None) -> bool:
+                   merged: np.ndarray | None = None, searched: int = 0) -> bool:
         """Append one day's entries atomically; False (no change) if the day is already committed.
 
         With force, a committed day is replaced, but only if it is the last one. `text`: arrays
         describing the day's training text (monim.lexical.day_counts), kept in the day's shard;
         `titles`: the documents' headlines (doc id -> title), shown as sources. Greedy Merging:
         `weights` of the entries, and the ids of older entries they absorbed (`merged`), removed
-        from their shards in the same commit.
+        from their shards in the same commit. `searched`: training tokens the day's decision searched.
         """
         date = str(date)
         days = list(self.manifest["days"])
@@ -286,7 +286,8 @@ class Datastore:
             days = [self._without(rec, merged) for rec in days]
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
         sums = self._write_shard(name, arrays, docs, [titles.get(d, "") for d in docs] if titles else None)
-        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {}, checksums=sums).__dict__)
+        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {},
+                              searched=int(searched), checksums=sums).__dict__)
         self._publish(days, next_id=next_id + len(entries))
         return True
 

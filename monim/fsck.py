@@ -114,7 +114,7 @@ def _index(ds: Datastore) -> MemoryIndex:
 def _index_problem(ds: Datastore) -> Problem | None:
     index = _index(ds)
     if not (index.dir / "index.faiss").exists():
-        if ds.manifest.get("settings", {}).get("index", {}).get("exact_below", 200_000) <= len(ds):
+        if index.kind_for(ds) == "ivfpq":
             return Problem(str(index.dir), "IVF-PQ index missing (it would be built again at the next search)",
                            "rebuild the index from the shards")
         return None  # an exact index: built in RAM from the shards

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 
 from monim.atomic import checksum, replacing, write_json
-from monim.config import IndexConfig
+from monim.config import CalibratorConfig, IndexConfig
 from monim.datastore import Datastore
 from monim.workdirs import index_bytes
 
@@ -31,6 +31,15 @@ def scaled_nlist(n: int, cap: int) -> int:
     """About 4·sqrt(n) lists as a power of two (4096 at 1M keys), with >= 39 keys per list."""
     target = 2 ** round(np.log2(max(4 * np.sqrt(n), 1)))
     return int(max(1, min(cap, target, n // 39)))
+
+
+def exact_limit(cfg: IndexConfig, searched: int) -> int:
+    """Entries below which a memory is searched exactly: `exact_below` for one whose day searches its
+    calibration sample alone (CalibratorConfig.sample_tokens queries), fewer in proportion for one
+    whose last day's decision also searched `searched` training tokens (MoNIM): an exact day's
+    searches cost entries x queries, IVF-PQ's about the queries alone."""
+    base = CalibratorConfig.sample_tokens
+    return int(cfg.exact_below * base / (base + searched))
 
 
 def pq_subquantizers(d: int, code_bytes: int) -> int:
@@ -142,6 +151,11 @@ class MemoryIndex:
         """Whether the index holds the datastore's committed version."""
         return self.index is not None and self.meta.get("version") == ds.version
 
+    def kind_for(self, ds: Datastore) -> str:
+        """The index the memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat"."""
+        days = ds.days
+        return "ivfpq" if len(ds) >= exact_limit(self.cfg, days[-1].searched if days else 0) else "flat"
+
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save).
         An IVF index is rebuilt when the memory has grown `retrain_growth` times since training or
@@ -154,7 +168,7 @@ class MemoryIndex:
         if self.mapped:  # mapped lists cannot change: read them into RAM
             self._load(mappable=False)
         n = len(ds)
-        kind = "ivfpq" if n >= self.cfg.exact_below else "flat"
+        kind = self.kind_for(ds)
         stale = (
             retrain
             or self.index is None

@@ -44,6 +44,7 @@ class DayRecord:
     params: dict = field(default_factory=dict)
     forgotten: int = 0
     merged: int = 0  # entries absorbed by later days' entries (Greedy Merging)
+    searched: int = 0  # training tokens the day's decision searched in the memory (MoNIM; the index regime reads it)
     checksums: dict = field(default_factory=dict)  # file -> sha256, written at commit (monim fsck reads them)
     evaluation: dict = field(default_factory=dict)  # the day's row of metrics, once evaluated (monim.workdirs)
 

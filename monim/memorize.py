@@ -150,7 +150,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
                       text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
-                      titles={d.id: d.title for d in docs}, weights=weights, merged=merged)
+                      titles={d.id: d.title for d in docs}, weights=weights, merged=merged, searched=searched)
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t
         index = memory.sync()

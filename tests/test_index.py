@@ -1,19 +1,23 @@
 """The FAISS index: both IVF codecs against brute force, the GPU settings, the recall probe, mapped lists."""
 
+import json
+
 import faiss
 import numpy as np
 import pytest
 
 from monim.datastore import Datastore, Entries
+from monim.config import CalibratorConfig
+from monim.fsck import check_memory
 from monim.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf
 
 D = 16
 
 
-def commit(ds: Datastore, day: int, keys: np.ndarray) -> None:
+def commit(ds: Datastore, day: int, keys: np.ndarray, searched: int = 0) -> None:
     n = len(keys)
     ds.commit_day(f"2022-06-{day:02d}", Entries(keys.astype(np.float16), np.arange(n, dtype=np.int32) % 97,
-                                                 [f"d{day}"] * n, np.arange(n)), n, "fullmem")
+                                                 [f"d{day}"] * n, np.arange(n)), n, "fullmem", searched=searched)
 
 
 def small_cfg(**kw) -> IndexConfig:
@@ -41,6 +45,37 @@ def test_ivf_codecs_find_the_brute_force_neighbours_within_time_and_exclusions(t
     nearest_all = ((queries[:, None] - keys[None]) ** 2).sum(-1).argmin(1)
     _, ids = index.search(queries, k=20)
     assert np.mean([n in row for n, row in zip(nearest_all, ids)]) >= 0.9
+
+
+def test_a_memory_whose_decision_searches_turns_ivf_pq_sooner_and_fsck_expects_it(tmp_path):
+    """An exact day costs entries x queries: a memory whose last day's decision searched as many
+    training tokens as the calibration sample has (twice the queries) turns IVF-PQ at half of
+    `exact_below`; one that searches nothing, and a day recorded before `searched` was, at all of it."""
+    sample = CalibratorConfig().sample_tokens
+    rng = np.random.default_rng(5)
+    settings = {"index": {"exact_below": 2000, "code_bytes": 8, "nprobe": 16, "max_nlist": 16}}
+    kinds = {}
+    for name, n, searched in [("fullmem", 1500, 0), ("monim", 1500, sample), ("small", 900, sample),
+                              ("thrice", 600, 3 * sample)]:
+        ds = Datastore(tmp_path / name, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
+        commit(ds, 1, rng.standard_normal((n, D)), searched)
+        manifest = json.loads((ds.root / "manifest.json").read_text())
+        (ds.root / "manifest.json").write_text(json.dumps(manifest | {"settings": settings}))
+        ds = Datastore.read(ds.root)
+        index = MemoryIndex(ds.root, D, small_cfg())
+        index.sync(ds)
+        kinds[name] = index.meta["kind"]
+        assert check_memory(ds.root) == []
+        if kinds[name] == "ivfpq":  # fsck knows the memory calls for an IVF-PQ index on disk
+            (index.dir / "index.faiss").unlink()
+            assert [p.what.split(" (")[0] for p in check_memory(ds.root)] == ["IVF-PQ index missing"]
+    # limits by hand: 2000; 2000 x 1/2 = 1000; 1000; 2000 x 1/4 = 500
+    assert kinds == {"fullmem": "flat", "monim": "ivfpq", "small": "flat", "thrice": "ivfpq"}
+    old = json.loads((tmp_path / "monim" / "manifest.json").read_text())
+    del old["days"][0]["searched"]  # a day committed before the field: the entries alone decide
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(old))
+    assert MemoryIndex(tmp_path / "old", D, small_cfg()).kind_for(Datastore.read(tmp_path / "old")) == "flat"
 
 
 def test_codec_choice_and_gpu_settings():

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from monim.datastore import Datastore
 from monim.knnlm import ThetaScores
 from monim.calibrator import LAM_CEIL
 from monim.lm import load_lm
@@ -216,6 +217,8 @@ def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smol
                                               decision_skip=skip)
     assert stats[False].searched == stats[False].tokens_seen == stats[True].tokens_seen
     assert 0 < stats[True].searched < 0.8 * stats[True].tokens_seen, stats[True]  # part of the tokens were certain
+    for skip in (True, False):  # what the index regime reads (monim.index.exact_limit)
+        assert Datastore.read(tmp_path / str(skip)).days[-1].searched == stats[skip].searched
     assert stats[True].stored == stats[False].stored > 0
     for a in stored[True]:
         np.testing.assert_array_equal(stored[True][a], stored[False][a], a)
