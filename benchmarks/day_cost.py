@@ -10,9 +10,10 @@ evaluate and the whole day, each as seconds and as a ratio to the LM's; the shar
 MoNIM's decision searched. Per day: one policy's day (LM + its stages) and all policies' (LM once +
 every policy's stages) against the LM, and MoNIM-AMT's learning against FullMem's, beside issue 47's
 goals (1.25x, 1.5x, 1.1x). Resumable: WORKDIR keeps the memories, features and the JSON (a day done
-is not redone; a day is done when every policy learned it).
+is not redone; a day is done when every policy learned it). `--lm-from` an earlier run's JSON takes the
+LM's seconds from it, for a rerun whose feature store that run filled (its own LM pass then reads the store).
 Usage: python benchmarks/day_cost.py [--source FILE] [--start 2022-06-01] [--days 7] [--policies monim-amt,fullmem,randmem]
-[--max-docs N]
+[--max-docs N] [--lm-from JSON]
 """
 
 import argparse
@@ -49,10 +50,11 @@ def stages(row: dict, wall: float) -> dict:
             "entries": row["entries"], "memrate": row["memrate"], "ppl": row["ppl"]}
 
 
-def ratios(day: dict) -> dict:
-    """The day's goals: one policy's day and all policies' against the LM, MoNIM's learning against FullMem's."""
+def ratios(day: dict, lm: float | None = None) -> dict:
+    """The day's goals: one policy's day and all policies' against the LM (its seconds `lm`, or the
+    policies' featurize: the first one's pass, the others read the store), MoNIM's learning against FullMem's."""
     runs = day["runs"]
-    lm = sum(r["lm"] for r in runs.values())  # the first policy's pass; the others read the store (~0 s)
+    lm = lm or sum(r["lm"] for r in runs.values())
     out = {"lm_seconds": lm, "all": (lm + sum(r["beyond_lm"] for r in runs.values())) / lm}
     out |= {f"one_{name}": (lm + r["beyond_lm"]) / lm for name, r in runs.items()}
     if "monim-amt" in runs and "fullmem" in runs:
@@ -69,7 +71,10 @@ def main() -> None:
     ap.add_argument("--max-docs", type=int, default=None, help="training articles a day (default: every one)")
     ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "day-cost-work")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "day-cost.json")
+    ap.add_argument("--lm-from", type=Path, default=None, help="an earlier run's JSON: the LM's seconds per day")
     args = ap.parse_args()
+    lm_seconds = {d["date"]: d["ratios"]["lm_seconds"] for d in json.loads(args.lm_from.read_text())["days"]} \
+        if args.lm_from else {}
     dates = list_dates(args.source, start=args.start)[: args.days]
     out = json.loads(args.out.read_text()) if args.out.exists() else {"days": []}
     out |= {"source": args.source.name, "policies": args.policies.split(","), "goals": GOALS}
@@ -87,7 +92,9 @@ def main() -> None:
             row = run.day(day, step)
             learned[name] = stages(row, time.perf_counter() - started)
             memrates[name] = row["memrate"]
-        out["days"].append({"date": date.isoformat(), "runs": learned} | {"ratios": ratios({"runs": learned})})
+        lm = lm_seconds.get(date.isoformat())
+        out["days"].append({"date": date.isoformat(), "runs": learned, "ratios": ratios({"runs": learned}, lm)}
+                           | ({"lm_from": args.lm_from.name} if lm else {}))
         print(json.dumps(out["days"][-1]["ratios"] | {"date": date.isoformat()}), flush=True)
         write_json(args.out, out)  # after each day: a stopped run resumes here
     volume = "every article" if args.max_docs is None else f"{args.max_docs} training articles a day"
