@@ -13,7 +13,7 @@ goals (1.25x, 1.5x, 1.1x). Resumable: WORKDIR keeps the memories, features and t
 is not redone; a day is done when every policy learned it). `--lm-from` an earlier run's JSON takes the
 LM's seconds from it, for a rerun whose feature store that run filled (its own LM pass then reads the store).
 Usage: python benchmarks/day_cost.py [--source FILE] [--start 2022-06-01] [--days 7] [--policies monim-amt,fullmem,randmem]
-[--max-docs N] [--lm-from JSON]
+[--max-docs N] [--lm-from JSON] [--exact-below N]
 """
 
 import argparse
@@ -72,14 +72,16 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "day-cost-work")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "day-cost.json")
     ap.add_argument("--lm-from", type=Path, default=None, help="an earlier run's JSON: the LM's seconds per day")
+    ap.add_argument("--exact-below", type=int, default=RunConfig.model_fields["exact_below"].default,
+                    help="RunConfig.exact_below of every policy's memory")
     args = ap.parse_args()
     lm_seconds = {d["date"]: d["ratios"]["lm_seconds"] for d in json.loads(args.lm_from.read_text())["days"]} \
         if args.lm_from else {}
     dates = list_dates(args.source, start=args.start)[: args.days]
     out = json.loads(args.out.read_text()) if args.out.exists() else {"days": []}
-    out |= {"source": args.source.name, "policies": args.policies.split(","), "goals": GOALS}
+    out |= {"source": args.source.name, "policies": args.policies.split(","), "goals": GOALS, "exact_below": args.exact_below}
     runs = {p: make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy=p,
-                                         max_docs=args.max_docs)) for p in out["policies"]}
+                                  max_docs=args.max_docs, exact_below=args.exact_below)) for p in out["policies"]}
     done = {d["date"] for d in out["days"]}
     for step, date in enumerate(dates):
         if date.isoformat() in done:

@@ -17,7 +17,6 @@ Usage: python benchmarks/decision_scale.py [--source FILE] [--date 1987-03-03] [
 import argparse
 import datetime as dt
 import json
-import time
 from pathlib import Path
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before faiss and torch)

@@ -53,19 +53,38 @@ def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
             "score_ratio": rate / body}
 
 
+def task_seconds(since: dt.datetime) -> dict[str, float]:
+    """Seconds of the task runs that started after `since`, summed by task (Prefect's API: what its
+    UI shows), and the runs of each."""
+    from prefect import get_client
+
+    seconds: dict[str, float] = {}
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while batch := client.read_task_runs(limit=200, offset=offset):
+            for r in batch:
+                if r.start_time and r.start_time >= since:
+                    name = r.name.rsplit("-", 1)[0]
+                    seconds[name] = seconds.get(name, 0.0) + r.total_run_time.total_seconds()
+            offset += len(batch)
+    return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
+
+
 def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, model: str | None) -> dict:
-    """Run `compare` (or one policy's stream) over the day in a fresh work directory; its rows."""
+    """Run `compare` (or one policy's stream) over the day in a fresh work directory; its rows and
+    its tasks' seconds."""
     from flows.compare import compare_policies
     from monim.config import RunConfig
     from tasks.learning import recorded_days
 
     workdir = tempfile.mkdtemp(prefix="monim-pipeline-")
+    since = dt.datetime.now(dt.timezone.utc)
     t = time.perf_counter()
     run = RunConfig(source=source, workdir=workdir, model=model, max_docs=max_docs)
     compare_policies(run, date, date, policies)
     seconds = time.perf_counter() - t
     rows = {p: recorded_days(run.model_copy(update={"policy": p}))[date] for p in policies}
-    return {"seconds": seconds, "rows": rows, "workdir": workdir}
+    return {"seconds": seconds, "rows": rows, "workdir": workdir, "tasks": task_seconds(since)}
 
 
 def main() -> None:
@@ -100,7 +119,10 @@ def main() -> None:
                      "memorize_s": sum(v for k, v in sec.items() if k != "featurize"),
                      "calibrate_s": sum(r.get("calibrator_seconds", 0.0) for r in rows),
                      "evaluate_s": sum(r.get("evaluate_seconds", 0.0) for r in rows),
-                     "day_ratio": lm_tokens / run["seconds"] / body})
+                     "day_ratio": lm_tokens / run["seconds"] / body, "tasks": run["tasks"],
+                     # beyond the day's work (the LM pass, learning, evaluating): Prefect, MLflow, model load, report
+                     "fixed_s": run["seconds"] - sec["featurize"] - sum(r.get("seconds_learn", 0.0) for r in rows)
+                     - sum(r.get("evaluate_seconds", 0.0) for r in rows)})
     out = {"source": args.source, "date": args.date.isoformat(), "articles": len(train),
            "tokens": sum(len(s[1]) - 1 for s in seqs), "threads": torch.get_num_threads(), "device": str(lm.device),
            **bound, "one_seconds": one["seconds"], "compare_seconds": many["seconds"],
@@ -116,6 +138,9 @@ def main() -> None:
     Console(width=160).print(table)
     print(f"one policy {one['seconds']:.0f} s; compare of {len(policies)} {many['seconds']:.0f} s "
           f"({out['compare_ratio']:.2f}×)")
+    for r in runs:
+        print(f"{r['run']}: {r['fixed_s']:.0f} s ({r['fixed_s'] / r['seconds']:.0%}) beyond the LM, learning and "
+              "evaluating; tasks (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["tasks"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
