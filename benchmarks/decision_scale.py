@@ -8,8 +8,9 @@ like SmolLM2-135M's, drifting topics; random next tokens), committed 500k a day 
 memorize_day indexes (IVF-PQ past its exact limit). At each size in --at the day is memorized, its
 decision measured (the searches of the tokens the LM alone does not settle, and Θ's rule on them),
 then forgotten, and the memory grows on. The LM's seconds are the day's own pass, run once and kept.
-A search scans `nprobe` of at most 4,096 lists, so past 1M entries its cost grows with the entries:
-the projection to 100M fits seconds per searched token = a + b x entries through the measured sizes.
+A search scans `nprobe` lists of about 4 sqrt(entries) (at most `max_nlist`, 4,096), so its cost
+grows with the codes it scans: the projection to 100M fits seconds per searched token = a + b x codes
+scanned (entries x nprobe / lists) through the measured sizes, at 4,096 lists.
 Resumable: WORKDIR keeps the memory, the feature store and the JSON.
 Usage: python benchmarks/decision_scale.py [--source FILE] [--date 1987-03-03] [--at 1000000,5000000]
 """
@@ -96,13 +97,13 @@ def main() -> None:
         out["sizes"].append(row)
         print(json.dumps(row), flush=True)
         write_json(args.out, out)
-    sizes = [s for s in out["sizes"] if s["entries"] >= 1_000_000]  # nlist at its cap: cost linear in entries
-    if len(sizes) >= 2:
-        n, per = np.array([s["entries"] for s in sizes]), np.array([s["search_s"] / s["searched"] for s in sizes])
-        b, a = np.polyfit(n, per, 1)
-        last = sizes[-1]
-        search_100m = (a + b * 1e8) * last["searched"]
-        out["projection_100m"] = {"per_searched_token_s": a + b * 1e8, "search_s": search_100m,
+    if len(out["sizes"]) >= 2:  # seconds per searched token = a + b x codes a search scans (entries x nprobe / lists)
+        nprobe = run.memory.index.cfg.nprobe
+        codes = np.array([s["entries"] * nprobe / s["nlist"] for s in out["sizes"]])
+        b, a = np.polyfit(codes, [s["search_s"] / s["searched"] for s in out["sizes"]], 1)
+        last, lists = out["sizes"][-1], run.memory.index.cfg.max_nlist  # 100M entries: lists at their cap
+        search_100m = (a + b * 1e8 * nprobe / lists) * last["searched"]
+        out["projection_100m"] = {"lists": lists, "per_searched_token_s": search_100m / last["searched"], "search_s": search_100m,
                                   "decision_vs_lm": (search_100m + last["policy_s"]) / out["lm_s"]}
         write_json(args.out, out)
     table = Table(title=f"MoNIM-AMT's decision on {out['date']} ({out['lm_tokens']:,} LM tokens, "
@@ -114,7 +115,7 @@ def main() -> None:
                       f"{s['policy_s']:.0f}", f"{s['decision_vs_lm']:.2f}x", "met" if s["decision_vs_lm"] <= GOAL else "not met")
     if "projection_100m" in out:
         p = out["projection_100m"]
-        table.add_row("100M (projected)", "4,096", "", f"{p['search_s']:.0f}", "", f"{p['decision_vs_lm']:.2f}x", "")
+        table.add_row("100M (projected)", f"{p['lists']:,}", "", f"{p['search_s']:.0f}", "", f"{p['decision_vs_lm']:.2f}x", "")
     Console(width=130).print(table)
 
 
