@@ -63,8 +63,8 @@ def task_seconds(since: dt.datetime) -> dict[str, float]:
         offset = 0
         while batch := client.read_task_runs(limit=200, offset=offset):
             for r in batch:
-                if r.start_time and r.start_time >= since:
-                    name = r.name.rsplit("-", 1)[0]
+                name = r.name.rsplit("-", 1)[0]
+                if r.start_time and r.start_time >= since and not name.startswith("monim-"):  # not a subflow's own run
                     seconds[name] = seconds.get(name, 0.0) + r.total_run_time.total_seconds()
             offset += len(batch)
     return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))

@@ -72,9 +72,11 @@ class IndexConfig:
     # full-volume news 128 stored the same entries within 0.03% as 1,024 at 0.83x the learning time
     k_decide: int | None = 128
     nprobe: int = 32
-    # entries below which a memory searched by its calibration sample alone is searched exactly; one
-    # whose decision searches too (MoNIM) turns IVF-PQ sooner, in proportion (monim.index.exact_limit)
-    exact_below: int = 200_000
+    # entries below which a memory searched by its calibration sample alone is searched exactly, one
+    # whose decision searches too (MoNIM) fewer in proportion (monim.index.exact_limit): on 2 cores an
+    # exact query costs ~0.1 ms + 5 ns an entry, IVF-PQ's ~0.2 ms, and its build is repaid within ~2 days
+    # from 50k (a week of full-volume news: every policy's learning 1.2-1.7x cheaper, PPL no worse; docs/results)
+    exact_below: int = 50_000
     max_nlist: int = 4096
     # "pq": the paper's 8-bit IVF-PQ of `code_bytes`, searched on a GPU when there is one;
     # "fastscan": 4-bit PQ over `fastscan_dims`-dim sub-vectors scanned with SIMD lookups (d/8 bytes
@@ -195,7 +197,7 @@ class Learner:
         return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
 
 
-_LEARNER, _POLICY = Learner(), PolicyConfig()  # the learners' and the policies' defaults, for the fields below
+_LEARNER, _POLICY, _INDEX = Learner(), PolicyConfig(), IndexConfig()  # the defaults of the fields below
 LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method", "seed"))
 
 
@@ -263,9 +265,9 @@ class RunConfig(BaseModel):
     pretrain_coef: float = Field(_LEARNER.pretrain_coef, ge=0, description="RecAdam: γ, the pull toward the pretrained weights.")
     anneal_k: float = Field(_LEARNER.anneal_k, description="RecAdam: the annealing rate k.")
     anneal_t0: int = Field(_LEARNER.anneal_t0, description="RecAdam: the annealing midpoint t0, in steps.")
-    k: int = Field(1024, ge=1, description="Neighbours retrieved per token.")
-    nprobe: int = Field(32, ge=1, description="IVF lists searched once the index is approximate.")
-    exact_below: int = Field(200_000, ge=0, description="Entries below which the index searches exactly "
+    k: int = Field(_INDEX.k, ge=1, description="Neighbours retrieved per token.")
+    nprobe: int = Field(_INDEX.nprobe, ge=1, description="IVF lists searched once the index is approximate.")
+    exact_below: int = Field(_INDEX.exact_below, ge=0, description="Entries below which the index searches exactly "
                              "(fewer for a policy whose decision searches the memory: monim.index.exact_limit).")
 
     @model_validator(mode="after")
