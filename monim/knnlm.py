@@ -134,8 +134,19 @@ def _prior(batch, rows: slice) -> torch.Tensor | None:
 
 
 def knn_logprobs_by_temperature(batch, temperatures=TEMPERATURES) -> np.ndarray:
-    """[n, len(temperatures)]: log p_kNN(target) at each temperature (what λ, T tuning needs)."""
-    return torch.stack([target_knn_logprob(batch, t) for t in temperatures], dim=1).numpy()
+    """[n, len(temperatures)]: log p_kNN(target) at each temperature (what λ, T tuning needs): the
+    logsumexp of the target's neighbours' scores less all neighbours', the masks built once (a day's
+    calibration sample at k = 1,024 took 2.9 s through target_knn_logprob per temperature)."""
+    dist, values = torch.from_numpy(batch.knn_dist).double(), torch.from_numpy(batch.knn_values)
+    prior = _prior(batch, slice(None))
+    missing = values < 0
+    other = missing | (values != torch.from_numpy(batch.target)[:, None])
+    out = []
+    for t in temperatures:
+        scores = (-dist / t + (0.0 if prior is None else prior.double())).masked_fill_(missing, -math.inf)
+        every = torch.logsumexp(scores, dim=-1)
+        out.append(torch.logsumexp(scores.masked_fill_(other, -math.inf), dim=-1) - every)
+    return torch.nan_to_num(torch.stack(out, dim=1), nan=-math.inf).numpy()  # NaN: a row with no neighbour
 
 
 def perplexity(batches: list, interp: Interpolation | None = None) -> float:

@@ -7,8 +7,8 @@ import torch
 from monim.datastore import Datastore, Entries
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import (
-    Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_target_logprob, theta_scores,
-    tune_interpolation,
+    TEMPERATURES, Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_logprobs_by_temperature,
+    knn_target_logprob, theta_scores, tune_interpolation,
 )
 from monim.scoring import TokenScores
 
@@ -60,6 +60,27 @@ def test_target_and_full_paths_equal_brute_force(memory):
     target_p = knn_target_logprob(logw, vals, targets).exp().numpy()
     np.testing.assert_allclose(target_p, ref[np.arange(len(queries)), targets.numpy()], atol=1e-5)
     np.testing.assert_allclose(target_p, full[np.arange(len(queries)), targets.numpy()], atol=1e-12)
+
+
+def test_logprobs_by_temperature_equal_brute_force(memory):
+    """Every temperature's log p_kNN(target), as calibration reads them; a row without neighbours: -inf."""
+    ds, index, queries, keys, values = memory
+    dist, vals = search(memory)
+    targets = np.random.default_rng(2).integers(0, V, len(queries)).astype(np.int32)
+    targets[:5] = vals[:5, 0].numpy()
+    none = np.full((1, K), -1, np.int32)
+    batch = TokenScores(
+        doc_id=np.array(["q"] * (len(queries) + 1), dtype=object), position=np.zeros(len(queries) + 1, np.int32),
+        prev=np.append(targets, 0), target=np.append(targets, 0), logp=np.zeros(len(queries) + 1, np.float32),
+        max_logp=np.zeros(len(queries) + 1, np.float32), entropy=np.zeros(len(queries) + 1, np.float32),
+        argmax=np.zeros(len(queries) + 1, np.int32), key=np.zeros((len(queries) + 1, D), np.float16),
+        knn_dist=np.concatenate([dist.numpy(), np.full((1, K), np.inf, np.float32)]),
+        knn_values=np.concatenate([vals.numpy().astype(np.int32), none]))
+    got = knn_logprobs_by_temperature(batch)
+    for j, t in enumerate(TEMPERATURES):
+        ref = brute_force(queries, keys, values, K, t)[np.arange(len(queries)), targets]
+        np.testing.assert_allclose(np.exp(got[:-1, j]), ref, atol=1e-5, err_msg=f"T = {t}")  # FAISS: fp32 distances
+    assert (got[-1] == -np.inf).all()
 
 
 def test_missing_neighbours_weigh_nothing():
