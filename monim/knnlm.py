@@ -146,7 +146,7 @@ def knn_logprobs_by_temperature(batch, temperatures=TEMPERATURES) -> np.ndarray:
         scores = (-dist / t + (0.0 if prior is None else prior.double())).masked_fill_(missing, -math.inf)
         every = torch.logsumexp(scores, dim=-1)
         out.append(torch.logsumexp(scores.masked_fill_(other, -math.inf), dim=-1) - every)
-    return torch.nan_to_num(torch.stack(out, dim=1), nan=-math.inf).numpy()  # NaN: a row with no neighbour
+    return torch.nan_to_num(torch.stack(out, dim=1), nan=-math.inf, neginf=-math.inf).numpy()  # NaN: a row with no neighbour
 
 
 def perplexity(batches: list, interp: Interpolation | None = None) -> float:

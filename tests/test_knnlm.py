@@ -80,6 +80,7 @@ def test_logprobs_by_temperature_equal_brute_force(memory):
     for j, t in enumerate(TEMPERATURES):
         ref = brute_force(queries, keys, values, K, t)[np.arange(len(queries)), targets]
         np.testing.assert_allclose(np.exp(got[:-1, j]), ref, atol=1e-5, err_msg=f"T = {t}")  # FAISS: fp32 distances
+        assert (got[:-1, j][ref == 0] == -np.inf).all()  # a target among no neighbour: -inf, not the lowest float
     assert (got[-1] == -np.inf).all()
 
 
