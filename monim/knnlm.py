@@ -43,11 +43,6 @@ def knn_value_probs(logw: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(sums).scatter_(1, order, sums.gather(1, run))
 
 
-def knn_token_probs(logw: torch.Tensor, values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """p_kNN of one token per row [n]: the weights of the neighbours whose value it is."""
-    return (logw.exp() * (values == token[:, None])).sum(1)
-
-
 def knn_full_logprobs(logw: torch.Tensor, values: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """log p_kNN over the whole vocabulary [n, V] (for next-word prediction and generation)."""
     return knn_full_probs(logw, values, vocab_size).log()
@@ -110,11 +105,11 @@ def theta_scores(batch, interp: Interpolation, lam: np.ndarray | None = None,
         prior = _prior(batch, sl)
         logw = knn_log_weights(on(batch.knn_dist[sl]), values, interp.temperature, None if prior is None else prior.to(device))
         target, top = on(batch.target[sl]).long(), on(batch.argmax[sl]).long()
-        logp = interpolate(on(batch.logp[sl]), knn_token_probs(logw, values, target).log(), lams[sl])
+        logp = interpolate(on(batch.logp[sl]), knn_target_logprob(logw, values, target), lams[sl])
         cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
         cand_lm = torch.cat([on(batch.max_logp[sl])[:, None], on(batch.lm_logp_values[sl])], 1)
-        cand_p = torch.cat([knn_token_probs(logw, values, top)[:, None], knn_value_probs(logw, values)], 1)
-        cand = interpolate(cand_lm, cand_p.log(), lams[sl])
+        cand_knn = torch.cat([knn_target_logprob(logw, values, top)[:, None], knn_value_probs(logw, values).log()], 1)
+        cand = interpolate(cand_lm, cand_knn, lams[sl])
         cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
         best = cand.argmax(dim=1)
         out.append((logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))
