@@ -43,6 +43,6 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
             row |= register(cfg, day, run_id, tracking_uri)
             log_day(run_id, tracking_uri, step, row)
         record_day(cfg, row)
-    create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name}-day",
+    create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name.replace('+', '-')}-day",
                           description=f"{cfg.name}, {date}")
     return row

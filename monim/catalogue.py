@@ -34,6 +34,11 @@ CATALOGUE = (
           reads=("delta", "search_margin", "search_context")),
     Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", fixed=(("adaptive", True),),
           reads=("delta", "search_margin", "search_context")),
+    Entry("ralm", MEMORY, "no kNN memory: the best BM25 article learned so far put before each `ralm_stride` tokens "
+          "(In-Context RALM)", "InContext", reads=("ralm_stride", "ralm_query")),
+    Entry("ralm+monim-amt", MEMORY, "In-Context RALM's article, with MoNIM-AMT's memory on top", "MoNIM",
+          fixed=(("adaptive", True), ("in_context", True)),
+          reads=("delta", "search_margin", "search_context", "ralm_stride", "ralm_query")),
     Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
           reads=("rate",)),
     Entry("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge",

@@ -157,6 +157,10 @@ class PolicyConfig:
     # Off by default: on held-out Reuters it stored 1.5 MemRate points more than the exact decision
     # (docs/results, "the context rule"), beyond the 0.5 points issue 47 allows
     search_context: bool = False
+    # In-Context RALM (ralm, ralm+monim-amt): Θ scores text `ralm_stride` tokens at a time, each stride
+    # after the best BM25 article for its last `ralm_query` tokens (monim.ralm); None: Θ retrieves no article
+    ralm_stride: int | None = None
+    ralm_query: int = 32
 
 
 @dataclass
@@ -222,6 +226,10 @@ class RunConfig(BaseModel):
                                  f"is searched for the decision only where the memorized text holds its last {SEEN_CONTEXT} "
                                  f"tokens, one in {PROBE_EVERY} of the others searched anyway to measure the error; off: "
                                  "every such token is searched.")
+    ralm_stride: int = Field(32, ge=1, description="In-Context RALM (ralm, ralm+monim-amt): tokens scored after each "
+                             "retrieved article (4, 8, 16 or 32; fewer: closer to the text, one LM pass each).")
+    ralm_query: int = Field(_POLICY.ralm_query, ge=1, description="In-Context RALM: the last tokens before a stride "
+                            "that retrieve its article.")
     followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
                                            "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
     model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")

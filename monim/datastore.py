@@ -7,7 +7,8 @@ Layout of a memory directory:
     shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
                            ids.npy (int64, stable entry ids), docs.npy (int32 index into
                            docs.json), positions.npy (int32 token position in the document),
-                           weights.npy (int32, Greedy Merging only: how many entries each one stands for)
+                           weights.npy (int32, Greedy Merging only: how many entries each one stands for),
+                           the day's text: lexical counts, twin signatures, its articles (monim.articles)
     index/                 the FAISS index over the keys (monim.index), rebuilt if stale
 Files not named by the manifest (left by a crash) are ignored and removed on the next commit.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monim import articles
 from monim.atomic import checksum, replacing, write_json
 from monim.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 
@@ -174,6 +176,10 @@ class Datastore:
         path = self.root / "shards" / name / "titles.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def shard_articles(self, name: str) -> list[list[str]]:
+        """The [id, title, text] of a shard's articles ([] where written before monim kept them)."""
+        return articles.unpack(self.shard(name, articles.ARRAY)) if self.has_array(name, articles.ARRAY) else []
+
     def array(self, name: str) -> np.ndarray:
         """One array over all committed entries, in commit order (keys come as fp16)."""
         parts = [self.shard(d.shard, name) for d in self.days]
@@ -301,7 +307,7 @@ class Datastore:
             self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != last["date"]])
             self._publish(self.manifest["days"][:-1], next_id=self.manifest["next_id"])
             return last["entries"] + self.forget(doc_ids, drop_days - {last["date"]})
-        removed, new_days = 0, []
+        removed, changed, new_days = 0, False, []
         for rec in self.manifest["days"]:
             rec = dict(rec)
             if rec["date"] in drop_days:
@@ -309,16 +315,15 @@ class Datastore:
                 rec["forgotten"] += rec["entries"]
                 rec.update(entries=0, **self._rewrite(rec, None))
             elif drop_docs:
-                names = self.shard_docs(rec["shard"])
-                hit = [i for i, d in enumerate(names) if d in drop_docs]
-                keep = ~np.isin(self.shard(rec["shard"], "docs"), hit) if hit else None
-                if keep is not None and not keep.all():  # (a document forgotten before keeps its name, not its entries)
+                hit = [i for i, d in enumerate(self.shard_docs(rec["shard"])) if d in drop_docs]
+                keep = ~np.isin(self.shard(rec["shard"], "docs"), hit)  # (a document forgotten before keeps its name)
+                if not keep.all() or any(a[0] in drop_docs for a in self.shard_articles(rec["shard"])):
                     n_drop = int((~keep).sum())
-                    removed += n_drop
+                    removed, changed = removed + n_drop, True
                     rec["forgotten"] += n_drop
-                    rec.update(entries=int(keep.sum()), **self._rewrite(rec, keep))
+                    rec.update(entries=int(keep.sum()), **self._rewrite(rec, keep, drop_docs))
             new_days.append(rec)
-        if removed:
+        if removed or changed:
             self._publish(new_days, next_id=self.manifest["next_id"])
         return removed
 
@@ -359,13 +364,13 @@ class Datastore:
         thetas = [t for t in self.manifest["thetas"] if as_of is None or t["date"] <= as_of]
         return thetas[-1] if thetas else {}
 
-    def _rewrite(self, rec: dict, keep: np.ndarray | None) -> dict:
-        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text): its
-        name and checksums."""
+    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] = frozenset()) -> dict:
+        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text) and its
+        articles but `drop_docs`': its name and checksums."""
         old = rec["shard"]
         n = len(self.shard(old, "values"))
-        text = {} if keep is None else {p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
-                                        if p.stem not in DTYPES and p.stem != WEIGHTS}
+        text = {} if keep is None else articles.without({p.stem: np.load(p) for p in (self.root / "shards" / old).glob(
+            "*.npy") if p.stem not in DTYPES and p.stem != WEIGHTS}, drop_docs)
         keep = np.zeros(n, bool) if keep is None else keep
         per_entry = [*DTYPES, WEIGHTS] if self.has_array(old, WEIGHTS) else list(DTYPES)
         arrays = {a: np.asarray(self.shard(old, a))[keep] for a in per_entry} | text

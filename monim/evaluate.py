@@ -15,6 +15,7 @@ from monim.lm import LM
 from monim.features import Features
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
+from monim.ralm import Pass, articles_of, in_context, score_with_articles, window
 from monim.settings import SettingsMismatch, window_differences
 from monim.sources import Document
 
@@ -41,15 +42,22 @@ class _Tally:
         self.n_novel, self.nll_lm_novel, self.nll_novel = 0, 0.0, 0.0
 
     def add(self, b: TokenScores, theta: ThetaScores, novel: np.ndarray) -> None:
+        self.add_lm(b, novel)
+        self.add_theta(b, theta, novel)
+
+    def add_lm(self, b: TokenScores, novel: np.ndarray) -> None:
+        """The LM alone's half: where Θ read the tokens in other passes (In-Context RALM's), they come apart."""
         lm = b.logp.astype(np.float64)
-        self.n += len(b)
         self.nll_lm -= float(lm.sum())
         self.hits_lm += int((b.argmax == b.target).sum())
+        self.nll_lm_novel -= float(lm[novel].sum())
+
+    def add_theta(self, b: TokenScores, theta: ThetaScores, novel: np.ndarray) -> None:
+        self.n += len(b)
         self.nll -= float(theta.logp.sum())
         self.hits += int((theta.argmax == b.target).sum())
         self.skipped += 0 if b.knn_skipped is None else int(b.knn_skipped.sum())
         self.n_novel += int(novel.sum())
-        self.nll_lm_novel -= float(lm[novel].sum())
         self.nll_novel -= float(theta.logp[novel].sum())
 
     def result(self) -> dict:
@@ -108,13 +116,40 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Featur
             memory.sync()
     twins = {name: dict(zip((d.id for d in docs), memory.has_twin(docs))) if memory is not None else {}
              for name, memory in memories.items()}
+    novel = lambda key, b: ~np.array([twins[key].get(d, False) for d in b.doc_id], bool)  # noqa: E731
     tallies = {name: _Tally() for name in memories}
     for batch in features.scores(docs, name):
         for key, memory in memories.items():
+            if in_context(memory):
+                tallies[key].add_lm(batch, novel(key, batch))
+                continue
             b = searched(lm, batch, memory)
-            novel = ~np.array([twins[key].get(d, False) for d in b.doc_id], bool)
-            tallies[key].add(b, theta_of(b, memory), novel)
-    return {name: t.result() for name, t in tallies.items()}
+            tallies[key].add(b, theta_of(b, memory), novel(key, batch))
+    out = {name: {} for name in memories}
+    for key, ralm in in_context_passes(lm, memories, docs, features).items():
+        for b in ralm.batches:
+            b = searched(lm, b, memories[key])
+            tallies[key].add_theta(b, theta_of(b, memories[key]), novel(key, b))
+        out[key] = {"lm_tokens_per_token": ralm.lm_tokens / max(ralm.scored, 1), "ralm_seconds": ralm.seconds}
+    return {name: t.result() | out[name] for name, t in tallies.items()}
+
+
+def in_context_passes(lm: LM, memories: dict, docs: list[Document], features: Features) -> dict[str, Pass]:
+    """In-Context RALM's passes over the documents for each memory that reads text so; memories that
+    retrieve from the same articles with the same settings (ralm and ralm+monim-amt) share one."""
+    groups: dict[tuple, list[str]] = {}
+    for key, memory in memories.items():
+        if in_context(memory):
+            p = memory.settings.policy
+            ids = tuple(a.id for a in articles_of(memory).articles)
+            fitted = window(memory)
+            groups.setdefault((ids, p.ralm_stride, p.ralm_query, fitted.context, fitted.stride), []).append(key)
+    tokens = features.tokenize(docs) if groups else []
+    out = {}
+    for keys in groups.values():
+        ralm = score_with_articles(lm, memories[keys[0]], docs, tokens, any(memories[k].retrieves for k in keys))
+        out |= {k: ralm for k in keys}
+    return out
 
 
 def evaluate(lm: LM, docs: list[Document], memory: Memory | None = None, features: Features | None = None,
@@ -130,13 +165,22 @@ def score_texts(lm: LM, docs: list[Document], memory: Memory | None = None, feat
     if memory is not None:
         memory.sync()
     tallies = {d.id: _Tally() for d in docs}
-    for batch in features.scores(docs, "texts"):
-        b = searched(lm, batch, memory)
-        theta = theta_of(b, memory)
+    ralm = in_context_passes(lm, {"memory": memory}, docs, features).get("memory")
+
+    def add(b: TokenScores, lm_half: bool, theta_half: bool) -> None:
+        theta = theta_of(b, memory) if theta_half else None
         for doc_id in np.unique(b.doc_id):
-            rows = b.doc_id == doc_id
-            tallies[doc_id].add(_rows(b, rows), ThetaScores(theta.logp[rows], theta.max_logp[rows], theta.argmax[rows]),
-                                np.ones(int(rows.sum()), bool))
+            rows, tally = b.doc_id == doc_id, tallies[doc_id]
+            mine, every = _rows(b, rows), np.ones(int(rows.sum()), bool)
+            if lm_half:
+                tally.add_lm(mine, every)
+            if theta is not None:
+                tally.add_theta(mine, ThetaScores(theta.logp[rows], theta.max_logp[rows], theta.argmax[rows]), every)
+
+    for batch in features.scores(docs, "texts"):
+        add(batch if ralm else searched(lm, batch, memory), True, not ralm)
+    for b in ralm.batches if ralm else ():
+        add(searched(lm, b, memory), False, True)
     return {doc_id: {k: t.result()[k] for k in ("ppl", "ppl_lm", "tokens")} for doc_id, t in tallies.items()}
 
 

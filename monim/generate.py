@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from monim.lm import LM
 from monim.memory import Memory
+from monim.ralm import in_context, window, with_article
 from monim.scoring import TokenScores
 from monim.sources import short_title
 
@@ -35,6 +36,7 @@ class GenerateConfig:
     seed: int = 0
     sources: int = 3  # memorized articles listed per generated sentence
     keep_distributions: bool = False  # keep Θ's log-probabilities at each step (Generation.logprobs)
+    retrieve: bool = False  # the best article for the prompt before it (In-Context RALM; a ralm memory's Θ always does)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -68,6 +70,7 @@ class Generation:
     sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Source as dict]}
     stopped: str = "max_new_tokens"  # why it ended: max_new_tokens, eos, or what `should_stop` said (a time limit, ...)
     logprobs: list[np.ndarray] | None = None  # Θ's log P over the vocabulary before each step
+    sources: list[dict] = field(default_factory=list)  # the article put before the prompt (retrieve): date, doc_id, title
 
     def as_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "logprobs"}
@@ -124,6 +127,7 @@ class Row:
         self.lams: list[float] = []
         self.logprobs: list[np.ndarray] = []
         self.credit: list[dict] = []  # per token: {memory entry id: the kNN weight it carried}
+        self.sources: list[dict] = []  # the article retrieved into its context
         self.result: Generation | None = None
 
     @property
@@ -185,7 +189,15 @@ class Decoder:
         if limit and len(ids) + cfg.max_new_tokens > limit:
             raise ValueError(f"the prompt ({len(ids)} tokens) and max_new_tokens ({cfg.max_new_tokens}) exceed the "
                              f"model's {limit} positions")
+        article = None
+        if cfg.retrieve or in_context(self.memory):
+            if self.memory is None:
+                raise ValueError("retrieve needs a memory: its articles are what is retrieved")
+            fitted = window(self.memory)
+            ids, article = with_article(self.lm, self.memory, prompt, ids, fitted.context + fitted.stride - cfg.max_new_tokens)
         row = Row(prompt, ids, cfg, should_stop)
+        row.sources = [] if article is None else [{"date": article.date, "doc_id": article.id,
+                                                    "title": short_title(article.title)}]
         self.waiting.append(row)
         return row
 
@@ -305,7 +317,8 @@ class Decoder:
         """The row's Generation, with its sentences and their sources."""
         lm = self.lm
         row.result = Generation(row.prompt, lm.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
-                                row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None)
+                                row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
+                                sources=row.sources)
         row.result.sentences = _sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
 
 

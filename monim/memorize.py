@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from monim import articles
 from monim.calibration import Sample, sample_path
 from monim.config import PROBE_EVERY
 from monim.datastore import Entries
@@ -111,7 +112,6 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         timer = {"lm_and_search": 0.0, "policy": 0.0, "search": 0.0}
         rng = np.random.default_rng([seed, day.date.toordinal()])
         parts: list[Entries] = []
-        tokens_seen = 0
         started = time.perf_counter()
         memory.sync()
         decide = functools.partial(memory.search, k=memory.settings.index.k_decide)
@@ -123,7 +123,10 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
             search = _timed(decide, timer)
         searched = settled = probed = probe_flipped = 0
         total = sum(max(0, len(t) - 1) for t in tokens)
-        for batch in features.scores(docs, f"{date}-train", search, tokens):
+        # a policy that stores no entry (In-Context RALM) keeps only the articles: no LM pass
+        batches = features.scores(docs, f"{date}-train", search, tokens) if policy.stores else ()
+        tokens_seen = 0 if policy.stores else total
+        for batch in batches:
             t = time.perf_counter()
             timer["lm_and_search"] += t - started
             keep = policy.select(batch, memory.theta_scores(batch), memory.lm, rng)
@@ -149,7 +152,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays(),
+                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays() | articles.pack(docs),
                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged, searched=searched)
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t

@@ -1,5 +1,5 @@
 """Memorization policies: which of a day's tokens enter memory (FullMem, RandMem, MoNIM, AMT, KL,
-Greedy Merging)."""
+Greedy Merging; In-Context RALM, none)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects
 
 class Stores:
     """What every policy does once its day's tokens are chosen: nothing (Greedy Merging merges them)."""
+
+    stores = True  # it chooses among the day's tokens (In-Context RALM stores none: it keeps the articles)
 
     def finish(self, memory: Memory, entries: Entries, rng: np.random.Generator
                ) -> tuple[Entries, np.ndarray | None, np.ndarray | None]:
@@ -63,11 +65,12 @@ class MoNIM(Stores):
     adaptive: bool = True
     search_margin: float | None = None  # see monim.config.PolicyConfig (None, False here: every token decided exactly)
     search_context: bool = False
+    in_context: bool = False  # Θ reads each scored text with In-Context RALM's article before it (ralm+monim-amt)
     uses_theta = True  # its rule reads the semiparametric model's prediction
 
     @property
     def name(self) -> str:
-        return "monim-amt" if self.adaptive else "monim"
+        return ("ralm+" if self.in_context else "") + ("monim-amt" if self.adaptive else "monim")
 
     def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
         threshold = amt_threshold(self.delta, theta.max_logp - theta.logp) if self.adaptive else self.delta
@@ -92,6 +95,18 @@ class MoNIM(Stores):
         slack = lm_slack(logp, max_logp, self.delta, self.adaptive)
         out = slack > self.search_margin if self.search_margin is not None else np.zeros(len(slack), bool)
         return out | (slack < 0) & ~seen if self.search_context else out
+
+
+@dataclass
+class InContext(Stores):
+    """In-Context RALM (Ram et al., 2023): no entries, the day's articles kept for BM25 (monim.ralm)."""
+
+    name = "ralm"
+    uses_theta = False
+    stores = False
+
+    def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
+        return np.zeros(len(batch), dtype=bool)
 
 
 @dataclass
@@ -143,8 +158,8 @@ class GreedyMerge(Stores):
         return entries.take(keep), weights, merged
 
 
-Policy = FullMem | RandMem | MoNIM | KL | GreedyMerge
-CLASSES = {c.__name__: c for c in (FullMem, RandMem, MoNIM, KL, GreedyMerge)}  # by the catalogue's `make`
+Policy = FullMem | RandMem | MoNIM | InContext | KL | GreedyMerge
+CLASSES = {c.__name__: c for c in (FullMem, RandMem, MoNIM, InContext, KL, GreedyMerge)}  # by the catalogue's `make`
 
 
 def policy_params(policy: Policy) -> dict:
@@ -164,7 +179,7 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
     # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
     given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k),
              "search_margin": ("search_margin", cfg.search_margin), "search_context": ("search_context", cfg.search_context)}
-    return CLASSES[e.make](**dict(given[r] for r in e.reads), **dict(e.fixed))
+    return CLASSES[e.make](**dict(given[r] for r in e.reads if r in given), **dict(e.fixed))  # (ralm_*: Θ's, monim.ralm)
 
 
 def run_policy(cfg: RunConfig) -> Policy:

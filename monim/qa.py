@@ -13,7 +13,8 @@ import numpy as np
 
 from monim.evaluate import searched, theta_of
 from monim.lm import LM
-from monim.scoring import ScoreConfig, score_tokens
+from monim.ralm import Prefixes, articles_of, in_context
+from monim.scoring import ScoreConfig, TokenScores, score_tokens
 from monim.sources import StreamError, parse_date
 
 
@@ -99,6 +100,24 @@ def choice_sequences(lm: LM, questions: list[Question], pool: list[Question], k:
     return seqs
 
 
+def with_articles(lm: LM, memory, questions: list[Question], seqs: list[tuple[str, list[int], int]], room: int
+                  ) -> list[tuple[str, list[int], int]]:
+    """Each choice's sequence after the best article for its question among the memory's (In-Context
+    RALM: the question is the query), the article cut so that the question's longest choice fits `room`."""
+    found = articles_of(memory).best([q.question for q in questions])
+    longest: dict[int, int] = {}
+    for seq_id, toks, _ in seqs:
+        qi = int(seq_id.split("#")[0])
+        longest[qi] = max(longest.get(qi, 0), len(toks))
+    prefixes = Prefixes(lm)
+    out = []
+    for seq_id, toks, first in seqs:
+        qi = int(seq_id.split("#")[0])
+        head = prefixes.of(found[qi], room - longest[qi])
+        out.append((seq_id, head + toks, first + len(head)))
+    return out
+
+
 def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a binomial proportion (95% by default)."""
     if not n:
@@ -121,15 +140,23 @@ def answer_questions(lm: LM, questions: list[Question], memories: dict, shots: i
     for memory in memories.values():
         if memory is not None:
             memory.sync()
+
+    def add(name: str, batch: TokenScores) -> None:
+        b = searched(lm, batch, memories[name])
+        logp = theta_of(b, memories[name]).logp
+        for seq_id in np.unique(b.doc_id):
+            rows = b.doc_id == seq_id
+            acc = total[name].setdefault(seq_id, [0.0, 0])
+            acc[0] += float(logp[rows].sum())
+            acc[1] += int(rows.sum())
+
     for batch in score_tokens(lm, seqs, cfg, keep_hidden=True):
-        for name, memory in memories.items():
-            b = searched(lm, batch, memory)
-            logp = theta_of(b, memory).logp
-            for seq_id in np.unique(b.doc_id):
-                rows = b.doc_id == seq_id
-                acc = total[name].setdefault(seq_id, [0.0, 0])
-                acc[0] += float(logp[rows].sum())
-                acc[1] += int(rows.sum())
+        for name in (n for n, m in memories.items() if not in_context(m)):
+            add(name, batch)
+    for name in (n for n, m in memories.items() if in_context(m)):  # each question after its article
+        for batch in score_tokens(lm, with_articles(lm, memories[name], questions, seqs, cfg.context + cfg.stride), cfg,
+                                  keep_hidden=memories[name].retrieves):
+            add(name, batch)
     out = {}
     for name in memories:
         hits = 0

@@ -120,14 +120,22 @@ class Run:
 class MemoryRun(Run):
     """A memorization policy: each day memorized and calibrated into one memory, read as Θ."""
 
-    splits = SPLITS
-
     def __init__(self, cfg: RunConfig, settings: Settings | None = None, root: Path | None = None):
         """`settings`, `root`: a study's memory with settings a RunConfig does not name (an index codec,
         calibrator features), in a folder of its own; default: the run's settings and memory folder."""
         super().__init__(cfg)
         self.settings, self.root = settings or Settings.of(cfg), Path(root or workdirs.memory_root(cfg.workdir, cfg.name))
         self._memory: Memory | None = None
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether a day is calibrated: not where the policy stores no entry (In-Context RALM keeps articles)."""
+        return run_policy(self.cfg).stores
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits the LM featurizes: In-Context RALM's learning reads none (the gate and tests read theirs)."""
+        return SPLITS if self.calibrates else SPLITS[1:]
 
     @property
     def memory(self) -> Memory:
@@ -190,7 +198,8 @@ class MemoryRun(Run):
         } | stats["index"] | {k: v for k, v in theta.items() if k != "record"} | {f"seconds_{k}": v for k, v in seconds.items()}
 
     def learn(self, day: Day, step: int) -> dict:
-        return self.learned(self.memorize(day), self.calibrate(day))
+        stats = self.memorize(day)
+        return self.learned(stats, self.calibrate(day) if self.calibrates else {})
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
         memory = self.memory.recent(recency)

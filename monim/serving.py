@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from monim.evaluate import score_texts
@@ -52,6 +52,7 @@ class Request:
 
     rows: list[tuple[str, str]]
     generation: GenerateConfig
+    retrieve: frozenset[int] = frozenset()  # the prompt rows asking for the best article before them ("retrieve": true)
 
 
 def _param(name: str, value, kind: type):
@@ -80,10 +81,11 @@ def parse(body: object, limits: Limits) -> Request:
     if len(records) > limits.max_rows:
         raise BadRequest(f"dataframe_records: {len(records)} rows; at most {limits.max_rows} a request")
     rows = [_row(i, r, limits) for i, r in enumerate(records)]
+    retrieve = frozenset(i for i, r in enumerate(records) if r.get("retrieve"))
     params = body.get("params") or {}
     if not isinstance(params, dict):
         raise BadRequest(f"params: expected an object, got {type(params).__name__}")
-    kinds = {f.name: f.type for f in fields(GenerateConfig) if f.name != "keep_distributions"}
+    kinds = {f.name: f.type for f in fields(GenerateConfig) if f.name not in ("keep_distributions", "retrieve")}
     unknown = sorted(set(params) - set(kinds))
     if unknown:
         raise BadRequest(f"params: unknown {', '.join(map(repr, unknown))}; known: {', '.join(kinds)}")
@@ -91,7 +93,7 @@ def parse(body: object, limits: Limits) -> Request:
     if values.get("max_new_tokens", 0) > limits.max_new_tokens:
         raise BadRequest(f"params.max_new_tokens: {values['max_new_tokens']}; at most {limits.max_new_tokens}")
     try:
-        return Request(rows, GenerateConfig(**values))
+        return Request(rows, GenerateConfig(**values), retrieve)
     except ValueError as e:
         raise BadRequest(f"params: {e}") from None
 
@@ -99,7 +101,10 @@ def parse(body: object, limits: Limits) -> Request:
 def _row(i: int, row: object, limits: Limits) -> tuple[str, str]:
     if not isinstance(row, dict):
         raise BadRequest(f"dataframe_records[{i}]: expected an object with 'text' or 'prompt', got {type(row).__name__}")
-    given = {k: v for k, v in row.items() if v is not None}
+    given = {k: v for k, v in row.items() if v is not None and k != "retrieve"}
+    if not isinstance(row.get("retrieve", False), bool) or row.get("retrieve") and "prompt" not in given:
+        raise BadRequest(f"dataframe_records[{i}].retrieve: true or false, on a 'prompt' row (a text is scored as the "
+                         f"model reads it), got {row.get('retrieve')!r}")
     unknown = sorted(set(given) - set(ROW_FIELDS))
     if unknown or len(given) != 1:
         what = f"unknown field {', '.join(map(repr, unknown))}" if unknown else f"got {sorted(given) or 'nothing'}"
@@ -276,7 +281,8 @@ class Service:
         for i, (kind, value) in enumerate(job.request.rows):
             if kind == "prompt" and job.error is None:
                 try:
-                    job.rows.append((i, decoder.add(value, job.request.generation, stop)))
+                    cfg = replace(job.request.generation, retrieve=True) if i in job.request.retrieve else job.request.generation
+                    job.rows.append((i, decoder.add(value, cfg, stop)))
                 except ValueError as e:
                     job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
                 except Exception as e:  # noqa: BLE001

@@ -19,7 +19,8 @@ from tasks.logs import logger
 def learn(cfg: RunConfig, day: Day, step: int) -> dict:
     """Learn the day as the run's kind does, each stage a task: memorize and calibrate, or train; the day's row."""
     if cfg.kind == MEMORY:
-        return MemoryRun.learned(memorize(cfg, day), calibrate(cfg, day))
+        stats = memorize(cfg, day)
+        return MemoryRun.learned(stats, calibrate(cfg, day) if run_for(cfg).calibrates else {})
     if cfg.kind == LEARNER:
         return run_for(cfg).trained(train(cfg, day, step))
     return {}

@@ -77,18 +77,22 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
              seed: int = typer.Option(0, "--seed", help="The sampler's seed (the same seed writes the same text)."),
              sources: bool = typer.Option(False, "--sources", help="List the memorized articles behind each generated "
                                           "sentence."),
+             retrieve: bool = typer.Option(False, "--retrieve", help="Put the best article for the prompt (BM25 over the "
+                                           "memory's articles) before it, and name it (In-Context RALM)."),
              constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
              as_json: bool = AS_JSON) -> None:
     """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
     from monim.generate import GenerateConfig, generate as generate_text
 
     with clear_errors(ValueError):
-        cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed)
+        cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed, retrieve=retrieve)
     memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, half_life=half_life,
                          max_age=max_age)
     with clear_errors(ValueError):
         gen = generate_text(memory.lm, prompt, memory, cfg)
     typer.echo(prompt + gen.text)
+    for s in gen.sources:
+        console.print(f"retrieved into the context: {s['date']} {s['doc_id']} \"{s['title']}\"", highlight=False)
     if sources:
         for i, sentence in enumerate(gen.sentences, 1):
             found = "; ".join(f"{s['date']} {s['doc_id']} \"{s['title']}\" ({s['weight']:.2f})" for s in sentence["sources"])
