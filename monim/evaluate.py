@@ -15,7 +15,7 @@ from monim.lm import LM
 from monim.features import Features
 from monim.scoring import ScoreConfig, TokenScores, with_neighbors
 from monim.memory import Memory
-from monim.ralm import Pass, articles_of, in_context, score_with_articles, window
+from monim.ralm import Pass, articles_of, in_context, score_with_articles
 from monim.settings import SettingsMismatch, window_differences
 from monim.sources import Document
 
@@ -142,8 +142,8 @@ def in_context_passes(lm: LM, memories: dict, docs: list[Document], features: Fe
         if in_context(memory):
             p = memory.settings.policy
             ids = tuple(a.id for a in articles_of(memory).articles)
-            fitted = window(memory)
-            groups.setdefault((ids, p.ralm_stride, p.ralm_query, fitted.context, fitted.stride), []).append(key)
+            w = memory.settings.window
+            groups.setdefault((ids, p.ralm_stride, p.ralm_query, w.context, w.stride), []).append(key)
     tokens = features.tokenize(docs) if groups else []
     out = {}
     for keys in groups.values():

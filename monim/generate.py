@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from monim.lm import LM
 from monim.memory import Memory
-from monim.ralm import in_context, window, with_article
+from monim.ralm import in_context, reach, with_article
 from monim.scoring import TokenScores
 from monim.sources import short_title
 
@@ -193,8 +193,7 @@ class Decoder:
         if cfg.retrieve or in_context(self.memory):
             if self.memory is None:
                 raise ValueError("retrieve needs a memory: its articles are what is retrieved")
-            fitted = window(self.memory)
-            ids, article = with_article(self.lm, self.memory, prompt, ids, fitted.context + fitted.stride - cfg.max_new_tokens)
+            ids, article = with_article(self.lm, self.memory, prompt, ids, reach(self.memory) - cfg.max_new_tokens)
         row = Row(prompt, ids, cfg, should_stop)
         row.sources = [] if article is None else [{"date": article.date, "doc_id": article.id,
                                                     "title": short_title(article.title)}]

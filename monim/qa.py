@@ -13,7 +13,7 @@ import numpy as np
 
 from monim.evaluate import searched, theta_of
 from monim.lm import LM
-from monim.ralm import Prefixes, articles_of, in_context
+from monim.ralm import Prefixes, articles_of, in_context, reach
 from monim.scoring import ScoreConfig, TokenScores, score_tokens
 from monim.sources import StreamError, parse_date
 
@@ -154,8 +154,9 @@ def answer_questions(lm: LM, questions: list[Question], memories: dict, shots: i
         for name in (n for n, m in memories.items() if not in_context(m)):
             add(name, batch)
     for name in (n for n, m in memories.items() if in_context(m)):  # each question after its article
-        for batch in score_tokens(lm, with_articles(lm, memories[name], questions, seqs, cfg.context + cfg.stride), cfg,
-                                  keep_hidden=memories[name].retrieves):
+        room = reach(memories[name])
+        for batch in score_tokens(lm, with_articles(lm, memories[name], questions, seqs, room),
+                                  replace(cfg, context=room - cfg.stride), keep_hidden=memories[name].retrieves):
             add(name, batch)
     out = {}
     for name in memories:

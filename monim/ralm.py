@@ -3,9 +3,10 @@
 the text within the memory's window, and the next stride is scored after it. A memory with entries
 (ralm+monim-amt) then searches its kNN memory with the hidden states of those passes.
 
-The window is the memory's `context + stride` tokens: the text's last `context` tokens before the
-stride come last, the article's first tokens fill the room before them. Every stride is one pass of the
-LM over up to a window of tokens: the LM reads about window / ralm_stride tokens per scored token.
+A stride's pass reads the text as the LM alone does (the memory's window: `context + stride` tokens,
+the stride's last) after the article's first tokens, up to `context` of them, within the LM's positions:
+RALM sees what the LM alone sees and an article more. The LM reads about
+(2 context + stride) / ralm_stride tokens per scored token: ~48 at the defaults (512, 512, 32).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from monim.articles import Article, ArticleIndex
-from monim.config import ScoreConfig
 from monim.lm import LM
 from monim.scoring import TokenScores, fit_window, score_tokens
 from monim.sources import Document
@@ -34,9 +34,12 @@ def articles_of(memory) -> ArticleIndex:
     return ArticleIndex.of(memory.ds, [(d.date, d.shard) for d in memory.days])
 
 
-def window(memory) -> ScoreConfig:
-    """The memory's window as its LM can read it (its context + stride: the tokens one pass reads at most)."""
-    return fit_window(memory.lm, memory.settings.window)
+def reach(memory) -> int:
+    """Tokens one pass reads at most: the memory's window (context + stride) and an article of up to
+    `context` tokens, within the LM's positions."""
+    w = memory.settings.window
+    fitted = fit_window(memory.lm, replace(w, context=2 * w.context))
+    return fitted.context + fitted.stride
 
 
 @dataclass
@@ -71,8 +74,9 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
     """Score each document's tokens 1.. as In-Context RALM does with the memory's articles and settings:
     batches whose doc_id and position are the document's, as the LM alone scores them."""
     started = time.perf_counter()
-    policy, fitted = memory.settings.policy, window(memory)
-    stride, query, context, size = policy.ralm_stride, policy.ralm_query, fitted.context, fitted.context + fitted.stride
+    policy, fitted, size = memory.settings.policy, fit_window(lm, memory.settings.window), reach(memory)
+    stride, query = policy.ralm_stride, policy.ralm_query
+    context = fitted.context + fitted.stride - stride  # the text before a stride: as much as the LM alone reads
     index, prefixes = articles_of(memory), Prefixes(lm)
     plans, queries, exclude = [], [], []
     for doc, toks in zip(docs, tokens):
@@ -85,7 +89,7 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
     out = Pass()
     seqs, where = [], {}
     for k, ((doc_id, toks, s, e), article) in enumerate(zip(plans, found)):
-        p = max(0, s - 1 - context)  # the stride's targets after the `context` tokens before the first one's
+        p = max(0, s - 1 - context)  # the stride's targets after `context` tokens before the first one's
         head = prefixes.of(article, size + 1 - (e - p))  # what is fed: all but the last target
         seqs.append((str(k), head + toks[p:e], len(head) + s - p))
         where[str(k)] = (doc_id, p - len(head))
@@ -103,8 +107,7 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
 
 def with_article(lm: LM, memory, query: str, ids: list[int], room: int | None = None) -> tuple[list[int], Article | None]:
     """`ids` after the best article for `query` among the memory's, within `room` tokens in all
-    (default: the memory's window); the article, or None where none matched."""
+    (default: the memory's reach); the article, or None where none matched."""
     article = articles_of(memory).best([query])[0]
-    fitted = window(memory)
-    head = Prefixes(lm).of(article, (room or fitted.context + fitted.stride) - len(ids))
+    head = Prefixes(lm).of(article, (room or reach(memory)) - len(ids))
     return head + ids, article if head else None

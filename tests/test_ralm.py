@@ -112,9 +112,9 @@ def test_a_stride_is_scored_as_the_lm_reads_article_separator_and_text(lm, tmp_p
     got = {int(p): float(v) for b in ralm.batches for p, v in zip(b.position, b.logp)}
     assert sorted(got) == list(range(1, len(toks)))
     index, sep = articles_of(memory), lm.tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
-    size = 6 + 32
+    size = 6 + 32 + 6  # the window (context 6, stride 32) and an article of up to 6 tokens
     for n, s in enumerate(range(1, len(toks), 4)):
-        e, p = min(s + 4, len(toks)), max(0, s - 1 - 6)
+        e, p = min(s + 4, len(toks)), max(0, s - 1 - (6 + 32 - 4))  # the text the LM alone would read
         article = index.best([lm.tokenizer.decode(toks[max(0, s - 32):s])])[0]
         assert ralm.sources["t"][n] == (article.id if article else "")
         head = lm.tokenizer(f"{article.title}\n{article.text}", add_special_tokens=False)["input_ids"] if article else []
@@ -170,7 +170,7 @@ def test_generation_puts_the_best_article_before_the_prompt_and_names_it(lm, tmp
     assert gen.sources == [{"date": "2022-06-02", "doc_id": "chips", "title": "About chips"}]
     article = lm.tokenizer("About chips\n" + TEXTS["chips"], add_special_tokens=False)["input_ids"]
     sep = lm.tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
-    ids = article[: 24 + 32 - 4 - len(sep) - 3] + sep + lm.tokenizer("Memory chips shortage")["input_ids"]
+    ids = article[: 24 + 32 + 24 - 4 - len(sep) - 3] + sep + lm.tokenizer("Memory chips shortage")["input_ids"]
     with torch.no_grad():  # greedy by hand over the same context
         out = lm.model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, len(ids):].tolist()
     assert gen.tokens == out
