@@ -13,9 +13,9 @@ from flows.stream import learn_stream
 from monim import catalogue
 from monim.config import RunConfig
 from monim.suite import EvalConfig
-from monim.report import summarize
+from monim.report import policies_table, summarize
 from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking import ended, open_comparison
+from tasks.tracking import ended, fetch_runs, open_comparison
 
 
 @flow(name="monim-compare")
@@ -30,8 +30,8 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
     summary: dict[str, dict] = {}
     runs: dict[str, RunConfig] = {}
     comparison = open_comparison(run, experiment, uri)
-    with ended(comparison, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side; the report "
-                                    "is among this run's artifacts"):
+    with ended(comparison, uri, lambda: f"{', '.join(policies)} on `{Path(run.source).name}`, side by side (the report "
+                                    "is among this run's artifacts):\n\n" + policies_table(fetch_runs.fn(uri, experiment))):
         for policy in catalogue.learning_order(policies):
             follows = catalogue.followed_memrate(policy, {p: s["memrate"] for p, s in summary.items()})
             runs[policy] = RunConfig.model_validate(run.model_dump() | {"policy": policy, "followed_memrate": follows})

@@ -1,5 +1,5 @@
 """One streaming day: ingest → LM features → learn (memorize and calibrate, or train) → evaluate →
-register → log."""
+register → log (the day's numbers and the run's totals so far)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from prefect.runtime import flow_run
 from monim.config import RunConfig
 from flows.cluster import featurize_day
 from tasks.feed import say_late
-from tasks.learning import ingest, record_day, run_for
+from monim.report import so_far
+from tasks.learning import ingest, record_day, recorded_days, run_for
 from tasks.runs import evaluate, learn, register
 from tasks.tracking import log_day
 
@@ -39,6 +40,7 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
         row |= learn(cfg, day, step)
         row["seconds_learn"] = time.perf_counter() - started
         row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
+        row |= so_far([r for d, r in sorted(recorded_days(cfg).items()) if d < date] + [row])
         if run_id:
             row |= register(cfg, day, run_id, tracking_uri)
             log_day(run_id, tracking_uri, step, row)

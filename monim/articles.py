@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 from monim.dedup import Signatures, TwinIndex
 from monim.sources import Document
 
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it says each build and each query without terms at INFO
 ARRAY = "articles"  # the shard array that holds them
 K1, B = 1.2, 0.75  # Lucene's defaults
 CANDIDATES = 8  # top articles fetched per query, so that excluded ones still leave a best

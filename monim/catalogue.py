@@ -5,6 +5,7 @@ when both run)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 BARE, MEMORY, LEARNER = "bare", "memory", "learner"  # the kinds of run
@@ -75,6 +76,13 @@ def shown(value, key: str = "") -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
     return str(value)
+
+
+def rounded(value: float) -> float:
+    """A float at the digits `shown` writes (4 significant, thousands whole), for tables that show all they get."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return float(round(value)) if abs(value) >= 1000 else float(f"{value:.4g}")
 
 
 def shown_order(runs: list[str]) -> list[str]:

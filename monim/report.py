@@ -12,24 +12,40 @@ from pathlib import Path
 
 import numpy as np
 
-from monim.catalogue import shown, shown_order
+from monim.catalogue import rounded, shown, shown_order
 from monim.evaluate import combine
 from monim.plots import bars, lines, panels
 
-DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn")
+DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn",
+         "ppl_novel", "ppl_lm_novel", "twin_share", "evaluate_seconds", "lm_tokens_per_token")
+# what a run achieved over its days so far, logged each day as the runs table's columns (the row's key + "_so_far")
+SO_FAR = ("ppl", "ppl_novel", "accuracy", "seconds_learn", "seconds_score_per_1k", "lm_tokens_per_token")
 
 
 def summarize(rows: list[dict]) -> dict:
-    """A run's totals: MemRate, test PPL and accuracy over all its days, entries, bytes and seconds per day."""
+    """A run's totals: MemRate, test PPL (all tokens, novel articles) and accuracy over all its days,
+    entries, bytes, learning seconds per day, and scoring seconds per 1,000 test tokens (Θ's evaluation
+    beyond the LM's pass over the test text, which the feature store holds; In-Context RALM's own
+    passes included) with the LM tokens read per scored token."""
     seen = sum(r.get("tokens_seen", 0) for r in rows)
     last = rows[-1] if rows else {}
     tests = combine(rows)
+    n = tests["tokens"]
     return {
-        "days": len(rows), "test_tokens": tests["tokens"], "ppl": tests["ppl"], "ppl_lm": tests["ppl_lm"],
+        "days": len(rows), "test_tokens": n, "ppl": tests["ppl"], "ppl_novel": tests["ppl_novel"], "ppl_lm": tests["ppl_lm"],
         "accuracy": tests["accuracy"], "tokens_seen": seen, "entries": last.get("entries", 0),
         "memrate": last.get("entries", 0) / seen if seen else 0.0, "bytes": last.get("memory_bytes", 0),
         "seconds_per_day": float(np.mean([r["seconds_learn"] for r in rows if "seconds_learn" in r] or [math.nan])),
+        "seconds_learn": sum(r.get("seconds_learn", 0.0) for r in rows),
+        "seconds_score_per_1k": 1000 * sum(r.get("evaluate_seconds", 0.0) for r in rows) / n if n else math.nan,
+        "lm_tokens_per_token": sum(r.get("lm_tokens_per_token", 1.0) * r.get("tokens", 0) for r in rows) / n if n else 1.0,
     }
+
+
+def so_far(rows: list[dict]) -> dict:
+    """The run's totals over these days, as the runs table shows them (at the terminal's digits)."""
+    s = summarize(rows)
+    return {f"{k}_so_far": rounded(s[k]) for k in SO_FAR}
 
 
 def day_rows(run: dict) -> list[dict]:
@@ -57,7 +73,8 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines_ + ["| " + " | ".join(shown(v, h) for h, v in zip(header, r)) + " |" for r in rows])
 
 
-def _policies(runs: dict) -> str:
+def policies_table(runs: dict) -> str:
+    """The runs side by side: what each achieved over its days and what it cost (the report's first table)."""
     rows = []
     for name in _ordered(runs):
         days = day_rows(runs[name])
@@ -65,11 +82,15 @@ def _policies(runs: dict) -> str:
             continue
         s = summarize(days)
         memory = any("entries" in r for r in days)  # a parametric learner keeps weights, not entries
+        qa = {k: v[-1][1] for k, v in runs[name]["metrics"].items() if k.startswith("qa_") and k.endswith("_0shot")}
         rows.append([name, s["days"], s["memrate"] if memory else "–", int(s["entries"]) if memory else "–",
-                     s["ppl"], s["ppl_lm"], f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"],
-                     s["bytes"] / 2**20, s["bytes"] / 2**20 / s["days"], s["seconds_per_day"]])
-    return _table(["policy", "days", "MemRate", "entries", "test PPL", "LM alone", "change", "next-word acc.", "MB",
-                   "MB/day", "s/day"], rows)
+                     s["ppl"], s["ppl_novel"], s["ppl_lm"], f"{100 * (s['ppl'] / s['ppl_lm'] - 1):+.1f}%", s["accuracy"],
+                     f"{100 * qa['qa_accuracy_0shot']:.1f}% [{100 * qa['qa_ci_low_0shot']:.1f}, "
+                     f"{100 * qa['qa_ci_high_0shot']:.1f}]" if "qa_accuracy_0shot" in qa else "–",
+                     s["bytes"] / 2**20, s["seconds_per_day"], s["seconds_score_per_1k"], s["lm_tokens_per_token"]])
+    return _table(["policy", "days", "MemRate", "entries", "test PPL", "PPL, novel articles", "LM alone", "change",
+                   "next-word acc.", "QA 0-shot [95%]", "MB", "learning s/day", "scoring s/1k tokens", "LM tokens/token"],
+                  rows)
 
 
 def _growth(runs: dict, out: Path) -> str | None:
@@ -162,9 +183,12 @@ def render_report(runs: dict[str, dict], out: Path | str, title: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     sections = [
         ("Policies: test perplexity and MemRate", "Token-weighted over every day's test articles, each scored "
-         "with the memory (or a parametric learner's weights) as it stood after that day. MB: what the run keeps "
-         "on disk (a parametric learner: a copy of the weights per day); s/day: a day's learning (memorize, index, "
-         "calibrate; or train) beyond the LM's pass over its text, which every policy shares.", _policies(runs)),
+         "with the memory (or a parametric learner's weights) as it stood after that day; novel articles: those "
+         "without a near-duplicate among the articles learned. MB: what the run keeps on disk (a parametric learner: "
+         "a copy of the weights per day); learning s/day: a day's learning (memorize, index, calibrate; or train) "
+         "beyond the LM's pass over its text, which every policy shares; scoring s/1k tokens: the test text's "
+         "scoring beyond that pass (In-Context RALM's own passes included: it reads the LM tokens/token shown).",
+         policies_table(runs)),
         ("Memory growth", "", _growth(runs, out)),
         ("Forgetting matrix", "PPL on each period's test articles with the memory as of the end of that period "
          "and of each later one (read back from the same memory, no copies).", _matrix(runs, out)),

@@ -1,6 +1,7 @@
 """How monim's runs look in MLflow: a day's metrics named in sections (MLflow charts a run's metrics
 by the prefix before "/", the sections in alphabetical order, so the numbers a comparison is read by
-come first: `1_results` holds PPL, the LM's, MemRate, entries, bytes, seconds and accuracy), and the
+come first: `1_results` holds what each run achieved so far (PPL over all its test tokens and on novel
+articles, QA, MemRate, bytes, learning and scoring seconds), the day's own PPL is in `3_quality`), and the
 experiment's saved view (its runs table shows those columns, its charts the stream's dates). Runs
 records and the report keep the plain names (`ppl`); names logged before sections (plain ones) are
 read back as they are."""
@@ -11,13 +12,17 @@ import json
 import time
 
 SECTIONS = (  # a name ending in "_" or "/" takes every metric that starts with it
-    ("1_results", ("ppl", "ppl_lm", "memrate", "entries", "memory_bytes", "seconds_learn", "accuracy")),
-    ("2_learned", ("memrate_day", "entries_stored", "tokens_seen", "index_recall", "tokens_trained",
+    # what each run achieved over its days so far (monim.report.so_far; QA from the evaluation suite)
+    ("1_results", ("ppl_so_far", "ppl_novel_so_far", "qa_accuracy_0shot", "memrate", "memory_bytes",
+                   "seconds_learn_so_far", "seconds_score_per_1k_so_far", "lm_tokens_per_token_so_far", "accuracy_so_far")),
+    ("2_learned", ("entries", "memrate_day", "entries_stored", "tokens_seen", "index_recall", "tokens_trained",
                    "review_tokens", "steps", "train_loss")),
-    ("3_quality", ("accuracy_lm", "ppl_novel", "ppl_lm_novel", "twin_share", "skipped", "tokens")),
+    ("3_quality", ("ppl", "ppl_lm", "accuracy", "accuracy_lm", "ppl_novel", "ppl_lm_novel", "twin_share", "skipped",
+                   "tokens")),
     ("4_suite", ("ppl_period/", "accuracy_period/", "ppl_text", "ppl_text_lm", "qa_")),
     ("5_calibration", ("lam", "lam_copy", "temperature", "theta_", "heldout_", "calibration_", "calibrator_seconds")),
-    ("6_cost", ("seconds_", "tokens_per_s", "decision_", "tokens_featurized", "featurize_workers", "evaluate_seconds")),
+    ("6_cost", ("seconds_", "tokens_per_s", "decision_", "tokens_featurized", "featurize_workers", "evaluate_seconds",
+                "ralm_seconds", "lm_tokens_per_token")),
     ("7_registry", ("model_version", "registered", "champion_moved", "gate_")),
     ("8_data", ("docs_",)),
 )

@@ -229,12 +229,16 @@ def fetch_runs(uri: str, experiment: str) -> dict[str, dict]:
 
 def ui_links(uri: str, mlflow_url: str, prefect_url: str) -> list[tuple[str, str]]:
     """Direct links into both UIs: the Prefect flow runs, each experiment's runs table and charts in
-    monim's saved view, and each registered model's versions."""
+    monim's saved view and its comparison's report run (the side-by-side table), and each registered
+    model's versions."""
     c = client(uri)
     out = [("Prefect flow runs", f"{prefect_url}/runs")]
     for e in c.search_experiments():
         if e.name != "Default":
             view = f"{mlflow_url}/#/experiments/{e.experiment_id}/runs?viewStateShareKey={VIEW}&workflowType=machine_learning"
             out += [(f"MLflow runs of {e.name}", view), (f"MLflow charts of {e.name}", view + "&compareRunsMode=CHART")]
+            report = c.search_runs([e.experiment_id], filter_string="tags.`monim.kind` = 'comparison'", max_results=1)
+            out += [(f"MLflow report run of {e.name}", f"{mlflow_url}/#/experiments/{e.experiment_id}/runs/"
+                     f"{report[0].info.run_id}")] if report else []
     out += [(f"model versions of {m.name}", f"{mlflow_url}/#/models/{m.name}") for m in c.search_registered_models()]
     return out

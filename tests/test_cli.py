@@ -113,6 +113,37 @@ def test_compare_into_one_experiment(tiny_model_dir, tmp_path):
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "prefect").is_dir()  # a fresh shell's Prefect home
 
 
+def test_compare_ralm_alone_and_with_monim(tiny_model_dir, tmp_path):
+    """What a user would pick instead, side by side: In-Context RALM, MoNIM-AMT and both; then a
+    generation with the best article for the prompt in its context, named."""
+    out = last_json(monim("compare", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-03", "--policies",
+                          "ralm,monim-amt,ralm+monim-amt", "--workdir", tmp_path, "--model", tiny_model_dir("gpt2"),
+                          "--max-docs", 2, "--json"))
+    runs = out["policies"]
+    assert list(runs) == ["ralm", "monim-amt", "ralm+monim-amt"]
+    assert runs["ralm"]["entries"] == 0 and 0 < runs["ralm"]["bytes"] < runs["monim-amt"]["bytes"] / 2  # articles only
+    assert runs["ralm+monim-amt"]["entries"] == runs["monim-amt"]["entries"] > 0  # memorized as MoNIM-AMT does
+    assert runs["ralm"]["test_tokens"] == runs["monim-amt"]["test_tokens"] == runs["ralm+monim-amt"]["test_tokens"]
+    assert runs["ralm"]["lm_tokens_per_token"] > 2 and runs["monim-amt"]["lm_tokens_per_token"] == 1.0
+    settings = json.loads((tmp_path / "memories" / "ralm" / "manifest.json").read_text())["settings"]["policy"]
+    assert (settings["ralm_stride"], settings["ralm_query"]) == (32, 32)  # recorded: a run with others is refused
+    proc = monim("learn", "--source", DEMO, "--start", "1987-03-04", "--end", "1987-03-04", "--policy", "ralm",
+                 "--ralm-stride", 8, "--workdir", tmp_path, "--model", tiny_model_dir("gpt2"), check=False)
+    assert proc.returncode == 2 and "ralm_stride" in proc.stderr
+    gen = last_json(monim("generate", "--workdir", tmp_path, "--policy", "monim-amt", "--prompt", "The company said",
+                          "--max-new-tokens", 3, "--retrieve", "--json"))
+    assert len(gen["sources"]) == 1 and gen["sources"][0]["date"] in ("1987-03-02", "1987-03-03")
+    # a retracted article leaves the RALM memory (which held no entry of it) and is registered again
+    from monim.datastore import Datastore
+
+    ralm = Datastore.read(tmp_path / "memories" / "ralm")
+    article = ralm.shard_articles(ralm.days[0].shard)[0][0]
+    out = last_json(monim("forget", "--workdir", tmp_path, "--doc", article, "--policy", "ralm", "--json"))
+    assert out["removed"] == {"ralm": 0} and "ralm" in out["registered"]
+    ralm = Datastore.read(tmp_path / "memories" / "ralm")
+    assert article not in {a[0] for d in ralm.days for a in ralm.shard_articles(d.shard)}
+
+
 def test_clear_errors(learned, tmp_path):
     workdir, model, out = learned
     proc = monim("learn", "--source", tmp_path / "missing.jsonl", "--workdir", tmp_path, check=False)

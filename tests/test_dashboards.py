@@ -58,11 +58,22 @@ def test_the_experiment_reads_like_the_papers_tables(compared):
     assert set(runs) == {"fullmem", "monim-amt", "comparison (report)"}
     for name in ("fullmem", "monim-amt"):
         metrics = runs[name].data.metrics
-        assert {"1_results/ppl", "1_results/ppl_lm", "1_results/memrate", "1_results/entries"} <= set(metrics)
+        assert {"1_results/ppl_so_far", "1_results/memrate", "3_quality/ppl", "3_quality/ppl_lm"} <= set(metrics)
         assert all("/" in k for k in metrics) and not any(k.endswith("/step") or k == "step" for k in metrics)
         assert runs[name].info.status == "FINISHED" and runs[name].info.end_time
     report = {a.path for a in client.list_artifacts(runs["comparison (report)"].info.run_id, "report")}
     assert {"report/report.md", "report/memory_growth.png"} <= report
+
+
+def terminal_ppl(output: str) -> dict[str, float]:
+    """Each policy's test PPL over all its days, as `monim compare` printed it in its table."""
+    out = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if cells and cells[0] in ("fullmem", "monim-amt") and len(cells) > 5:
+            out[cells[0]] = float(cells[5].replace(",", ""))  # policy, days, entries, memrate, ppl_lm, ppl
+    assert set(out) == {"fullmem", "monim-amt"}, output
+    return out
 
 
 def browser():
@@ -104,7 +115,7 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
 
             page.goto(links[f"MLflow runs of {experiment}"])
             header = page.locator("[role=columnheader]")
-            header.filter(has_text="1_results/memrate").first.wait_for(timeout=60_000)
+            header.filter(has_text="1_results/ppl_so_far").first.wait_for(timeout=60_000)
 
             def results_columns() -> tuple[list[str], list[str]]:
                 columns = header.all_inner_texts()
@@ -112,26 +123,42 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
 
             columns, order = results_columns()
             for _ in range(20):  # the grid draws its columns first, then (on most loads) the saved view's order
-                if order[:1] == ["1_results/ppl"]:
+                if order[:1] == ["1_results/ppl_so_far"]:
                     break
                 page.wait_for_timeout(500)
                 columns, order = results_columns()
             page.screenshot(path=shots / "mlflow-runs.png")
-            assert {"Duration", "1_results/ppl", "1_results/ppl_lm", "1_results/memrate"} <= set(columns), columns
+            assert {"Duration", "1_results/ppl_so_far", "1_results/ppl_novel_so_far", "1_results/memrate"} <= set(columns), columns
             # the saved view's columns: the results section's, and no other section's (MLflow 3.17 applies
             # their order on some loads only, so the order is not asserted)
             assert not [c for c in columns if "/" in c and not c.startswith("1_results/")], columns
-            rows = page.locator("[role=row]").all_inner_texts()  # each policy a row of its own, ended
-            assert any("fullmem" in r for r in rows) and any("monim-amt" in r for r in rows), rows
+            # each policy a row of its own, which shows what the terminal's table says it achieved over the
+            # three days (the grid draws a row's pinned name and its metrics in two elements of one row-index)
+            parts: dict[str, list[str]] = {}
+            for index, text in page.locator("[role=row][row-index]").evaluate_all(
+                    "els => els.map(e => [e.getAttribute('row-index'), e.innerText])"):
+                parts.setdefault(index, []).append(text)
+            whole = ["\n".join(p) for p in parts.values()]
+            for name, ppl in terminal_ppl(compared[1].stdout + compared[1].stderr).items():
+                row = next(r for r in whole if re.search(rf"(^|\s){re.escape(name)}(\s|$)", r))
+                assert ppl in {float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", row)}, (name, ppl, row)
+
+            page.goto(links[f"MLflow report run of {experiment}"])  # the comparison's run: the same table
+            page.get_by_text("side by side", exact=False).first.wait_for(timeout=60_000)
+            page.screenshot(path=shots / "mlflow-report-run.png")
+            body = page.inner_text("body")
+            for name, ppl in terminal_ppl(compared[1].stdout + compared[1].stderr).items():
+                assert re.search(rf"{re.escape(name)}\s+3\s", body), body[:3000]
+                assert f"{ppl:,.0f}" in body if ppl >= 1000 else f"{ppl:#.4g}" in body
 
             page.goto(links[f"MLflow charts of {experiment}"])
-            page.locator("h4[title='1_results/ppl']").first.wait_for(timeout=60_000)
+            page.locator("h4[title='1_results/ppl_so_far']").first.wait_for(timeout=60_000)
             page.wait_for_timeout(2000)
             page.screenshot(path=shots / "mlflow-charts.png")
             titles = page.locator("h4[title]").evaluate_all("els => els.map(e => e.title)")
             first = [t for t in titles[: next((i for i, t in enumerate(titles) if "/" in t and not t.startswith("1_results/")),
                                               len(titles))] if "/" in t]
-            assert first[0].startswith("1_results/") and {"1_results/ppl", "1_results/memrate"} <= set(first), titles
+            assert first[0].startswith("1_results/") and {"1_results/ppl_so_far", "1_results/memrate"} <= set(first), titles
             text = page.inner_text("body")
             assert "Time" in text  # charts over the stream's days
             sections = [s for s in ("1_results", "2_learned", "5_calibration", "8_data") if s in text]

@@ -3,6 +3,7 @@
 import datetime as dt
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,15 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
         a.path for a in client.list_artifacts(comparison.info.run_id, "report")}
     day_ms = {0: 541641600000, 1: 541728000000}  # 1987-03-02 and 1987-03-03, 00:00 UTC
     for name, run in runs.items():
-        ppl = client.get_metric_history(run.info.run_id, "1_results/ppl")
+        ppl = client.get_metric_history(run.info.run_id, "3_quality/ppl")
         assert [m.step for m in ppl] == [0, 1] and {m.step: m.timestamp for m in ppl} == day_ms
+        # the runs table's column: PPL over every test token so far, from the days' PPL and tokens by hand
+        tokens = [m.value for m in client.get_metric_history(run.info.run_id, "3_quality/tokens")]
+        so_far = [m.value for m in client.get_metric_history(run.info.run_id, "1_results/ppl_so_far")]
+        by_hand = [math.exp(sum(t * math.log(p.value) for t, p in zip(tokens[:n], ppl)) / sum(tokens[:n])) for n in (1, 2)]
+        assert so_far == [float(round(v)) if v >= 1000 else float(f"{v:.4g}") for v in by_hand]
+        assert run.data.metrics["1_results/ppl_so_far"] == so_far[-1]
+        assert f"| {name} | 2 |" in comparison.data.tags["mlflow.note.content"]  # the report run's side-by-side
         assert run.data.params["policy"] == name and run.data.params["model"] == model
         assert run.data.tags["monim.comparison"] == comparison.info.run_id
         assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time
@@ -99,7 +107,7 @@ def test_rerunning_the_stream_changes_nothing(compared):
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     run = client.search_runs(client.get_experiment_by_name("monim-reuters-1987-03-02_03-13").experiment_id,
                              filter_string="attributes.run_name = 'monim-amt'")[0]
-    assert len(client.get_metric_history(run.info.run_id, "1_results/ppl")) == 2
+    assert len(client.get_metric_history(run.info.run_id, "3_quality/ppl")) == 2
     assert run.info.status == "FINISHED"  # reopened by the re-run, and ended again
 
 
@@ -159,7 +167,7 @@ def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
     exp = client.get_experiment_by_name("monim-reuters-1987-03-02_03-13")
     run = client.search_runs(exp.experiment_id, filter_string="attributes.run_name = 'fullmem'")[0]
     rows = json.loads((workdir / "runs" / "fullmem.json").read_text())
-    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "1_results/ppl"))
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "3_quality/ppl"))
     assert history == sorted((r["step"], r["ppl"]) for r in rows.values())  # each day once, with the record's value
 
 

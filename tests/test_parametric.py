@@ -176,4 +176,4 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     assert {"ppl_text", "ppl_period/1987-W10", "qa_accuracy_0shot"} <= set(runs["recadam"]["metrics"])
     assert runs["finetune"]["metrics"]["qa_n"][-1][1] == 2
     report = (tmp_path / "work" / "report" / "report.md").read_text()
-    assert "| finetune | 2 | – | – |" in report and "MB/day" in report
+    assert "| finetune | 2 | – | – |" in report and "learning s/day" in report

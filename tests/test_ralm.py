@@ -180,6 +180,25 @@ def test_generation_puts_the_best_article_before_the_prompt_and_names_it(lm, tmp
         generate(lm, "x y", None, GenerateConfig(max_new_tokens=2, retrieve=True))
 
 
+def test_a_served_prompt_row_that_asks_retrieves_and_names_its_article_beside_one_that_does_not(lm, tmp_path):
+    from monim.serving import Service
+
+    plain = Memory(tmp_path / "plain", lm, Settings(window=ScoreConfig(stride=32, context=24)))
+    day = Day(D1, [Document(i, D1, TEXTS[i], f"About {i}") for i in ("wheat", "chips")], [], [])
+    memorize_day(plain, day, make_policy("fullmem"))
+    service = Service(plain)
+    try:
+        answers = service.answer({"dataframe_records": [{"prompt": "Memory chips shortage", "retrieve": True},
+                                                        {"prompt": "Memory chips shortage"}],
+                                  "params": {"max_new_tokens": 3}})
+    finally:
+        service.close()
+    assert answers[0]["sources"] == [{"date": "2022-06-01", "doc_id": "chips", "title": "About chips"}]
+    assert answers[1]["sources"] == []
+    alone = generate(lm, "Memory chips shortage", plain, GenerateConfig(max_new_tokens=3, retrieve=True))
+    assert answers[0]["tokens"] == alone.tokens
+
+
 def test_served_rows_ask_for_retrieval_by_name():
     from monim.serving import BadRequest, Limits, parse
 

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from monim.config import RunConfig
     from monim.suite import EvalConfig
 
-SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "accuracy", "MB", "s/day"]
+# what each policy achieved, then what it cost (two tables: each fits 80 columns)
+SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "ppl_novel", "accuracy"]
+COST_COLUMNS = ["policy", "MB", "learning s/day", "scoring s/1k tokens", "LM tokens/token"]
 
 
 def preflight(spec: RunConfig, policies: list[str]) -> None:
@@ -50,7 +52,16 @@ def preflight(spec: RunConfig, policies: list[str]) -> None:
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
-    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20, "s/day": s["seconds_per_day"]} for p, s in summary.items()]
+    return [{"policy": p} | s | {"MB": s["bytes"] / 2**20, "learning s/day": s["seconds_per_day"],
+                                 "scoring s/1k tokens": s["seconds_score_per_1k"], "LM tokens/token": s["lm_tokens_per_token"]}
+            for p, s in summary.items()]
+
+
+def print_summary(title: str, summary: dict[str, dict]) -> None:
+    """A comparison's two tables: what each policy achieved, and what it cost."""
+    rows = summary_rows(summary)
+    console.print(table(title, rows, SUMMARY_COLUMNS))
+    console.print(table("what each cost (scoring: beyond the LM's pass over the test text)", rows, COST_COLUMNS))
 
 
 def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters stream."),
@@ -69,8 +80,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     from flows.compare import compare_policies
 
     summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
-    console.print(table(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day",
-                        summary_rows(summary), SUMMARY_COLUMNS))
+    print_summary(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day", summary)
     console.print(f"MLflow: {(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
     console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
     print_links(workdir, "http://127.0.0.1:5000", "http://127.0.0.1:4200")
@@ -118,7 +128,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
 
     with clear_errors():
         summary = compare_policies(spec, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
-    console.print(table(f"policies on {source}", summary_rows(summary), SUMMARY_COLUMNS))
+    print_summary(f"policies on {source}", summary)
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
 

@@ -72,18 +72,19 @@ def forget(workdir: Path = WORKDIR,
         raise fail("give --doc ID or --day DATE")
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
-    held = {d for ds in stores for rec in ds.days for d in ds.shard_docs(rec.shard)}
+    held = {d for ds in stores for rec in ds.days  # its entries' documents, and its articles
+            for d in [*ds.shard_docs(rec.shard), *(a[0] for a in ds.shard_articles(rec.shard))]}
     dates = {rec.date for ds in stores for rec in ds.days}
     unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days or [] if d not in dates]
     if unknown:
         raise fail(f"no memory in {workdir} holds {', '.join(unknown)} (nothing was removed)")
-    removed, registered = {}, {}
+    removed, registered, before = {}, {}, {ds.root.name: ds.checksum() for ds in stores}
     for root in roots:
         with clear_errors(ValueError):
             removed[root.name] = Memory.open(root).forget(doc_ids=doc, days=[day(d) for d in days or []])
     console.print(f"removed entries: {removed}")
-    for root in roots:
-        if removed[root.name] and (done := _register(workdir, root, tracking_uri)):
+    for root in roots:  # changed: entries, or an article only (what In-Context RALM retrieves)
+        if Datastore.read(root).checksum() != before[root.name] and (done := _register(workdir, root, tracking_uri)):
             registered[root.name] = done
             console.print(_registered_line(done), highlight=False)
     emit({"removed": removed, "registered": registered}, as_json)
