@@ -28,6 +28,7 @@ from monim.features import Features
 from monim.qa import answer_questions, read_questions, wilson
 from monim.run import MemoryRun, make_run
 from monim.stream import list_dates
+from monim.suite import EvalConfig
 from tasks.learning import ingest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +87,9 @@ def learn_day(date: dt.date, runs: dict[str, MemoryRun]) -> dict:
 
 
 def quiz(args, runs: dict[str, MemoryRun], first: dt.date, last: dt.date) -> dict:
-    """The quiz's questions dated in the stream's days, with the final memories (0-shot)."""
+    """The quiz's questions of the stream's days (the suite's window: to a week after the last, a quiz
+    asking about the week before its date), with the final memories (0-shot)."""
+    first, last = EvalConfig().qa_window(first, last)
     questions = [q for q in read_questions(args.qa) if first <= q.date <= last]
     if not questions:
         return {}
@@ -107,8 +110,9 @@ def ppl_over(rows: list[dict], name: str, key: str = "ppl", share: bool = False)
 
 def summary(rows: list[dict], qa: dict) -> list[dict]:
     """One line a run over the stream: what the report's side-by-side table shows."""
-    out = [{"run": "LM", "ppl": ppl_over(rows, next(iter(rows[0]["runs"])), "ppl_lm"),
-            "ppl_novel": math.nan, "bytes": 0, "learn_s_per_day": 0.0,
+    first = next(iter(rows[0]["runs"]))
+    out = [{"run": "LM", "ppl": ppl_over(rows, first, "ppl_lm"), "ppl_novel": ppl_over(rows, first, "ppl_lm_novel", True),
+            "bytes": 0, "learn_s_per_day": 0.0,
             "score_s_per_1k": 1000 * sum(r["lm_test_s"] for r in rows) / sum(next(iter(r["runs"].values()))["tokens"] for r in rows),
             "lm_tokens_per_token": 1.0} | _qa(qa.get("bare"))]
     for n in rows[0]["runs"]:
@@ -162,7 +166,7 @@ def main() -> None:
         out["rows"].append(row)
         write_json(args.out, out)
         print(date, {n: (round(r["ppl"], 2), round(r["score_s_per_1k"], 2)) for n, r in row["runs"].items()}, flush=True)
-    if "qa" not in out and args.qa and args.qa.exists():
+    if not out.get("qa") and args.qa and args.qa.exists():
         out["qa"] = quiz(args, runs, args.start, args.end)
         write_json(args.out, out)
     out["summary"] = summary(out["rows"], out.get("qa") or {})

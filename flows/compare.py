@@ -15,7 +15,7 @@ from monim.config import RunConfig
 from monim.suite import EvalConfig
 from monim.report import policies_table, summarize
 from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking import ended, fetch_runs, open_comparison
+from tasks.tracking import ended, fetch_runs, log_side_by_side, open_comparison
 
 
 @flow(name="monim-compare")
@@ -39,6 +39,7 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
         table = [{"policy": p} | {k: round(v, 4) if isinstance(v, float) else v for k, v in summary[p].items()}
                  for p in policies]
         create_table_artifact(table, key="monim-comparison", description=f"{run.source} {start}..{end}")
+        log_side_by_side(comparison, uri, summary)
         if evaluation:
             evaluate_runs([runs[p] for p in policies], start, end, evaluation, experiment, uri)
         report_runs(experiment, uri, str(Path(run.workdir) / "report"), comparison)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -14,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim import workdirs
-from monim.catalogue import LEARNER, MEMORY
+from monim.catalogue import LEARNER, MEMORY, rounded
 from monim.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
 from monim.policies import policy_params, run_policy
 from monim.stream import list_dates
@@ -198,6 +200,20 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
         for name, figure in (("memory_growth.png", memory_growth(rows)), ("ppl.png", ppl_over_days(rows))):
             figure.savefig(Path(tmp) / name, dpi=100, bbox_inches="tight")
             c.log_artifact(run_id, str(Path(tmp) / name), artifact_path="plots")
+
+
+@task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+@one_at_a_time
+def log_side_by_side(run_id: str, uri: str, summary: dict[str, dict]) -> None:
+    """A comparison's run: each policy's totals (monim.report.summarize) as metrics `<policy>/<total>`
+    at the terminal's digits, which MLflow's run page groups by policy ('+' reads ' with ': no metric
+    name takes it)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client(uri).log_batch(run_id, metrics=[
+        Metric(f"{p.replace('+', ' with ')}/{k}", rounded(float(v)), now, 0) for p, totals in summary.items()
+        for k, v in totals.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)])
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)

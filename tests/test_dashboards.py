@@ -148,7 +148,7 @@ def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
             page.screenshot(path=shots / "mlflow-report-run.png")
             body = page.inner_text("body")
             for name, ppl in terminal_ppl(compared[1].stdout + compared[1].stderr).items():
-                assert re.search(rf"{re.escape(name)}\s+3\s", body), body[:3000]
+                assert re.search(rf"{re.escape(name)}\s+3\s", body) and f"{name}/ppl" in body, body[:3000]
                 assert f"{ppl:,.0f}" in body if ppl >= 1000 else f"{ppl:#.4g}" in body
 
             page.goto(links[f"MLflow charts of {experiment}"])

@@ -78,6 +78,7 @@ def test_mlflow_holds_every_day_of_every_policy(compared):
         assert so_far == [float(round(v)) if v >= 1000 else float(f"{v:.4g}") for v in by_hand]
         assert run.data.metrics["1_results/ppl_so_far"] == so_far[-1]
         assert f"| {name} | 2 |" in comparison.data.tags["mlflow.note.content"]  # the report run's side-by-side
+        assert comparison.data.metrics[f"{name}/ppl"] == so_far[-1] and comparison.data.metrics[f"{name}/days"] == 2
         assert run.data.params["policy"] == name and run.data.params["model"] == model
         assert run.data.tags["monim.comparison"] == comparison.info.run_id
         assert run.info.status == "FINISHED" and run.info.end_time >= run.info.start_time
