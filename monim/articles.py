@@ -38,7 +38,10 @@ class Article:
 
 def pack(docs: Sequence[Document]) -> dict[str, np.ndarray]:
     """A day's training articles as the shard array that keeps them."""
-    rows = [[d.id, d.title, d.text] for d in docs]
+    return _array([[d.id, d.title, d.text] for d in docs])
+
+
+def _array(rows: list[list[str]]) -> dict[str, np.ndarray]:
     return {ARRAY: np.frombuffer(json.dumps(rows, ensure_ascii=False).encode(), np.uint8).copy()}
 
 
@@ -51,8 +54,7 @@ def without(arrays: dict[str, np.ndarray], doc_ids: set[str]) -> dict[str, np.nd
     """A shard's text arrays with these documents' articles removed (forget)."""
     if ARRAY not in arrays or not doc_ids:
         return arrays
-    kept = [a for a in unpack(arrays[ARRAY]) if a[0] not in doc_ids]
-    return arrays | {ARRAY: np.frombuffer(json.dumps(kept, ensure_ascii=False).encode(), np.uint8).copy()}
+    return arrays | _array([a for a in unpack(arrays[ARRAY]) if a[0] not in doc_ids])
 
 
 class Shards(Protocol):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 BARE, MEMORY, LEARNER = "bare", "memory", "learner"  # the kinds of run
 DEFAULT_RATE = 0.5  # RandMem's and KL's share where neither the run nor a followed MemRate sets it
+SIGNIFICANT, WHOLE_FROM = 4, 1000  # the digits a number is shown with: 4 significant, whole from a thousand
 
 
 
@@ -74,7 +75,7 @@ def shown(value, key: str = "") -> str:
     if key in ("memrate", "MemRate") and isinstance(value, (int, float)):
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.4g}"
+        return f"{value:,.0f}" if abs(value) >= WHOLE_FROM else f"{value:#.{SIGNIFICANT}g}"
     return str(value)
 
 
@@ -82,7 +83,7 @@ def rounded(value: float) -> float:
     """A float at the digits `shown` writes (4 significant, thousands whole), for tables that show all they get."""
     if not isinstance(value, float) or not math.isfinite(value):
         return value
-    return float(round(value)) if abs(value) >= 1000 else float(f"{value:.4g}")
+    return float(round(value)) if abs(value) >= WHOLE_FROM else float(f"{value:.{SIGNIFICANT}g}")
 
 
 def shown_order(runs: list[str]) -> list[str]:

@@ -105,14 +105,13 @@ def with_articles(lm: LM, memory, questions: list[Question], seqs: list[tuple[st
     """Each choice's sequence after the best article for its question among the memory's (In-Context
     RALM: the question is the query), the article cut so that the question's longest choice fits `room`."""
     found = articles_of(memory).best([q.question for q in questions])
+    asked = [int(seq_id.split("#")[0]) for seq_id, _, _ in seqs]  # each sequence's question
     longest: dict[int, int] = {}
-    for seq_id, toks, _ in seqs:
-        qi = int(seq_id.split("#")[0])
+    for qi, (_, toks, _) in zip(asked, seqs):
         longest[qi] = max(longest.get(qi, 0), len(toks))
     prefixes = Prefixes(lm)
     out = []
-    for seq_id, toks, first in seqs:
-        qi = int(seq_id.split("#")[0])
+    for qi, (seq_id, toks, first) in zip(asked, seqs):
         head = prefixes.of(found[qi], room - longest[qi])
         out.append((seq_id, head + toks, first + len(head)))
     return out
