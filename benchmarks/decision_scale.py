@@ -28,7 +28,7 @@ from rich.table import Table
 
 from monim.atomic import write_json
 from monim.config import RunConfig
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.lexical import day_counts
 from monim.run import make_run
 from tasks.learning import ingest

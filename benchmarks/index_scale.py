@@ -23,7 +23,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
 from monim.index import IndexConfig, MemoryIndex
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,12 +24,14 @@ def _run_name() -> str:
 
 
 @flow(name="monim-day", flow_run_name=_run_name)
-def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0) -> dict:
+def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri: str | None = None, step: int = 0,
+              since: str | None = None) -> dict:
     """Learn one day of news into the run (its memory or its weights), evaluate it, and log the day's metrics.
 
-    The day is read once and handed to every task."""
+    The day is read once and handed to every task; `since`: the first day whose records it counts
+    (monim.plan.Plan.since)."""
     run = run_for(cfg)
-    day = ingest(cfg, date)
+    day = ingest(cfg, date, since)
     say_late(run_id, tracking_uri, date, day.late, "out of date order in the feed")
     row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
     lm_pass = featurize_day(cfg, day, run.splits)

@@ -13,7 +13,8 @@ from flows.evaluate import evaluate_runs
 from monim.config import RunConfig
 from monim.suite import EvalConfig
 from monim.lock import hold
-from monim.stream import FeedStalled, check_feed, list_dates
+from monim.plan import Plan, last_read, plan
+from monim.stream import FeedStalled, check_feed
 from tasks.feed import arrived_late, thin_day
 from tasks.learning import recorded_days, run_for, run_lock
 from tasks.logs import logger
@@ -28,38 +29,59 @@ def _date(value: str | dt.date | None) -> dt.date | None:
 @flow(name="monim-stream")
 def learn_stream(run: RunConfig, start: str | None = None, end: str | None = None, experiment: str | None = None,
                  tracking_uri: str | None = None, evaluation: EvalConfig | None = None, wait: bool = True,
-                 comparison: str | None = None) -> list[dict]:
-    """Learn every day of `run.source` from start to end with `run.policy`; days already finished are skipped.
+                 comparison: str | None = None, relearn: list[str] | None = None) -> list[dict]:
+    """Learn every day of `run.source` from start to end with `run.policy`; days already finished are
+    skipped, and days its memory forgot are never learned again unless named in `relearn`.
 
-    The MLflow run is named after its policy ('<policy>-const' when Θ uses the constant λ), reopened
-    while this invocation learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of
-    a comparison it belongs to. `evaluation` runs the evaluation suite on the run afterwards. While
-    another process learns the same run, this one waits (saying who holds it), or fails at once when
-    `wait` is False. Before the first day, the articles the last learned day got since it was learned are
-    named (tasks.feed.arrived_late: not learned); a thin day is a warning and a tag (tasks.feed.thin_day).
+    The range is read and checked before any work (monim.plan: a reversed range, a day before the
+    memory's last, a bad record or an id the memory read on another day is refused). The MLflow run is
+    named after its policy ('<policy>-const' when Θ uses the constant λ), reopened while this invocation
+    learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of a comparison it
+    belongs to. `evaluation` runs the evaluation suite on the run afterwards. While another process
+    learns the same run, this one waits (saying who holds it), or fails at once when `wait` is False.
+    Every learned day this run reads again, and the last one before its first new day, has the articles
+    it got since it was learned named (tasks.feed.arrived_late: not learned); a thin day is a warning
+    and a tag (tasks.feed.thin_day).
     """
     with hold(run_lock(run), wait, say=logger().warning):
-        done = recorded_days(run)
-        dates = [d.isoformat() for d in list_dates(run.source, _date(start), _date(end), run.on_error, run.fields())]
-        todo = [d for d in dates if d not in done]
-        if todo:
+        todo = plan(run, _date(start), _date(end), relearn or [])
+        if todo.todo:
             run_for(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
-        logger().info("%s: %d days in range, %d already learned, %d to learn", run.name, len(dates), len(dates) - len(todo), len(todo))
+        for date in todo.relearn:
+            run_for(run).relearn(date)
+        say_plan(run, todo)
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
         run_id, origin = open_run(run, experiment or experiment_name(run.source), uri, comparison)
         with ended(run_id, uri, lambda: describe(run)):
-            learned = sorted(done.values(), key=lambda r: r["date"])
-            if todo and learned and learned[-1]["date"] < todo[0]:
-                arrived_late(run, learned[-1], run_id, uri)
-            for date in todo:
-                learned.append(learn_day(run, date, run_id, uri, step=step_of(origin, date)))
+            learned = sorted(recorded_days(run).values(), key=lambda r: r["date"])
+            for row in learned:  # the learned days the plan read again: what they got since
+                if row["date"] in todo.seen:
+                    arrived_late(run, row, run_id, uri, todo.arrived.get(row["date"], []))
+            before = [r for r in learned if todo.todo and r["date"] < todo.todo[0]]
+            if before and before[-1]["date"] not in todo.seen:  # a resume: the last learned day, read for it
+                arrived_late(run, before[-1], run_id, uri)
+            for date in todo.todo:
+                learned.append(learn_day(run, date, run_id, uri, step=step_of(origin, date), since=todo.since(date)))
                 thin_day(run_id, uri, learned[-1], learned)
             rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
-            if todo:
+            if todo.todo:
                 log_summary(run_id, uri, rows)
     if evaluation:
         evaluate_runs([run], start, end, evaluation, experiment, tracking_uri)
-    return [r for r in rows if r["date"] in dates]
+    return [r for r in rows if r["date"] in todo.dates]
+
+
+def say_plan(run: RunConfig, todo: Plan) -> None:
+    """The range in the run's log: its days, those learned, forgotten and left to learn."""
+    logger().info("%s: %d days in range, %d already learned, %d forgotten, %d to learn", run.name, len(todo.dates),
+                  len(todo.seen), len(todo.forgotten), len(todo.todo))
+    for date, event in todo.forgotten.items():
+        if date not in todo.relearn:
+            logger().warning("%s: %s was forgotten on %s%s: not learned again (`--relearn %s` learns it)", run.name, date,
+                             event["when"], f" ({event['reason']})" if event.get("reason") else "", date)
+    if todo.dates and not todo.todo:
+        logger().info("%s: every day from %s to %s is learned or forgotten: nothing to learn", run.name, todo.dates[0],
+                      todo.dates[-1])
 
 
 @flow(name="monim-yesterday")
@@ -72,8 +94,8 @@ def learn_yesterday(run: RunConfig, timezone: str = "UTC", experiment: str | Non
     it has are learned, then the run fails (FeedStalled, its message naming the feed's last date), so
     that Prefect's automations and notifications act on it."""
     yesterday = dt.datetime.now(ZoneInfo(timezone)).date() - dt.timedelta(days=1)
-    done = recorded_days(run)
-    start = dt.date.fromisoformat(max(done)) + dt.timedelta(days=1) if done else yesterday
+    last = last_read(run)  # learned, or forgotten: never learned again
+    start = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else yesterday
     rows = []
     if start > yesterday:
         logger().info("nothing to learn: %s is already learned", yesterday)

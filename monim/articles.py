@@ -22,6 +22,7 @@ from monim.sources import Document
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it says each build and each query without terms at INFO
 ARRAY = "articles"  # the shard array that holds them
+SEEN = "seen"  # the shard array of the ids of every article the day read (a memory knows them: an id names one article)
 K1, B = 1.2, 0.75  # Lucene's defaults
 CANDIDATES = 8  # top articles fetched per query, so that excluded ones still leave a best
 
@@ -41,12 +42,17 @@ def pack(docs: Sequence[Document]) -> dict[str, np.ndarray]:
     return _array([[d.id, d.title, d.text] for d in docs])
 
 
-def _array(rows: list[list[str]]) -> dict[str, np.ndarray]:
-    return {ARRAY: np.frombuffer(json.dumps(rows, ensure_ascii=False).encode(), np.uint8).copy()}
+def seen(ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """The ids of every article a day read, as the shard array that keeps them."""
+    return _array(list(ids), SEEN)
+
+
+def _array(rows: list, name: str = ARRAY) -> dict[str, np.ndarray]:
+    return {name: np.frombuffer(json.dumps(rows, ensure_ascii=False).encode(), np.uint8).copy()}
 
 
 def unpack(array: np.ndarray) -> list[list[str]]:
-    """[[id, title, text], ...] from a shard's array."""
+    """[[id, title, text], ...] (or the ids seen) from a shard's array."""
     return json.loads(bytes(np.asarray(array)).decode())
 
 

@@ -133,6 +133,8 @@ class CalibratorConfig:
             raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
         if self.source not in SOURCES:
             raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
+        if self.skip_threshold is not None and not 0 <= self.skip_threshold <= 1:
+            raise ValueError(f"skip_threshold (θ, a λ) must be in [0, 1], got {self.skip_threshold}")
 
     def without(self, group: str) -> CalibratorConfig:
         """The same config with one feature group switched off (ablations)."""
@@ -208,7 +210,7 @@ LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method
 class RunConfig(BaseModel):
     """One policy learning one stream into a work directory."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a non-finite δ or rate means nothing
 
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")

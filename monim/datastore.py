@@ -3,12 +3,12 @@
 Layout of a memory directory:
     manifest.json          what is committed (written last, by rename): days, shards, counts, each
                            day's evaluation (its row of metrics, once evaluated), and Θ's history
-                           (`thetas`: each calibration's date, folder, λ, T, held-out NLL)
+                           (`thetas`: each calibration's date, folder, λ, T, held-out NLL), `forgotten` (monim.forgotten)
     shards/<name>/         one per committed day: keys.npy (fp16 [n, d]), values.npy (int32),
                            ids.npy (int64, stable entry ids), docs.npy (int32 index into
                            docs.json), positions.npy (int32 token position in the document),
                            weights.npy (int32, Greedy Merging only: how many entries each one stands for),
-                           the day's text: lexical counts, twin signatures, its articles (monim.articles)
+                           the day's text: lexical counts, twin signatures, its articles and every id read (monim.articles)
     index/                 the FAISS index over the keys (monim.index), rebuilt if stale
 Files not named by the manifest (left by a crash) are ignored and removed on the next commit.
 """
@@ -20,42 +20,16 @@ import hashlib
 import json
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from monim import articles
+from monim import articles, forgotten
 from monim.atomic import checksum, replacing, write_json
+from monim.entries import DTYPES, Entries
 from monim.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 
-DTYPES = {"keys": np.float16, "values": np.int32, "ids": np.int64, "docs": np.int32, "positions": np.int32}
 WEIGHTS = "weights"  # a per-entry array only some shards have (monim.merging)
-
-
-@dataclass
-class Entries:
-    """Entries to memorize: keys with their values and provenance (document id, position)."""
-
-    keys: np.ndarray  # float16 [n, d]
-    values: np.ndarray  # int32 [n]
-    doc_ids: list[str]  # per entry
-    positions: np.ndarray  # int32 [n]
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def take(self, keep: np.ndarray) -> Entries:
-        """The entries where `keep` is true."""
-        return Entries(self.keys[keep], self.values[keep], [d for d, k in zip(self.doc_ids, keep) if k], self.positions[keep])
-
-    @classmethod
-    def concat(cls, parts: list[Entries], hidden_size: int) -> Entries:
-        """Many batches' entries as one."""
-        if not parts:
-            return cls(np.zeros((0, hidden_size), np.float16), np.zeros(0, np.int32), [], np.zeros(0, np.int32))
-        return cls(np.concatenate([p.keys for p in parts]), np.concatenate([p.values for p in parts]),
-                   [d for p in parts for d in p.doc_ids], np.concatenate([p.positions for p in parts]))
 
 
 class Datastore:
@@ -176,6 +150,13 @@ class Datastore:
         path = self.root / "shards" / name / "titles.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def shard_seen(self, name: str) -> list[str]:
+        """The ids of every article the shard's day read (its docs and articles where written before
+        monim kept them)."""
+        if self.has_array(name, articles.SEEN):
+            return articles.unpack(self.shard(name, articles.SEEN))
+        return list(dict.fromkeys([*self.shard_docs(name), *(a[0] for a in self.shard_articles(name))]))
+
     def shard_articles(self, name: str) -> list[list[str]]:
         """The [id, title, text] of a shard's articles ([] where written before monim kept them)."""
         return articles.unpack(self.shard(name, articles.ARRAY)) if self.has_array(name, articles.ARRAY) else []
@@ -260,6 +241,7 @@ class Datastore:
         `titles`: the documents' headlines (doc id -> title), shown as sources. Greedy Merging:
         `weights` of the entries, and the ids of older entries they absorbed (`merged`), removed
         from their shards in the same commit. `searched`: training tokens the day's decision searched.
+        A day the memory forgot is refused (monim.forgotten.ForgottenDay) until relearned by name.
         """
         date = str(date)
         days = list(self.manifest["days"])
@@ -270,8 +252,8 @@ class Datastore:
                 raise ValueError(f"day {date} is committed and is not the last day ({days[-1]['date']}): "
                                  "only the last day can be replaced")
             days.pop()
-        elif days and date < days[-1]["date"]:
-            raise ValueError(f"day {date} comes before the last committed day {days[-1]['date']}")
+        else:
+            self.appendable(date)
         if len(entries) and entries.keys.shape[1] != self.identity["hidden_size"]:
             raise ValueError(f"keys have {entries.keys.shape[1]} dims, memory has {self.identity['hidden_size']}")
 
@@ -297,35 +279,57 @@ class Datastore:
         self._publish(days, next_id=next_id + len(entries))
         return True
 
-    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
+    def appendable(self, date: str) -> None:
+        """Refuse a day the memory cannot add: one before its last day, or one it forgot (ForgottenDay)."""
+        if self.manifest["days"] and date < self.manifest["days"][-1]["date"]:
+            raise ValueError(f"day {date} comes before the last committed day {self.manifest['days'][-1]['date']}")
+        forgotten.refuse(self.manifest, date)
+
+    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+               reason: str | None = None) -> int:
         """Remove the entries of these documents and/or days; returns how many were removed. The last
         committed day, named, is uncommitted: the memory returns to its state before the day (its
-        entries, evaluation and calibration gone), so a bad day can be undone and learned again."""
-        drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()}
-        last = self.manifest["days"][-1] if self.manifest["days"] else None
-        if last is not None and last["date"] in drop_days:  # (its ids are not used again: ids stay stable)
-            self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != last["date"]])
-            self._publish(self.manifest["days"][:-1], next_id=self.manifest["next_id"])
-            return last["entries"] + self.forget(doc_ids, drop_days - {last["date"]})
-        removed, changed, new_days = 0, False, []
-        for rec in self.manifest["days"]:
-            rec = dict(rec)
+        entries, evaluation and calibration gone). Whatever a forget changes is logged in the manifest
+        (monim.forgotten, with `reason`): a forgotten day is never learned again unless relearned by name."""
+        drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()} - set(forgotten.forgotten_days(self.manifest))
+        last = self.manifest["days"][-1]["date"] if self.manifest["days"] else None
+        removed, new_days, gone, held = 0, [], {}, {}
+        for rec in map(dict, self.manifest["days"]):
             if rec["date"] in drop_days:
-                removed += rec["entries"]
-                rec["forgotten"] += rec["entries"]
-                rec.update(entries=0, **self._rewrite(rec, None))
+                removed, gone[rec["date"]] = removed + rec["entries"], self.shard_seen(rec["shard"])
+                if rec["date"] == last:  # uncommitted (its ids are not used again: ids stay stable)
+                    continue
+                rec.update(entries=0, forgotten=rec["forgotten"] + rec["entries"], **self._rewrite(rec, None))
             elif drop_docs:
-                hit = [i for i, d in enumerate(self.shard_docs(rec["shard"])) if d in drop_docs]
-                keep = ~np.isin(self.shard(rec["shard"], "docs"), hit)  # (a document forgotten before keeps its name)
-                if not keep.all() or any(a[0] in drop_docs for a in self.shard_articles(rec["shard"])):
-                    n_drop = int((~keep).sum())
-                    removed, changed = removed + n_drop, True
-                    rec["forgotten"] += n_drop
-                    rec.update(entries=int(keep.sum()), **self._rewrite(rec, keep, drop_docs))
+                docs, names = np.asarray(self.shard(rec["shard"], "docs")), self.shard_docs(rec["shard"])
+                keep = ~np.isin(docs, [i for i, d in enumerate(names) if d in drop_docs])  # (a forgotten one keeps its name)
+                in_articles = {a[0] for a in self.shard_articles(rec["shard"])} & drop_docs
+                if not keep.all() or in_articles:
+                    removed += int((~keep).sum())
+                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys(in_articles, rec["date"])
+                    rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),
+                               **self._rewrite(rec, keep, drop_docs))
             new_days.append(rec)
-        if removed or changed:
+        if gone or held:
+            thetas = [t for t in self.manifest["thetas"] if last not in gone or t["date"] != last]
+            event = forgotten.forget_event(gone, held, reason)
+            self.manifest = dict(self.manifest, thetas=thetas, forgotten=[*forgotten.log(self.manifest), event])
             self._publish(new_days, next_id=self.manifest["next_id"])
         return removed
+
+    def relearn(self, date: str) -> None:
+        """Let a day be learned again, asked by name: the last committed day is uncommitted (its entries,
+        evaluation and calibration gone), a forgotten one after it no longer refused; logged."""
+        days, known = self.manifest["days"], forgotten.forgotten_days(self.manifest)
+        if days and date < days[-1]["date"]:
+            raise ValueError(f"day {date} comes before the memory's last day {days[-1]['date']} (a memory only grows at "
+                             f"its end): only its last day, or a forgotten day after it, can be learned again")
+        if not (days and days[-1]["date"] == date) and date not in known:
+            raise ValueError(f"day {date} is neither the memory's last day nor a forgotten one: nothing to relearn")
+        kept = days[:-1] if days and days[-1]["date"] == date else days
+        self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != date],
+                             forgotten=[*forgotten.log(self.manifest), forgotten.relearn_event(date)])
+        self._publish(kept, next_id=self.manifest["next_id"], bump=len(kept) != len(days))
 
     def _without(self, rec: dict, merged: np.ndarray) -> dict:
         """A day's record with the merged entry ids removed from its shard (rewritten if any was there)."""

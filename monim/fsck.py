@@ -18,12 +18,13 @@ from typing import Callable
 import numpy as np
 
 from monim.atomic import checksum, is_stray, write_json
-from monim.datastore import DTYPES, Datastore
+from monim.datastore import Datastore
+from monim.entries import DTYPES
 from monim.index import MemoryIndex, indexed_ids
 from monim.lexical import LexicalCounts
 from monim.lock import hold
 from monim.settings import Settings
-from monim.workdirs import record_path, run_lock
+from monim.workdirs import record_path, run_lock, write_view
 
 
 @dataclass
@@ -217,6 +218,5 @@ def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
                              ) or "rows differ from the memory's"
             problems.append(Problem(str(path), what, "rewrite the record from the manifest", repair))
             if repair:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_json(path, truth)
+                write_view(workdir, root.name)
     return problems

@@ -9,6 +9,7 @@ Decoder continues many prompts together, one LM forward and one search a step fo
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -41,8 +42,10 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.sources < 0:

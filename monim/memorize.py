@@ -12,7 +12,7 @@ import numpy as np
 from monim import articles
 from monim.calibration import Sample, sample_path
 from monim.config import PROBE_EVERY
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.dedup import Signatures
 from monim.features import Features
 from monim.lexical import LexicalCounts, context_grams, day_counts
@@ -105,6 +105,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         if ds.committed(date) and not force:
             rec = next(d for d in ds.days if d.date == date)
             return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
+        if not ds.committed(date):
+            ds.appendable(date)  # before any work: a day before the last, or a forgotten one
         features = features or memory.features()
         docs = day.train
         tokens = features.tokenize(docs)
@@ -152,7 +154,8 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays() | articles.pack(docs),
+                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays() | articles.pack(docs)
+                      | articles.seen(day.ids or [d.id for d in docs]),
                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged, searched=searched)
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t

@@ -384,12 +384,19 @@ class Memory:
         if self.as_of is not None:
             raise ValueError(f"{self.ds.root} read as of {self.as_of} is read-only")
 
-    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None) -> int:
-        """Remove documents' or days' entries from the datastore, and then from the index."""
+    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+               reason: str | None = None) -> int:
+        """Remove documents' or days' entries from the datastore (for good: monim.forgotten), then from the index."""
         with self.writing():
-            removed = self.ds.forget(doc_ids, days)
+            removed = self.ds.forget(doc_ids, days, reason)
             self.sync()
         return removed
+
+    def relearn(self, date: str) -> None:
+        """Let a day be learned again, asked by name (Datastore.relearn); the index follows."""
+        with self.writing():
+            self.ds.relearn(date)
+            self.sync()
 
     def pin(self) -> Memory:
         """Read now everything Θ reads to answer (shards mapped, index, calibrator, counts), so that a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import faiss
 import numpy as np
 
-from monim.datastore import Entries
+from monim.entries import Entries
 
 if TYPE_CHECKING:
     from monim.memory import Memory

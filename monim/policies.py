@@ -11,7 +11,7 @@ import numpy as np
 from monim import catalogue
 from monim.catalogue import MEMORY
 from monim.config import PolicyConfig
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.merging import greedy_merge
 from monim.threshold import amt_threshold, certain, decided, lm_slack
 

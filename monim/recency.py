@@ -24,8 +24,8 @@ class Recency:
     max_age: int | None = None  # days: entries learned more than this many days before are not searched
 
     def __post_init__(self) -> None:
-        if self.half_life is not None and not self.half_life > 0:
-            raise ValueError(f"half_life must be a positive number of days, got {self.half_life}")
+        if self.half_life is not None and not 0 < self.half_life < float("inf"):
+            raise ValueError(f"half_life must be a positive, finite number of days, got {self.half_life}")
         if self.max_age is not None and self.max_age < 0:
             raise ValueError(f"max_age must be a number of days >= 0, got {self.max_age}")
 

@@ -159,6 +159,12 @@ class MemoryRun(Run):
     def writing(self) -> ContextManager:
         return self.memory.writing()
 
+    def relearn(self, date: str) -> None:
+        """Let a day the memory holds last, or forgot, be learned again (asked by name); its row goes too."""
+        with self.memory.writing():
+            self.memory.relearn(date)
+            workdirs.write_view(self.cfg.workdir, self.cfg.name, self.memory.ds)
+
     def memorize(self, day: Day, progress: Progress | None = None) -> dict:
         """Score the day with Θ, memorize through the policy, commit atomically (idempotent): what it did."""
         memory = self.memory

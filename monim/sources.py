@@ -9,7 +9,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
@@ -50,6 +50,7 @@ class BadRecord:
     where: str
     field: str | None
     problem: str
+    date: dt.date | None = None  # the record's date where it could be read (the day it counts for: monim.stream)
 
     def __str__(self) -> str:
         what = f"field '{self.field}': " if self.field else ""
@@ -93,15 +94,15 @@ def to_document(row: dict, fields: Fields, where: str) -> Record:
         return BadRecord(where, fields.date, f"unparsable date {row[fields.date]!r} ({e})")
     text = row.get(fields.text)
     if not isinstance(text, str) or not text.strip():
-        return BadRecord(where, fields.text, "missing or empty text")
+        return BadRecord(where, fields.text, "missing or empty text", date)
     doc_id, title = row.get(fields.id), row.get(fields.title)
     if doc_id in (None, ""):
         if fields.missing_id != "hash":
             return BadRecord(where, fields.id, "missing (say how to name records without one: missing_id=\"hash\", "
-                                               "`--missing-id hash`)")
+                                               "`--missing-id hash`)", date)
         doc_id = "h" + hashlib.sha256(f"{date}\n{text}".encode()).hexdigest()[:16]
     if len(doc_id := str(doc_id)) > ID_CAP:
-        return BadRecord(where, fields.id, f"{len(doc_id):,} characters, more than the {ID_CAP} an id may have")
+        return BadRecord(where, fields.id, f"{len(doc_id):,} characters, more than the {ID_CAP} an id may have", date)
     title = title.strip() if isinstance(title, str) else ""
     cut = tuple(name for name, value, cap in (("title", title, TITLE_CAP), ("text", text, TEXT_CAP)) if len(value) > cap)
     return where, Document(id=doc_id, date=date, text=text[:TEXT_CAP], title=short_title(title), cut=cut)
@@ -165,9 +166,9 @@ class NewsCrawlSource(IndexedFile):
             where = f"{self.path}:{n}"
             if not raw.strip():
                 continue
-            cols = raw.split(b"\t")
+            cols, dated = raw.split(b"\t"), self.date_of(raw)
             if len(cols) < 3:
-                yield BadRecord(where, None, f"expected 3 tab-separated columns, got {len(cols)}")
+                yield BadRecord(where, None, f"expected 3 tab-separated columns, got {len(cols)}", dated)
                 continue
             date = _decode(cols[0], where, "date")
             if isinstance(date, BadRecord):
@@ -176,10 +177,10 @@ class NewsCrawlSource(IndexedFile):
             try:
                 text = _decode(base64.b64decode(cols[2], validate=True), where, "text")
             except binascii.Error as e:
-                yield BadRecord(where, "text", f"invalid base64 ({e})")
+                yield BadRecord(where, "text", f"invalid base64 ({e})", dated)
                 continue
             if isinstance(text, BadRecord):
-                yield text
+                yield replace(text, date=dated)
                 continue
             yield to_document({"date": date, "text": text}, Fields(missing_id="hash"), where)  # News Crawl has no ids
 

@@ -13,11 +13,11 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Callable, Iterator, Literal, Mapping
 
 from monim import dedup
 from monim.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
-from monim.sources import BadRecord, Document, Fields, Source, StreamError, open_source
+from monim.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")
 
@@ -38,6 +38,7 @@ class Day:
     titles_cut: int = 0  # headlines cut to monim.sources.TITLE_CAP characters at ingest
     texts_cut: int = 0  # articles cut to monim.sources.TEXT_CAP characters at ingest
     late: list[tuple[str, str]] = field(default_factory=list)  # (id, date) of late records read with the day, not learned
+    ids: tuple[str, ...] = ()  # every article's id the day read (repeats and capped ones too): what a memory knows
 
     @property
     def twin_groups(self) -> int:
@@ -75,11 +76,13 @@ class Day:
         return len(self.train) + len(self.validation) + len(self.test)
 
     def counts(self) -> dict[str, int]:
-        """Articles per split, and what reading the day dropped, skipped or grouped."""
-        return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
-                "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
-                "capped": self.capped_out, "truncated": self.truncated, "titles_cut": self.titles_cut,
-                "texts_cut": self.texts_cut, "late": len(self.late)}
+        """Articles per split, what reading the day dropped, skipped or grouped, and the records it read
+        (`records`: each in exactly one of the counts named in COUNTED)."""
+        counts = {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
+                  "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
+                  "capped": self.capped_out, "truncated": self.truncated, "titles_cut": self.titles_cut,
+                  "texts_cut": self.texts_cut, "late": len(self.late)}
+        return counts | {"records": records(counts)}
 
 
 def _rank(seed: int, doc_id: str) -> bytes:
@@ -114,10 +117,10 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
     return out["train"], out["validation"], out["test"]
 
 
-def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int, late: list[tuple[str, str]]) -> Day:
+def _make_day(gathered: Gathered, seed: int) -> Day:
     """A day from its documents: exact repeats of a text dropped, near-duplicates grouped (and kept
     in one split, else a copy of a test article could be memorized), the caps met at ingest counted."""
-    seen, unique = set(), []
+    docs, seen, unique = gathered.docs, set(), []
     for doc in docs:
         digest = hashlib.sha256(doc.text.strip().encode()).digest()
         if digest not in seen:
@@ -126,8 +129,9 @@ def _make_day(date: dt.date, docs: list[Document], seed: int, skipped: int, late
     labels = dedup.twin_groups([d.text for d in unique])
     groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
     cut = Counter(name for d in docs for name in d.cut)
-    return Day(date, *split_day(unique, seed, groups=labels), skipped=skipped, duplicates=len(docs) - len(unique),
-               groups=groups, titles_cut=cut["title"], texts_cut=cut["text"], late=late)
+    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped,
+               duplicates=len(docs) - len(unique), groups=groups, titles_cut=cut["title"], texts_cut=cut["text"],
+               late=gathered.late, ids=tuple(d.id for d in docs))
 
 
 FUTURE_DAYS = 1  # a record dated more than this many days after today (by the clock) is a mis-dated one
@@ -138,55 +142,127 @@ def latest_date() -> dt.date:
     return dt.date.today() + dt.timedelta(days=FUTURE_DAYS)
 
 
-def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"]
-                   ) -> Iterator[tuple[dt.date, list[Document], int, list[tuple[str, str]]]]:
-    """(date, documents, bad records skipped, late records) of each day from start to end, in date
-    order; an id met a second time, or a record dated after today, is a bad record. Bad records between
-    two days count for the later one, whose range in the day index begins after the earlier one's last
-    record, so that reading the days one by one counts each once. A late record (dated before a record
-    above it) belongs to the day of the records above it (the day index has none: such a file is read
-    from its start)."""
+Known = Mapping[str, tuple[str, str]]  # doc id -> (the day a memory read it, what it did: "<memory> learned")
+
+
+@dataclass
+class Gathered:
+    """The records a day counts: its documents, its bad records skipped, its late records (id, date)."""
+
+    date: dt.date
+    docs: list[Document] = field(default_factory=list)
+    skipped: int = 0
+    late: list[tuple[str, str]] = field(default_factory=list)
+
+    def after(self, read: int, late: int) -> list[tuple[str, str]]:
+        """(id, date) of the records past the first `read` articles and `late` late records: what the day
+        got after it was learned with those (a feed is appended to at its end)."""
+        return [(d.id, d.date.isoformat()) for d in self.docs[read:]] + self.late[late:]
+
+    def fold(self, earlier: Gathered) -> None:
+        """Count a day without articles (bad or late records only) with this one, the next day learned."""
+        self.skipped += earlier.skipped
+        self.late = earlier.late + self.late
+
+
+def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
+                   known: Known | None = None) -> Iterator[Gathered]:
+    """What each day from start to end counts, in date order, every record of the range in exactly one
+    day (read whole or day by day through the day index alike):
+
+    - a record with a readable date counts for that day, good or bad; one dated before a record above
+      it (late) counts for the day being read, named in its `late` if good (never learned, no error);
+    - a record without a readable date (malformed, or dated after today) counts for the day of the
+      next dated record, at the source's end for the last day: so the day index, which starts a day
+      right after the previous dated line, begins each day's range with them.
+
+    Bad records: an unreadable record, a record dated after today, an id met a second time, and an id
+    that `known` holds from another day (a memory's: learned or forgotten there). They raise
+    StreamError once counted for a day in the range, or with on_error="skip" count in its `skipped`;
+    a bad record beyond `end` refuses nothing. A day may have no documents (only bad or late records)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    date, docs, skipped, pending, last = None, [], 0, 0, None  # pending: bad records since the last good one
-    late: list[tuple[str, str]] = []
+    day: Gathered | None = None
+    pending: list[BadRecord] = []  # records without a readable date, for the next dated record's day
+    last: dt.date | None = None  # the latest date met
     first_at: dict[str, str] = {}  # id -> where it was met first
+    known = known or {}
+
+    def count(bad: list[BadRecord]) -> None:
+        if bad and on_error == "raise":
+            raise StreamError(str(bad[0]))
+        day.skipped += len(bad)
+
     for rec in source.records(start):
-        if not isinstance(rec, BadRecord):
-            where, doc = rec
-            if doc.date > latest_date():
-                rec = BadRecord(where, "date", f"{doc.date} is after today ({dt.date.today()}): a mis-dated record")
-            elif doc.id in first_at and first_at[doc.id] != where:
-                rec = BadRecord(where, "id", f"{doc.id!r} again: {first_at[doc.id]} has the same id")
+        if not isinstance(rec, BadRecord) and rec[1].date > latest_date():
+            rec = BadRecord(rec[0], "date", f"{rec[1].date} is after today ({dt.date.today()}): a mis-dated record")
+        date = rec.date if isinstance(rec, BadRecord) else rec[1].date
+        if date is None:
+            pending.append(rec)
+            continue
+        if last is not None and date < last:  # out of date order: the day being read counts it
+            if day is None:  # before `start`: another day's
+                pending = []
+                continue
+            count(pending)
+            pending = []
+            rec = _repeated(rec, first_at, {})
+            if isinstance(rec, BadRecord):
+                count([rec])
             else:
-                first_at.setdefault(doc.id, where)
+                day.late.append((rec[1].id, rec[1].date.isoformat()))
+            continue
+        last = date
+        if start is not None and date < start:
+            pending = []
+            continue
+        if end is not None and date > end:
+            break  # the next day's, and the records without a date before it
+        if day is None or date != day.date:
+            if day is not None:
+                yield day
+            day = Gathered(date)
+        count(pending)
+        pending = []
+        rec = _repeated(rec, first_at, known)
         if isinstance(rec, BadRecord):
-            if on_error == "raise":
-                raise StreamError(str(rec))
-            pending += 1
-            continue
-        where, doc = rec
-        if last is not None and doc.date < last:  # late news never blocks a run, whatever on_error says
-            if date is not None:  # else it comes before `start`: another day's
-                late.append((doc.id, doc.date.isoformat()))
-                skipped += pending
-            pending = 0
-            continue
-        last = doc.date
-        if start is not None and doc.date < start:
-            pending = 0
-            continue
-        if end is not None and doc.date > end:
-            pending = 0  # the next day's
-            break
-        if doc.date != date:
-            if docs:
-                yield date, docs, skipped, late
-            date, docs, skipped, late = doc.date, [], 0, []
-        skipped, pending = skipped + pending, 0
-        docs.append(doc)
-    if docs:
-        yield date, docs, skipped + pending, late  # bad records at the end of the source: the last day's
+            count([rec])
+        else:
+            day.docs.append(rec[1])
+    else:  # the source's end: what has no date yet is the last day's (refused, where no day takes it)
+        if day is not None:
+            count(pending)
+        elif pending and on_error == "raise":
+            raise StreamError(str(pending[0]))
+    if day is not None:
+        yield day
+
+
+def _repeated(rec: Record, first_at: dict[str, str], known: Known) -> Record:
+    """The record, or a BadRecord where its id was met before in this read or a memory holds it from
+    another day (its date kept: it counts for its day)."""
+    if isinstance(rec, BadRecord):
+        return rec
+    where, doc = rec
+    if doc.id in first_at and first_at[doc.id] != where:
+        return BadRecord(where, "id", f"{doc.id!r} again: {first_at[doc.id]} has the same id", doc.date)
+    held = known.get(doc.id)
+    if held is not None and held[0] != doc.date.isoformat():
+        return BadRecord(where, "id", f"{doc.id!r} again: {held[1]} an article of {held[0]} with this id (an id names "
+                                      "one article)", doc.date)
+    first_at.setdefault(doc.id, where)
+    return rec
+
+
+def _articled(days: Iterator[Gathered]) -> Iterator[Gathered]:
+    """The days with articles, each counting the days without any just before it (folded into it)."""
+    carry = None
+    for gathered in days:
+        if carry is not None:
+            gathered.fold(carry)
+        carry = None if gathered.docs else gathered
+        if gathered.docs:
+            yield gathered
 
 
 def iter_days(
@@ -195,32 +271,43 @@ def iter_days(
     end: dt.date | None = None,
     seed: int = 0,
     on_error: Literal["raise", "skip"] = "raise",
+    known: Known | None = None,
 ) -> Iterator[Day]:
-    """The source's days from `start` to `end` (inclusive), in date order, one day in memory.
+    """The source's days with articles from `start` to `end` (inclusive), in date order, one day in memory.
 
     A bad record raises StreamError, or with on_error="skip" is skipped and counted in the `skipped`
-    of the day it falls in (between two days: the later). A late record (out of date order) is no
-    error: it is named in the `late` of the day whose records it follows, not learned. A text repeated
-    within a day is kept once (counted in `duplicates`); near-duplicates are grouped (`groups`).
+    of its day (monim.stream._day_documents says which); a day without articles counts with the next
+    day that has some. A late record (out of date order) is no error: it is named in the `late` of the
+    day whose records it follows, not learned. An id `known` to a memory from another day is a bad
+    record. A text repeated within a day is kept once (counted in `duplicates`); near-duplicates are
+    grouped (`groups`).
     """
-    for date, docs, skipped, late in _day_documents(source, start, end, on_error):
-        yield _make_day(date, docs, seed, skipped, late)
+    for gathered in _articled(_day_documents(source, start, end, on_error, known)):
+        yield _make_day(gathered, seed)
+
+
+def read_range(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+               on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None,
+               known: Known | None = None) -> Iterator[Gathered]:
+    """Every record from start to end, read once, a day with articles at a time (StreamError at the
+    first bad one, naming its file, line and field, unless skipped)."""
+    list_dates(source, start, end, on_error, fields)  # days after today refused by the day index, before reading
+    return _articled(_day_documents(open_source(source, fields), start, end, on_error, known))
 
 
 def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
-                  on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[dt.date]:
-    """Read every record from start to end before any work (StreamError at the first bad one, naming
-    its file, line and field, unless skipped); the dates with articles."""
-    dates = list_dates(source, start, end, on_error, fields)
-    if not dates:
-        return []
-    return [d for d, *_ in _day_documents(open_source(source, fields), dates[0], dates[-1], on_error)]
+                  on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None,
+                  known: Known | None = None) -> list[dt.date]:
+    """Read every record from start to end before any work (read_range); the dates with articles."""
+    return [g.date for g in read_range(source, start, end, on_error, fields, known)]
 
 
 def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
-             fields: Fields | None = None) -> Day | None:
-    """One day of a source, or None when it has no articles that day."""
-    return next(iter_days(open_source(source, fields), start=date, end=date, seed=seed, on_error=on_error), None)
+             fields: Fields | None = None, since: dt.date | None = None, known: Known | None = None) -> Day | None:
+    """One day of a source, or None when it has no articles that day. `since`: the first day after the
+    run's previous day with articles, whose records (bad or late only) this day counts too."""
+    days = iter_days(open_source(source, fields), since or date, date, seed, on_error, known)
+    return next((d for d in days if d.date == date), None)
 
 
 def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
@@ -228,14 +315,14 @@ def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | 
     """The dates between start and end (inclusive) on which the source has articles. Dates after
     today are refused (StreamError), or with on_error="skip" left out."""
     src = open_source(source, fields)
-    known = src.dates()
-    if known is None:  # no day index: read through (a record dated after today is a bad record there)
-        return [date for date, *_ in _day_documents(src, start, end, on_error)]
-    future = [d for d in known if d > latest_date()]
+    indexed = src.dates()
+    if indexed is None:  # no day index: read through (a record dated after today is a bad record there)
+        return [g.date for g in _articled(_day_documents(src, start, end, on_error))]
+    future = [d for d in indexed if d > latest_date() and (end is None or d <= end)]
     if future and on_error == "raise":
         raise StreamError(f"{source}: field 'date': {len(future)} day(s) after today ({dt.date.today()}), from "
                           f"{future[0]}: mis-dated records (skip them: on_error=\"skip\", `--on-error skip`)")
-    return [d for d in known if (start is None or d >= start) and (end is None or d <= end) and d <= latest_date()]
+    return [d for d in indexed if (start is None or d >= start) and (end is None or d <= end) and d <= latest_date()]
 
 
 class FeedStalled(RuntimeError):
@@ -257,6 +344,12 @@ def check_feed(source: str | Path, day: dt.date, max_lag: int, on_error: Literal
 
 
 READ = ("train", "validation", "test", "duplicates", "capped")  # the counts that add up to a day's articles in the feed
+COUNTED = (*READ, "skipped", "late")  # the counts that add up to every record a day read, each in one
+
+
+def records(counts: dict, prefix: str = "") -> int:
+    """How many records a day read, from its counts (or a run's row: keys with `prefix`)."""
+    return sum(counts.get(prefix + k, 0) for k in COUNTED)
 
 
 def articles(counts: dict, prefix: str = "") -> int:
@@ -268,6 +361,6 @@ def arrived_after(source: str | Path, date: dt.date, read: int, late: int, on_er
                   fields: Fields | None = None) -> list[tuple[str, str]]:
     """(id, date) of a learned day's records that came after it was learned, when it had `read` articles
     and `late` late records: those past them in the feed's order (a feed is appended to at its end)."""
-    for _, docs, _, now_late in _day_documents(open_source(source, fields), date, date, on_error):
-        return [(d.id, d.date.isoformat()) for d in docs[read:]] + now_late[late:]
+    for gathered in _day_documents(open_source(source, fields), date, date, on_error):
+        return gathered.after(read, late)
     return []

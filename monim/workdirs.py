@@ -15,6 +15,8 @@ from pathlib import Path
 from monim import catalogue
 from monim.atomic import write_json
 from monim.datastore import Datastore
+from monim import forgotten
+from monim.forgotten import forgotten_ids
 from monim.manifest import recorded
 from monim.lock import hold
 
@@ -56,15 +58,20 @@ def read_rows(workdir: str | Path, name: str) -> dict[str, dict]:
 def write_row(workdir: str | Path, name: str, row: dict, ds: Datastore | None) -> None:
     """Record an evaluated day: in the memory's manifest (under its write lock), then in the view."""
     if ds is None:
-        rows = read_rows(workdir, name) | {row["date"]: row}
-    else:
-        with hold(ds.lock):
-            ds.reload()
-            ds.record_evaluation(row["date"], row)
-            rows = ds.evaluations()
+        record_path(workdir, name).parent.mkdir(parents=True, exist_ok=True)
+        write_json(record_path(workdir, name), read_rows(workdir, name) | {row["date"]: row})
+        return
+    with hold(ds.lock):
+        ds.reload()
+        ds.record_evaluation(row["date"], row)
+        write_view(workdir, name, ds)
+
+
+def write_view(workdir: str | Path, name: str, ds: Datastore | None = None) -> None:
+    """The run's record rewritten from its memory's manifest (after a day, or a forget or relearn)."""
     path = record_path(workdir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, rows)
+    write_json(path, (ds or Datastore.read(memory_root(workdir, name))).evaluations())
 
 
 def memory_status(root: Path) -> dict:
@@ -76,7 +83,8 @@ def memory_status(root: Path) -> dict:
     return {"days": len(ds.days), "tokens_seen": ds.tokens_seen, "entries": len(ds), "memrate": ds.memrate,
             "bytes": size, "bytes_per_entry": size / len(ds) if len(ds) else 0.0, "bytes_total": total,
             "model": ds.manifest["model"], "last_day": ds.days[-1].date if ds.days else None,
-            "memrate_by_day": {d.date: d.memrate for d in ds.days}, "learned_with": learned_with(root.name, ds.manifest)}
+            "memrate_by_day": {d.date: d.memrate for d in ds.days}, "learned_with": learned_with(root.name, ds.manifest),
+            "forgotten": forgotten.summary(ds.manifest)}
 
 
 def learned_with(name: str, manifest: dict) -> dict:
@@ -106,3 +114,13 @@ def status(workdir: str | Path) -> dict:
     """Every memory and every learner's weights of a work directory."""
     return {"memories": {root.name: memory_status(root) for root in memories(workdir)},
             "weights": {p.name: weights_status(p) for p in sorted((Path(workdir) / "weights").glob("*")) if p.is_dir()}}
+
+
+def known_ids(root: Path) -> dict[str, tuple[str, str]]:
+    """Every article id the memory at `root` read, learned or since forgotten: id -> (its day, what the
+    memory did with it), so that a later record with one of them is a bad record (an id names one article)."""
+    if not (Path(root) / "manifest.json").exists():
+        return {}
+    ds = Datastore.read(root)
+    out = {i: (d.date, f"{root} learned") for d in ds.days for i in ds.shard_seen(d.shard)}
+    return out | {i: (date, f"{root} forgot") for i, date in forgotten_ids(ds.manifest).items()}

@@ -3,14 +3,14 @@ log and a tag on its MLflow run (a stalled feed fails the daily run: flows.strea
 
 from __future__ import annotations
 
-import datetime as dt
 from statistics import median
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.config import RunConfig
-from monim.stream import arrived_after, articles
+from monim.plan import arrivals
+from monim.stream import articles
 from tasks.logs import logger
 from tasks.store import client, one_at_a_time
 from tasks.tracking import log_points
@@ -45,11 +45,12 @@ def say_late(run_id: str | None, uri: str | None, date: str, late: list[tuple[st
         add_to_tag(run_id, uri, f"monim.late.{date}", names)
 
 
-def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str) -> int:
+def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None) -> int:
     """Say the records of a learned day (its row) that the feed got after the day was learned (say_late),
-    and count them in MLflow (`docs_after_learned` at the day's step); how many there are."""
-    found = arrived_after(cfg.source, dt.date.fromisoformat(row["date"]), articles(row, "docs_"), row.get("docs_late", 0),
-                          cfg.on_error, cfg.fields())
+    and count them in MLflow (`docs_after_learned` at the day's step); how many there are. `found`:
+    those records where the run's plan read them already (monim.plan.Plan.arrived), else read here."""
+    if found is None:
+        found = arrivals(cfg.source, {row["date"]: row}, cfg.on_error, cfg.fields()).get(row["date"], [])
     say_late(run_id, uri, row["date"], found, "came after the day was learned")
     if found:
         log_points(run_id, uri, [("docs_after_learned", row["step"], len(found))])

@@ -73,10 +73,12 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def ingest(cfg: RunConfig, date: str) -> Day:
-    """Read the day's news slice (once: the other tasks are handed it), its training articles capped
-    at the run's `max_docs` (the one place the cap applies), and report its split sizes."""
-    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields())
+def ingest(cfg: RunConfig, date: str, since: str | None = None) -> Day:
+    """Read the day's news slice (once: the other tasks are handed it), with the records of the days
+    from `since` that hold no article, its training articles capped at the run's `max_docs` (the one
+    place the cap applies), and report its split sizes; an id the memory read on another day is a bad record."""
+    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields(),
+                   dt.date.fromisoformat(since) if since else None, workdirs.known_ids(workdirs.memory_root(cfg.workdir, cfg.name)))
     if day is None:
         raise ValueError(f"{cfg.source} has no articles on {date}")
     day = day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, cached_lm(cfg.model, cfg.dtype).cut)

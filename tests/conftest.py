@@ -83,7 +83,8 @@ def random_datastore(tmp_path):
     """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""
     import numpy as np
 
-    from monim.datastore import Datastore, Entries
+    from monim.datastore import Datastore
+    from monim.entries import Entries
 
     def make(sizes: tuple[int, ...]) -> Datastore:
         rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ import pytest
 
 from monim.calibration import calibrate
 from monim.calibrator import CalibratorConfig
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.dedup import Signatures, containment, shingles, twin_groups
 from monim.evaluate import evaluate, evaluate_many
 from monim.index import IndexConfig, MemoryIndex

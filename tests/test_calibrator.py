@@ -11,7 +11,8 @@ import torch
 from monim.calibration import calibrate
 from monim.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
                               train_calibrator)
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
 from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
 from monim.lexical import LexicalCounts, context_grams, day_counts
 from monim.scoring import TokenScores

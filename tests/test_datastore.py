@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
+from monim.forgotten import ForgottenDay
 from monim.manifest import MemoryMismatch
 from monim.index import IndexConfig, MemoryIndex, indexed_ids
 
@@ -125,7 +127,10 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
     index.sync(ds)
     assert len(ds) == 8 and index.ntotal == 8 and [d.date for d in ds.days] == ["2022-06-01"]
     assert set(ds.values_by_id()[indexed_ids(index.index)]) <= set(e1.values[keep])
-    assert ds.commit_day("2022-06-02", e2, 9, "fullmem")  # and learned again
+    with pytest.raises(ForgottenDay, match="2022-06-02 was forgotten.*--relearn 2022-06-02"):
+        ds.commit_day("2022-06-02", e2, 9, "fullmem")  # forgotten for good: not learned again ...
+    ds.relearn("2022-06-02")
+    assert ds.commit_day("2022-06-02", e2, 9, "fullmem")  # ... unless asked by name
     assert ds.forget(days=["2022-06-01"]) == 8  # an earlier day: its entries go, the day stays committed
     assert (ds.days[0].entries, ds.days[0].forgotten, len(ds)) == (0, 12, 9)
 

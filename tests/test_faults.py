@@ -92,11 +92,13 @@ def test_a_record_dated_after_today_is_refused_skipped_or_undone(model, clean, t
     assert not (tmp_path / "w" / "memories").exists()  # refused before any work
     assert learn(source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
     assert same_memory(tmp_path / "w", clean)
-    # a bad day already committed (here: the last one) is undone by forgetting it, and learned again
+    # a bad day already committed (here: the last one) is undone by forgetting it, and learned again only by name
     assert monim("forget", "--workdir", tmp_path / "w", "--day", "1987-03-04").returncode == 0
     days, _ = arrays(tmp_path / "w")
     assert days == ["1987-03-02", "1987-03-03"]
     assert learn(source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
+    assert arrays(tmp_path / "w")[0] == ["1987-03-02", "1987-03-03"]  # forgotten: not learned again
+    assert learn(source, tmp_path / "w", model, "--on-error", "skip", "--relearn", "1987-03-04").returncode == 0
     assert same_memory(tmp_path / "w", clean)
     assert monim("fsck", "--workdir", tmp_path / "w").returncode == 0
 

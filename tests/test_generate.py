@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.generate import Decoder, GenerateConfig, _choose, _sentences, generate
 from monim.index import IndexConfig
 from monim.lm import load_lm

@@ -6,7 +6,8 @@ import faiss
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
 from monim.config import CalibratorConfig
 from monim.fsck import check_memory
 from monim.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import (
     TEMPERATURES, Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_logprobs_by_temperature,

@@ -5,7 +5,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.memorize import memorize_day

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from monim.datastore import Entries
+from monim.entries import Entries
 from monim.index import IndexConfig
 from monim.lm import load_lm
 from monim.scoring import score

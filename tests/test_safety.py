@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from monim.atomic import DiskFull, is_stray, replacing, write_json
-from monim.datastore import Datastore, Entries
+from monim.datastore import Datastore
+from monim.entries import Entries
 from monim.lock import Locked, hold
 
 D = 8

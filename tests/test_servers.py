@@ -12,6 +12,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from monim.config import RunConfig
@@ -142,6 +143,10 @@ def test_monim_serve_runs_the_daily_deployment_on_its_schedule(tmp_path):
             assert proc.poll() is None and time.time() < deadline and "FeedStalled" not in log.read_text(), \
                 log.read_text()[-3000:]
             time.sleep(2)
+        servers = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+        servers = [c for c in servers if "prefect" in c and "server" in c]  # one Prefect API: the announced one
+        assert len(servers) == 1 and f"--port {port}" in servers[0], servers
+        assert "temporary server" not in log.read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

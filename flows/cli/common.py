@@ -91,13 +91,10 @@ def use_workdir(workdir: Path, api: bool = True, prefect: bool = True) -> None:
     """Point Prefect's local state at the work directory (unless a server or home is configured) and,
     for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C.
     `prefect`: False for a command that never imports Prefect (its console and SIGTERM handler left alone)."""
-    if workdir.exists() and not workdir.is_dir():
-        raise fail(f"{workdir} is a file, not a work directory: give another --workdir")
-    workdir.mkdir(parents=True, exist_ok=True)
+    prefect_home(workdir)
     servers.interruptible()
     private = "PREFECT_API_URL" not in os.environ and api
     if "PREFECT_API_URL" not in os.environ:
-        os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
         if api:
             os.environ["PREFECT_API_URL"] = servers.prefect_api()
             console.print(f"Prefect: this command's flow runs are kept in {os.environ['PREFECT_HOME']} "
@@ -107,6 +104,16 @@ def use_workdir(workdir: Path, api: bool = True, prefect: bool = True) -> None:
     if prefect:
         servers.guard_prefect_stops()
         quiet_console(tracebacks=not os.environ.get("MONIM_VERBOSE"), links=private)
+
+
+def prefect_home(workdir: Path) -> None:
+    """Make the work directory, and keep Prefect's local state in it unless a server is configured
+    (before Prefect is imported: it reads its settings once)."""
+    if workdir.exists() and not workdir.is_dir():
+        raise fail(f"{workdir} is a file, not a work directory: give another --workdir")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if "PREFECT_API_URL" not in os.environ:
+        os.environ.setdefault("PREFECT_HOME", str((workdir / "prefect").resolve()))
 
 
 def quiet_console(tracebacks: bool, links: bool) -> None:
@@ -147,17 +154,25 @@ def use_tracking(workdir: Path, uri: Optional[str]) -> str:
     return resolved
 
 
-def check_source(spec: RunConfig, start: Optional[str], end: Optional[str]) -> list:
-    """The dates with articles, every record of them read first: a missing file, an empty range or
-    a bad record (its file, line and field) is a clear error before any work."""
+def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], policies: list[str],
+                 relearn: list[str] = ()) -> list:
+    """The dates with articles, every record of them read first and each policy's range planned
+    (monim.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
+    (its file, line and field) or an id a memory read on another day is a clear error before any work."""
+    from monim.plan import plan
     from monim.sources import StreamError
-    from monim.stream import check_records
 
-    with clear_errors(FileNotFoundError, StreamError):
-        dates = check_records(spec.source, day(start), day(end), spec.on_error, spec.fields())
+    first, last = day(start), day(end)
+    if first and last and first > last:
+        raise fail(f"--start {start} is after --end {end}: the range holds no day")
+    dates: set = set()
+    for policy in policies:
+        with clear_errors(FileNotFoundError, StreamError, ValueError):
+            dates |= set(plan(spec.model_copy(update={"policy": policy}), first, last,
+                              [day(d).isoformat() for d in relearn]).dates)
     if not dates:
         raise fail(f"{spec.source} has no articles between {start or 'the start'} and {end or 'the end'}")
-    return dates
+    return [dt.date.fromisoformat(d) for d in sorted(dates)]
 
 
 def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
@@ -183,7 +198,11 @@ def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **ov
 
     root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
-        return Memory.open(root, as_of=day(as_of), **{k: v for k, v in overrides.items() if v is not None})
+        memory = Memory.open(root, as_of=day(as_of), **{k: v for k, v in overrides.items() if v is not None})
+    first = memory.ds.days[0].date if memory.ds.days else None
+    if as_of is not None and (first is None or day(as_of).isoformat() < first):
+        raise fail(f"--as-of {as_of}: {root} holds no day on or before it (its first day is {first or 'not learned yet'})")
+    return memory
 
 
 def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, text: Optional[Path] = None,

@@ -11,8 +11,8 @@ import typer
 
 import flows.cli.servers as servers
 from monim import catalogue  # names and help only: no torch
-from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, emit, fail,
-                              learning_options, table, use_tracking, use_workdir)
+from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, day, emit, fail,
+                              learning_options, prefect_home, table, use_tracking, use_workdir)
 
 if TYPE_CHECKING:
     from monim.config import RunConfig
@@ -73,7 +73,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     from monim.stream import DEMO_STREAM
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
-    dates = check_source(spec, None, None)[:days]
+    dates = check_source(spec, None, None, ["fullmem", "monim-amt"])[:days]
     preflight(spec, ["fullmem", "monim-amt"])
     use_workdir(workdir)
     use_tracking(workdir, None)
@@ -91,19 +91,24 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
 @learning_options
 def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
           workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
-          policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}")) -> None:
+          policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}"),
+          relearn: Optional[list[str]] = typer.Option(None, "--relearn", metavar="YYYY-MM-DD", help="Learn this day "
+                                                      "again (repeatable): the memory's last day, or a day it forgot "
+                                                      "after it; a forgotten day is otherwise never learned again.")
+          ) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
-    run the evaluation suite on it if asked)."""
+    run the evaluation suite on it if asked); days learned or forgotten are not learned again."""
     from monim.workdirs import memory_root, memory_status
 
-    check_source(spec, start, end)
+    relearn = [day(d).isoformat() for d in relearn or []]
+    check_source(spec, start, end, [spec.policy], relearn)
     preflight(spec, [spec.policy])
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)
     from flows.stream import learn_stream
 
     with clear_errors():
-        rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
+        rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait, relearn=relearn)
     console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                             "entries", "ppl_lm", "ppl", "accuracy"]))
     root = memory_root(spec.workdir, spec.name)  # the bare LM and a parametric learner keep no memory
@@ -120,7 +125,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
     for policy in names:
         with clear_errors(ValueError):
             spec.model_validate(spec.model_dump() | {"policy": policy})
-    check_source(spec, start, end)
+    check_source(spec, start, end, names)
     preflight(spec, names)
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)
@@ -161,13 +166,14 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
 
     spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
                     max_feed_lag=max_feed_lag)
-    use_workdir(workdir, api=False)
+    prefect_home(workdir)
     procs: list[Popen] = []
-    if "PREFECT_API_URL" not in os.environ:
+    if "PREFECT_API_URL" not in os.environ:  # set before Prefect is imported, else it starts a temporary API of its own
         port = servers.free_port(prefect_port)
         procs.append(started(servers.prefect_server, port))
         os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         console.print(f"Prefect server and UI: http://127.0.0.1:{port}")
+    use_workdir(workdir, api=False)
     try:
         from prefect import serve as prefect_serve
         from prefect.schedules import Cron

@@ -15,9 +15,12 @@ from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, 
 
 
 
-def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: bool = AS_JSON) -> None:
-    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, and the
-    days, tokens trained and bytes of its parametric learners' weights."""
+def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
+           source: Optional[str] = typer.Option(None, "--source", help="The feed the memory learned: name the articles "
+                                                "each learned day got after it was learned (late, not learned)."),
+           as_json: bool = AS_JSON) -> None:
+    """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, what
+    each forgot (when, why), and the days, tokens trained and bytes of its parametric learners' weights."""
     from monim.workdirs import status as workdir_status
 
     found = workdir_status(workdir)
@@ -32,10 +35,30 @@ def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_json: boo
                 for k, v in memories.items()]
         console.print(table(f"memories in {workdir}", rows, ["memory", "days", "last_day", "entries", "memrate", "MB",
                                                              "B/entry", "MB in all", "learned with"]))
+        forgotten = [{"memory": k} | f for k, v in memories.items() for f in v["forgotten"]]
+        if forgotten:
+            console.print(table("forgotten (never learned again; `monim learn --relearn DAY` brings a day back)",
+                                forgotten, ["memory", "when", "what", "reason"]))
+        if source is not None:
+            chosen["late"] = late_articles(root, source)
     if weights:
         console.print(table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
                             ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))
     emit(chosen | found, as_json)
+
+
+def late_articles(root: Path, source: str) -> dict[str, list]:
+    """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
+    from monim.datastore import Datastore
+    from monim.plan import arrivals
+    from monim.sources import StreamError
+
+    with clear_errors(FileNotFoundError, StreamError):
+        late = arrivals(source, Datastore.read(root).evaluations())
+    rows = [{"day": d, "article": f"{i} ({date})"} for d, found in late.items() for i, date in found]
+    console.print(table(f"articles {source} got after {root.name} learned their day (not learned)", rows, ["day", "article"])
+                  if rows else f"{source}: no article came after its day was learned")
+    return late
 
 
 def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Optional[str] = AS_OF,

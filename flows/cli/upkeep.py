@@ -27,15 +27,34 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
     from flows.cli.fsck import check_workdir
 
     problems = check_workdir(str(workdir), tracking_uri, repair)
+    forgotten = forgotten_log(workdir)
+    if forgotten:
+        console.print(table(f"forgotten in {workdir} (by design: never learned again)", forgotten,
+                            ["memory", "when", "what", "reason"]))
     wrong = [p for p in problems if not p["repaired"] and not p.get("warning")]
     if problems:
         console.print(table(f"fsck {workdir}", problems, ["where", "what", "repair", "repaired"]))
     warned = sum(bool(p.get("warning")) for p in problems)
     console.print(f"{len(problems)} problems ({warned} warnings), {sum(p['repaired'] for p in problems)} repaired"
                   if problems else f"{workdir}: clean")
-    emit({"clean": not wrong, "problems": problems}, as_json)
+    emit({"clean": not wrong, "problems": problems, "forgotten": forgotten}, as_json)
     if wrong:
         raise typer.Exit(1)
+
+
+def forgotten_log(workdir: Path) -> list[dict]:
+    """What each memory forgot (monim.forgotten), one row per forget; a manifest that cannot be read is fsck's problem."""
+    from monim.forgotten import summary
+    from monim.manifest import ManifestError, read_manifest
+    from monim.workdirs import memories
+
+    rows = []
+    for root in memories(workdir):
+        try:
+            rows += [{"memory": root.name} | row for row in summary(read_manifest(root / "manifest.json"))]
+        except ManifestError:
+            continue
+    return rows
 
 
 def gc(workdir: Path = WORKDIR,
@@ -58,30 +77,38 @@ def forget(workdir: Path = WORKDIR,
            doc: Optional[list[str]] = typer.Option(None, "--doc", help="A document id (repeatable)."),
            days: Optional[list[str]] = typer.Option(None, "--day", help="A date, YYYY-MM-DD (repeatable)."),
            policy: Optional[str] = typer.Option(None, "--policy", help="Only this memory (default: all of them)."),
+           reason: Optional[str] = typer.Option(None, "--reason", help="Why (a takedown, a privacy request): kept with "
+                                                "the forget in the memory's manifest."),
            tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Remove retracted documents or whole days from the memories, and from their indexes (each
-    memory under its write lock: a learn in progress commits first); then register each changed
+    memory under its write lock: a learn in progress commits first), for good: the forget is recorded
+    in the memory, which never learns them again (a later record with a forgotten id is a bad record;
+    a forgotten day only comes back by `monim learn --relearn DAY`). Then register each changed
     memory's state again, the champion moving to it where it held what was forgotten (a running
-    `monim serve-model` follows within its --follow-seconds)."""
-    from monim.memory import Memory
-    from monim.workdirs import memories
-
+    `monim serve-model` follows within its --follow-seconds). The feed still holds the articles, and
+    the registry's older versions that held them are refused at load."""
     from monim.datastore import Datastore
+    from monim.memory import Memory
+    from monim.workdirs import memories, write_view
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
+    days = [day(d).isoformat() for d in days or []]  # "not a date" before anything is read
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
     held = {d for ds in stores for rec in ds.days  # its entries' documents, and its articles
             for d in [*ds.shard_docs(rec.shard), *(a[0] for a in ds.shard_articles(rec.shard))]}
     dates = {rec.date for ds in stores for rec in ds.days}
-    unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days or [] if d not in dates]
+    unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days if d not in dates]
     if unknown:
         raise fail(f"no memory in {workdir} holds {', '.join(unknown)} (nothing was removed)")
     removed, registered, before = {}, {}, {ds.root.name: ds.checksum() for ds in stores}
     for root in roots:
         with clear_errors(ValueError):
-            removed[root.name] = Memory.open(root).forget(doc_ids=doc, days=[day(d) for d in days or []])
+            memory = Memory.open(root)
+            with memory.writing():
+                removed[root.name] = memory.forget(doc_ids=doc, days=days, reason=reason)
+                write_view(workdir, root.name)  # a forgotten last day's row goes with it
     console.print(f"removed entries: {removed}")
     for root in roots:  # changed: entries, or an article only (what In-Context RALM retrieves)
         if Datastore.read(root).checksum() != before[root.name] and (done := _register(workdir, root, tracking_uri)):

@@ -1,0 +1,73 @@
+"""What a memory forgot, for good: each forget's days (with their articles' ids), documents, time and
+reason, kept in the manifest's `forgotten` log, so that no resume, re-run, daily run or backfill learns
+it again and its ids stay known (an id names one article); only a relearn asked by name
+(`monim learn --relearn DAY`) brings a day back, and it is logged too."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+
+class ForgottenDay(ValueError):
+    """A day the memory forgot, asked to be learned again without being named for it."""
+
+
+def now() -> str:
+    """The time of an event, UTC to the second."""
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def forget_event(days: dict[str, list[str]], docs: dict[str, str], reason: str | None) -> dict:
+    """A forget: the days forgotten whole (date -> the ids of the articles the day read), the documents
+    (id -> the day that held it), when, and why (the caller's words)."""
+    return {"when": now(), "reason": reason, "days": days, "docs": docs}
+
+
+def relearn_event(date: str) -> dict:
+    """A forgotten day asked by name to be learned again."""
+    return {"when": now(), "relearn": date}
+
+
+def log(manifest: dict) -> list[dict]:
+    return manifest.get("forgotten", [])
+
+
+def forgotten_days(manifest: dict) -> dict[str, dict]:
+    """The days forgotten whole and not relearned since: date -> the forget that did it."""
+    out: dict[str, dict] = {}
+    for event in log(manifest):
+        if "relearn" in event:
+            out.pop(event["relearn"], None)
+        else:
+            out |= {date: event for date in event["days"]}
+    return out
+
+
+def forgotten_ids(manifest: dict) -> dict[str, str]:
+    """Every id a forget named (a forgotten day's articles, forgotten documents): id -> its day."""
+    out: dict[str, str] = {}
+    for event in log(manifest):
+        out |= {i: date for date, ids in event.get("days", {}).items() for i in ids} | event.get("docs", {})
+    return out
+
+
+def refuse(manifest: dict, date: str) -> None:
+    """ForgottenDay where the memory forgot `date` (and no relearn brought it back)."""
+    event = forgotten_days(manifest).get(date)
+    if event is not None:
+        why = f" ({event['reason']})" if event.get("reason") else ""
+        raise ForgottenDay(f"day {date} was forgotten on {event['when']}{why}: it is not learned again unless asked by "
+                           f"name (`monim learn --relearn {date}`)")
+
+
+def summary(manifest: dict) -> list[dict]:
+    """The log as rows to show (monim status, fsck): when, what, why."""
+    rows = []
+    for event in log(manifest):
+        if "relearn" in event:
+            rows.append({"when": event["when"], "what": f"day {event['relearn']} relearned", "reason": ""})
+            continue
+        what = [f"day {d} ({len(ids)} articles)" for d, ids in event["days"].items()] + \
+               [f"document {i} ({d})" for i, d in event["docs"].items()]
+        rows.append({"when": event["when"], "what": ", ".join(what), "reason": event.get("reason") or ""})
+    return rows
