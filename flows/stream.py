@@ -77,8 +77,9 @@ def say_plan(run: RunConfig, todo: Plan) -> None:
                   len(todo.seen), len(todo.forgotten), len(todo.todo))
     for date, event in todo.forgotten.items():
         if date not in todo.relearn:
-            logger().warning("%s: %s was forgotten on %s%s: not learned again (`--relearn %s` learns it)", run.name, date,
-                             event["when"], f" ({event['reason']})" if event.get("reason") else "", date)
+            logger().warning("%s: %s was forgotten on %s%s: its %d records not learned again (`--relearn %s` learns it)",
+                             run.name, date, event["when"], f" ({event['reason']})" if event.get("reason") else "",
+                             todo.records[date], date)
     if todo.dates and not todo.todo:
         logger().info("%s: every day from %s to %s is learned or forgotten: nothing to learn", run.name, todo.dates[0],
                       todo.dates[-1])

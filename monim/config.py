@@ -245,7 +245,7 @@ class RunConfig(BaseModel):
                                                  "hash of its date and text.")
     max_feed_lag: int = Field(1, ge=0, description="The daily run fails (monim.stream.FeedStalled) when the feed's last "
                               "article is dated more than this many days before yesterday, the day it should learn.")
-    seed: int = Field(0, description="Seed of the run's random draws: RandMem's tokens, calibration samples, a learner's batches.")
+    seed: int = Field(0, ge=0, description="Seed of the run's random draws: RandMem's tokens, calibration samples, a learner's batches.")
     calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
     calibrator: CalibratorConfig = Field(default_factory=CalibratorConfig, description="How the NN calibrator is "
                                          "trained and used (CalibratorConfig's fields).")

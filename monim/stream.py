@@ -154,6 +154,11 @@ class Gathered:
     skipped: int = 0
     late: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def records(self) -> int:
+        """The records the day counts: its documents, bad records and late ones."""
+        return len(self.docs) + self.skipped + len(self.late)
+
     def after(self, read: int, late: int) -> list[tuple[str, str]]:
         """(id, date) of the records past the first `read` articles and `late` late records: what the day
         got after it was learned with those (a feed is appended to at its end)."""
