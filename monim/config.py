@@ -133,8 +133,8 @@ class CalibratorConfig:
             raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
         if self.source not in SOURCES:
             raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
-        if self.skip_threshold is not None and not 0 <= self.skip_threshold <= 1:
-            raise ValueError(f"skip_threshold (θ, a λ) must be in [0, 1], got {self.skip_threshold}")
+        if self.skip_threshold is not None and not math.isfinite(self.skip_threshold):  # above 1: skip every search
+            raise ValueError(f"skip_threshold (θ, compared with λ) must be a finite number, got {self.skip_threshold}")
 
     def without(self, group: str) -> CalibratorConfig:
         """The same config with one feature group switched off (ablations)."""
