@@ -78,6 +78,14 @@ def tiny_model_dir(gpt2_tokenizer_dir, tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    """A tiny random Llama-family LM (the real loading code, no download), loaded once per test module."""
+    from monim.lm import load_lm
+
+    return load_lm(str(tiny_model_dir("llama")))
+
+
 @pytest.fixture
 def random_datastore(tmp_path):
     """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""

@@ -14,7 +14,6 @@ from monim.dedup import Signatures, containment, shingles, twin_groups
 from monim.evaluate import evaluate, evaluate_many
 from monim.index import IndexConfig, MemoryIndex
 from monim.knnlm import LAMBDAS, tune_grid
-from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
@@ -80,11 +79,6 @@ def test_realtimeqa_held_out_articles_have_no_twin_in_the_same_days_training(dat
         for doc in day.validation + day.test:
             s = shingles(doc.text)
             assert all(len(s & t) / min(len(s), len(t)) < 0.5 for t in train), (day.date, doc.id)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
 
 
 def test_twin_share_tells_copied_text_from_new(tiny, tmp_path):

@@ -17,6 +17,8 @@ from monim.stream import DEMO_STREAM
 MONIM = str(Path(sys.executable).parent / "monim")
 NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
 
+pytestmark = pytest.mark.slow  # starts `monim compare`, the UIs and Chromium
+
 
 def fresh_env() -> dict:
     """A fresh shell's environment: no Prefect home or server of the test session."""

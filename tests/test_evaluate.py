@@ -10,7 +10,6 @@ from monim.calibrator import CalibratorConfig
 from monim.evaluate import combine, evaluate, evaluate_many
 from monim.suite import EvalConfig, period_of, period_sets
 from monim.index import IndexConfig, MemoryIndex
-from monim.lm import load_lm
 from monim.scoring import score, with_neighbors
 from monim.calibration import calibrate
 from monim.memorize import memorize_day
@@ -26,11 +25,6 @@ FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed
 @pytest.fixture(scope="module")
 def stream():
     return list(iter_days(open_source(DEMO_STREAM), DAYS[0], DAYS[-1]))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
 
 
 def learn(root, lm, days, index_cfg=None):

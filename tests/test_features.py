@@ -24,11 +24,6 @@ CFG = ScoreConfig(stride=48, context=32, batch_size=4)
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
-
-
-@pytest.fixture(scope="module")
 def days():
     return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_source(DEMO_STREAM), *DAYS)]
 

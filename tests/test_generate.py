@@ -25,11 +25,6 @@ K, LAM, T = 8, 0.4, 3.0
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
-
-
-@pytest.fixture(scope="module")
 def stream():
     return list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
 

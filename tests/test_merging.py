@@ -7,18 +7,12 @@ import pytest
 
 from monim.entries import Entries
 from monim.index import IndexConfig
-from monim.lm import load_lm
 from monim.memorize import memorize_day
 from monim.memory import Memory
 from monim.settings import Settings
 from monim.merging import greedy_merge
 from monim.policies import make_policy
 from monim.stream import DEMO_STREAM, iter_days, open_source
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
 
 
 def cluster(center: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:

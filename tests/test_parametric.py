@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from monim.config import RunConfig
-from monim.lm import load_lm
 from monim.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 from monim.stream import DEMO_STREAM, Document
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
 
 
 def doc(text: str, i: int = 0) -> Document:

@@ -10,7 +10,6 @@ import torch
 
 from monim.entries import Entries
 from monim.index import IndexConfig
-from monim.lm import load_lm
 from monim.scoring import score
 from monim.memory import Memory
 from monim.settings import Settings
@@ -24,11 +23,6 @@ def q(i: int, day: int, answer: int = 0) -> Question:
 
 
 QUESTIONS = [q(i, 1 + i % 3, i % 4) for i in range(8)]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_lm(str(tiny_model_dir("llama")))
 
 
 def test_wilson_interval_by_hand():

@@ -137,13 +137,6 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
     assert waited > 0.5 and said and all(f"pid {proc.pid}" in s for s in said)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    from monim.lm import load_lm
-
-    return load_lm(str(tiny_model_dir("llama")))
-
-
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
     from monim.policies import make_policy

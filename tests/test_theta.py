@@ -191,6 +191,7 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
     assert fsck.returncode == 0 and json.loads(fsck.stdout.strip().splitlines()[-1])["clean"], fsck.stdout
 
 
+@pytest.mark.slow  # four `monim learn` processes
 def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refused(tiny_model_dir, tmp_path):
     """`monim learn --delta -2.0` learns with δ = -2 (the manifest and `monim status` say so); a resume
     that brings another δ is refused before any work, naming delta; the same δ learns on."""
