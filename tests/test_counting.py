@@ -81,7 +81,7 @@ def test_a_bad_record_beyond_the_range_refuses_nothing(tmp_path, monkeypatch):
 KINDS = st.sampled_from(["good", "good", "good", "undated", "dated_bad", "repeat", "late", "known"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(KINDS, st.integers(0, 1)), min_size=1, max_size=40), st.booleans())
 def test_random_feeds_count_every_record_once_whole_or_day_by_day(tmp_path_factory, feed, gz):
     """Any feed: the days' counts add up to its lines (it ends with a good record, as a feed read up
