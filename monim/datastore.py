@@ -320,12 +320,8 @@ class Datastore:
     def relearn(self, date: str) -> None:
         """Let a day be learned again, asked by name: the last committed day is uncommitted (its entries,
         evaluation and calibration gone), a forgotten one after it no longer refused; logged."""
-        days, known = self.manifest["days"], forgotten.forgotten_days(self.manifest)
-        if days and date < days[-1]["date"]:
-            raise ValueError(f"day {date} comes before the memory's last day {days[-1]['date']} (a memory only grows at "
-                             f"its end): only its last day, or a forgotten day after it, can be learned again")
-        if not (days and days[-1]["date"] == date) and date not in known:
-            raise ValueError(f"day {date} is neither the memory's last day nor a forgotten one: nothing to relearn")
+        forgotten.check_relearn(self.manifest, date)
+        days = self.manifest["days"]
         kept = days[:-1] if days and days[-1]["date"] == date else days
         self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != date],
                              forgotten=[*forgotten.log(self.manifest), forgotten.relearn_event(date)])

@@ -60,6 +60,15 @@ def refuse(manifest: dict, date: str) -> None:
                            f"name (`monim learn --relearn {date}`)")
 
 
+def check_relearn(manifest: dict, date: str) -> None:
+    """ValueError unless `date` can be learned again: the memory's last day, or a day it forgot after it
+    (a memory only grows at its end)."""
+    days = [d["date"] for d in manifest.get("days", [])]
+    if not (days and date == days[-1]) and not (date in forgotten_days(manifest) and (not days or date > days[-1])):
+        raise ValueError(f"relearn {date}: only the memory's last day ({days[-1] if days else 'none'}) or a day "
+                         "forgotten after it can be learned again (a memory only grows at its end)")
+
+
 def summary(manifest: dict) -> list[dict]:
     """The log as rows to show (monim status, fsck): when, what, why."""
     rows = []

@@ -11,7 +11,7 @@ from typing import Literal
 
 from monim import workdirs
 from monim.config import RunConfig
-from monim.forgotten import forgotten_days
+from monim.forgotten import check_relearn, forgotten_days
 from monim.manifest import read_manifest
 from monim.sources import Fields
 from monim.stream import arrived_after, articles, read_range
@@ -78,9 +78,7 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
             raise ValueError(f"relearn {date}: {cfg.name} keeps no memory to learn a day into again")
         if date not in dates:
             raise ValueError(f"relearn {date}: the range holds no articles of {date}")
-        if not (committed and date == committed[-1]) and not (date in gone and (not committed or date > committed[-1])):
-            raise ValueError(f"relearn {date}: only the memory's last day ({committed[-1] if committed else 'none'}) or a "
-                             "day forgotten after it can be learned again (a memory only grows at its end)")
+        check_relearn(manifest, date)
     early = [d for d in out.todo if committed and d < committed[-1] and d not in committed]
     if early:
         raise ValueError(f"start: {early[0]} comes before the last day {root} committed, {committed[-1]}: a memory only "
