@@ -28,14 +28,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibrator import CalibratorConfig
-from monim.config import RunConfig
-from monim.evaluate import searched, theta_of
-from monim.features import Features
-from monim.memory import Memory
+from monim.theta.calibrator import CalibratorConfig
+from monim.core.config import RunConfig
+from monim.evaluation.evaluate import searched, theta_of
+from monim.lm.features import Features
+from monim.theta.memory import Memory
 from monim.run import make_run
-from monim.sources import Document
-from news_days import REPO, first_days, parser
+from monim.data.sources import Document
+from harness import RESULTS, first_days, news_parser, save
 
 RUNS = {  # name: (policy, calibration source)
     "fullmem/validation": ("fullmem", "validation"),
@@ -74,9 +74,9 @@ def skip_rule(lm, memory: Memory, docs: list[Document], theta: float, cfg: Featu
 
 
 def main() -> None:
-    ap = parser(__doc__, "calibration")
+    ap = news_parser(__doc__, "calibration")
     ap.set_defaults(max_docs=None)
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "calibration-work")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "calibration-work")
     ap.add_argument("--runs", default=",".join(RUNS), help="Comma-separated memories to learn (see RUNS).")
     ap.add_argument("--skip", type=float, default=0.3)
     args = ap.parse_args()
@@ -120,7 +120,7 @@ def main() -> None:
                                   "worse_paired": bool(diff.mean() > 1.96 * paired_se), "test_twins": int(twins.sum())}
         row["seconds"] = time.perf_counter() - started
         rows[date] = row
-        rows_path.write_text(json.dumps(rows, indent=1))
+        save(rows_path, rows)
         console.print(f"{date}: {row['tokens']} tokens, {row['articles']} articles, LM {row['lm_seconds']:.0f} s, "
                       f"day {row['seconds']:.0f} s; test PPL LM {row['ppl_lm']:.2f}, "
                       + ", ".join(f"{n} {r['ppl']:.2f} (λ {r['lam']}{' fallback' if r['fallback'] else ''})"
@@ -165,7 +165,7 @@ def main() -> None:
             console.print(f"skip θ={args.skip} on {kind} articles: {r['skipped']:.1%} of tokens skipped, PPL "
                           f"{r['ppl_full']:.2f} → {r['ppl_skip']:.2f}, time {r['seconds_skip'] / r['seconds_full']:.2f}×")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float))
+    save(args.out, result, default=float)
     console.print(f"wrote {args.out}")
 
 

@@ -2,7 +2,7 @@
 
 Each policy is a run (monim.run.MemoryRun) that learns the days (≤ max-docs training articles a
 day) the product's way: `learn` memorizes and calibrates every day (the default calibration:
-monim.calibration), RandMem at MoNIM's MemRate (monim.catalogue.followed_memrate); each final
+monim.learning.recalibration), RandMem at MoNIM's MemRate (monim.core.catalogue.followed_memrate); each final
 memory is evaluated with the constant λ and with the calibrator. FullMem and RandMem (at MoNIM's
 rate) do not read Θ while memorizing; MoNIM does, so `--runs monim-amt-const` learns a MoNIM
 memory with a constant-λ Θ throughout. On the final memories and all the days' test articles it
@@ -16,7 +16,6 @@ Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [
 """
 
 import dataclasses
-import json
 import math
 import shutil
 import tempfile
@@ -28,15 +27,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibrator import Examples, examples, train_calibrator
-from monim.config import FEATURE_GROUPS
-from monim.catalogue import followed_memrate
-from monim.config import RunConfig
-from monim.knnlm import Interpolation, perplexity, theta_scores
-from monim.lm import cached_lm
-from monim.memory import Memory
+from monim.theta.calibrator import Examples, examples, train_calibrator
+from monim.core.config import FEATURE_GROUPS
+from monim.core.catalogue import followed_memrate
+from monim.core.config import RunConfig
+from monim.theta.knnlm import Interpolation, perplexity, theta_scores
+from monim.lm.model import cached_lm
+from monim.theta.memory import Memory
 from monim.run import make_run
-from news_days import first_days, parser
+from harness import first_days, news_parser, save
+
 
 def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
     """Test PPL under Θ with a given calibrator (its λ per token and its temperature)."""
@@ -57,7 +57,7 @@ def timed_score(memory: Memory, docs: list, skip: bool) -> tuple[list, float, fl
 
 
 def main() -> None:
-    ap = parser(__doc__, "calibrator")
+    ap = news_parser(__doc__, "calibrator")
     ap.add_argument("--skip", type=float, default=0.3)
     ap.add_argument("--runs", default="monim-amt,fullmem,randmem",
                     help="Memories to learn; '<policy>-const' learns with a constant-λ Θ (matters for MoNIM).")
@@ -114,7 +114,7 @@ def main() -> None:
         ablation["constant λ"] = {"ppl": perplexity(full, interp)}
         results["ablation"] = ablation
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    save(args.out, results)
 
     table = Table(title=f"Test PPL, constant λ vs NN calibrator — {len(days)} days from {days[0].date}, ≤{args.max_docs} articles/day")
     for col in ("policy", "MemRate", "bare LM", "constant λ", "calibrator", f"skip θ={args.skip}: share",

@@ -10,7 +10,6 @@ Usage: python benchmarks/chaos.py [--kills 20] [--days 5] [--policy monim-amt] [
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -29,8 +28,8 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
+from harness import REPO, RESULTS, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
 MONIM = str(Path(sys.executable).parent / "monim")
 DEMO = REPO / "monim" / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 
@@ -108,7 +107,7 @@ def fingerprint(memory: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("--source", type=Path, default=DEMO)
     ap.add_argument("--start", default="1987-03-02")
     ap.add_argument("--end", default="1987-03-06")
@@ -119,7 +118,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefect-api", default=None, help="A Prefect API URL for every command (default: each starts its own, "
                     "as from a fresh shell)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = ap.parse_args()
     console, rng = Console(), random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="monim-chaos-"))
@@ -161,7 +160,7 @@ def main() -> None:
         table.add_row(key, str(result[key]))
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    save(args.out, result)
     shutil.rmtree(root)
     if differ or fsck.returncode:
         sys.exit(1)

@@ -6,7 +6,6 @@ Reads the rows.json of `benchmarks/full_volume.py` runs (or `memory_cost.py`'s J
 Usage: python benchmarks/claims.py --rows Reuters=DIR/rows.json RTQA=benchmarks/results/memory-cost.json --out docs/results/claims
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
 
 from full_volume import growth_exponent, label  # noqa: E402  (benchmarks/ is on the path when run as a script)
+from harness import parser
 
 COLOURS = {"fullmem": "tab:blue", "randmem": "tab:orange", "monim-amt": "tab:green"}
 
@@ -55,8 +55,8 @@ def trend(y: list[float], weights: list[float], x: np.ndarray, *controls: list[f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="+", required=True, help="STREAM=PATH to a rows.json")
+    ap = parser(__doc__)
+    ap.add_argument("--rows", nargs="+", required=True, help="RTQA=PATH to a rows.json")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

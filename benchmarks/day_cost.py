@@ -16,7 +16,6 @@ Usage: python benchmarks/day_cost.py [--source FILE] [--start 2022-06-01] [--day
 [--max-docs N] [--lm-from JSON] [--exact-below N]
 """
 
-import argparse
 import datetime as dt
 import json
 import time
@@ -26,15 +25,12 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim import catalogue
-from monim.atomic import write_json
-from monim.config import RunConfig
+from monim.core import catalogue
+from monim.core.config import RunConfig
 from monim.run import make_run
-from monim.stream import list_dates
-from tasks.learning import ingest
+from monim.data.stream import list_dates
+from harness import RESULTS, RTQA, parser, resume, save
 
-REPO = Path(__file__).resolve().parents[1]
-STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
 MEMORIZE = ("lm_and_search", "policy", "merge", "commit", "index")  # MemoryRun's memorize stages (DayStats.seconds)
 GOALS = {"one": 1.25, "all": 1.5, "monim_vs_fullmem": 1.1}
 
@@ -63,14 +59,14 @@ def ratios(day: dict, lm: float | None = None) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=STREAM)
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=7)
     ap.add_argument("--policies", default="monim-amt,fullmem,randmem", help="comma-separated; MoNIM before RandMem")
     ap.add_argument("--max-docs", type=int, default=None, help="training articles a day (default: every one)")
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "day-cost-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "day-cost.json")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "day-cost-work")
+    ap.add_argument("--out", type=Path, default=RESULTS / "day-cost.json")
     ap.add_argument("--lm-from", type=Path, default=None, help="an earlier run's JSON: the LM's seconds per day")
     ap.add_argument("--exact-below", type=int, default=RunConfig.model_fields["exact_below"].default,
                     help="RunConfig.exact_below of every policy's memory")
@@ -78,7 +74,7 @@ def main() -> None:
     lm_seconds = {d["date"]: d["ratios"]["lm_seconds"] for d in json.loads(args.lm_from.read_text())["days"]} \
         if args.lm_from else {}
     dates = list_dates(args.source, start=args.start)[: args.days]
-    out = json.loads(args.out.read_text()) if args.out.exists() else {"days": []}
+    out = resume(args.out, {"days": []})
     out |= {"source": args.source.name, "policies": args.policies.split(","), "goals": GOALS, "exact_below": args.exact_below}
     runs = {p: make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy=p,
                                   max_docs=args.max_docs, exact_below=args.exact_below)) for p in out["policies"]}
@@ -86,19 +82,19 @@ def main() -> None:
     for step, date in enumerate(dates):
         if date.isoformat() in done:
             continue
-        day, memrates, learned = ingest.fn(next(iter(runs.values())).cfg, date.isoformat()), {}, {}
+        memrates, learned = {}, {}
         for name, run in runs.items():
             follows = catalogue.followed_memrate(name, memrates)
             run.cfg = RunConfig.model_validate(run.cfg.model_dump() | {"followed_memrate": follows})
             started = time.perf_counter()
-            row = run.day(day, step)
+            row = run.day(date.isoformat(), step)
             learned[name] = stages(row, time.perf_counter() - started)
             memrates[name] = row["memrate"]
         lm = lm_seconds.get(date.isoformat())
         out["days"].append({"date": date.isoformat(), "runs": learned, "ratios": ratios({"runs": learned}, lm)}
                            | ({"lm_from": args.lm_from.name} if lm else {}))
         print(json.dumps(out["days"][-1]["ratios"] | {"date": date.isoformat()}), flush=True)
-        write_json(args.out, out)  # after each day: a stopped run resumes here
+        save(args.out, out)  # after each day: a stopped run resumes here
     volume = "every article" if args.max_docs is None else f"{args.max_docs} training articles a day"
     table = Table(title=f"A day's cost against its LM pass, {args.source.name}, {volume}")
     names = out["policies"]

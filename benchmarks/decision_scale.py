@@ -15,7 +15,6 @@ Resumable: WORKDIR keeps the memory, the feature store and the JSON.
 Usage: python benchmarks/decision_scale.py [--source FILE] [--date 1987-03-03] [--at 1000000,5000000]
 """
 
-import argparse
 import datetime as dt
 import json
 from pathlib import Path
@@ -26,15 +25,13 @@ from index_scale import Keys
 from rich.console import Console
 from rich.table import Table
 
-from monim.atomic import write_json
-from monim.config import RunConfig
-from monim.entries import Entries
-from monim.lexical import day_counts
+from monim.core.config import RunConfig
+from monim.storage.entries import Entries
+from monim.storage.lexical import day_counts
 from monim.run import make_run
-from tasks.learning import ingest
+from harness import REPO, RESULTS, parser, resume, save
 
-REPO = Path(__file__).resolve().parents[1]
-STREAM = REPO.parent / "shared" / "data" / "news" / "reuters21578.jsonl.gz"
+RTQA = REPO.parent / "shared" / "data" / "news" / "reuters21578.jsonl.gz"
 DAY = 500_000  # synthetic keys committed a day
 GOAL = 0.5  # the decision's seconds against the day's LM seconds, at 5M entries
 START = dt.date(1987, 1, 1)  # the synthetic days come before the real one
@@ -73,20 +70,20 @@ def decide(run, day) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=STREAM)
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--date", type=dt.date.fromisoformat, default=dt.date(1987, 3, 3))
     ap.add_argument("--at", default="1000000,5000000", help="memory sizes (entries) to decide the day onto")
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "decision-scale-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "decision-scale.json")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "decision-scale-work")
+    ap.add_argument("--out", type=Path, default=RESULTS / "decision-scale.json")
     args = ap.parse_args()
-    out = json.loads(args.out.read_text()) if args.out.exists() else {"sizes": [], "growth": []}
+    out = resume(args.out, {"sizes": [], "growth": []})
     run = make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt"))
-    day = ingest.fn(run.cfg, args.date.isoformat())
+    day = run.ingest(args.date.isoformat())
     if "lm_s" not in out:  # the day's own LM pass, once (the store keeps its features)
         lm = run.featurize(day, ("train",))
         out |= {"source": args.source.name, "date": args.date.isoformat(), "lm_s": lm["seconds"], "lm_tokens": lm["tokens"]}
-        write_json(args.out, out)
+        save(args.out, out)
     keys = Keys()
     for size in (int(s) for s in args.at.split(",")):
         if any(s["target"] == size for s in out["sizes"]):
@@ -96,7 +93,7 @@ def main() -> None:
         row["decision_vs_lm"] = row["decision_s"] / out["lm_s"]
         out["sizes"].append(row)
         print(json.dumps(row), flush=True)
-        write_json(args.out, out)
+        save(args.out, out)
     if len(out["sizes"]) >= 2:  # seconds per searched token = a + b x codes a search scans (entries x nprobe / lists)
         nprobe = run.memory.index.cfg.nprobe
         codes = np.array([s["entries"] * nprobe / s["nlist"] for s in out["sizes"]])
@@ -105,7 +102,7 @@ def main() -> None:
         search_100m = (a + b * 1e8 * nprobe / lists) * last["searched"]
         out["projection_100m"] = {"lists": lists, "per_searched_token_s": search_100m / last["searched"], "search_s": search_100m,
                                   "decision_vs_lm": (search_100m + last["policy_s"]) / out["lm_s"]}
-        write_json(args.out, out)
+        save(args.out, out)
     table = Table(title=f"MoNIM-AMT's decision on {out['date']} ({out['lm_tokens']:,} LM tokens, "
                         f"{out['lm_s']:.0f} s) onto a memory of synthetic keys, 2 cores")
     for c in ("entries", "lists", "searched", "search s", "rule s", "decision / LM", f"goal {GOAL}x"):

@@ -1,5 +1,5 @@
 """MoNIM-AMT's decision searches as its search rules leave tokens to the LM alone
-(monim.config.PolicyConfig.search_margin and search_context).
+(monim.core.config.PolicyConfig.search_margin and search_context).
 
 Consecutive days of a stream, every article, learned through the product's own run
 (monim.run.MemoryRun.day: featurize, memorize, calibrate, evaluate) by one memory per variant, all
@@ -12,7 +12,6 @@ the JSON (a day done is not redone).
 Usage: python benchmarks/decision_search.py [--source FILE] [--start 2022-06-01] [--days 4] [--variants none,1.0+context]
 """
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -22,13 +21,11 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.atomic import write_json
-from monim.config import RunConfig
+from monim.core.config import RunConfig
 from monim.run import make_run
-from monim.stream import list_dates, read_day
+from monim.data.stream import list_dates
+from harness import RESULTS, RTQA, parser, resume, save
 
-REPO = Path(__file__).resolve().parents[1]
-STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
 KEPT = ("tokens_seen", "memrate_day", "memrate", "entries", "memory_bytes", "ppl", "ppl_lm", "decision_searched",
         "decision_settled", "decision_probed", "decision_probe_flipped", "seconds_featurize", "seconds_learn",
         "seconds_lm_and_search", "seconds_search", "calibrator_seconds")
@@ -64,17 +61,17 @@ def summary(rows: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=STREAM)
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=4)
     ap.add_argument("--variants", default="none,1.0+context",
                     help="comma-separated: a search margin (none: no margin), +context for the context rule")
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "decision-search-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "decision-search.json")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "decision-search-work")
+    ap.add_argument("--out", type=Path, default=RESULTS / "decision-search.json")
     args = ap.parse_args()
     dates = list_dates(args.source, start=args.start)[: args.days]
-    out = json.loads(args.out.read_text()) if args.out.exists() else {"rows": {}}
+    out = resume(args.out, {"rows": {}})
     out |= {"source": args.source.name, "dates": [d.isoformat() for d in dates]}
     for spec in args.variants.split(","):
         name = f"margin-{spec}"
@@ -84,13 +81,13 @@ def main() -> None:
         for step, date in enumerate(dates):
             if any(r["date"] == date.isoformat() for r in done):
                 continue
-            row = run.day(read_day(args.source, date), step)
+            row = run.day(date.isoformat(), step)
             done.append({"date": row["date"]} | {k: row.get(k) for k in KEPT})
             print(json.dumps(done[-1]), flush=True)
-            write_json(args.out, out)  # after each day: a stopped run resumes here
+            save(args.out, out)  # after each day: a stopped run resumes here
     common = min(len(v) for v in out["rows"].values())
     out["summary"] = summary({k: v[:common] for k, v in out["rows"].items()})
-    write_json(args.out, out)
+    save(args.out, out)
     table = Table(title=f"MoNIM-AMT's decision searches, {args.source.name}, {common} days")
     columns = ["searched_share", "left_to_lm", "est_decision_errors", "memrate", "ppl_mean", "seconds_search", "seconds_learn"]
     for c in ["variant", *columns]:

@@ -1,5 +1,5 @@
 """How many of a day's training tokens MoNIM must search the memory for: the share whose decision
-no memory can change (monim.policies.MoNIM.certain), by the largest λ Θ may give.
+no memory can change (monim.learning.policies.MoNIM.certain), by the largest λ Θ may give.
 
 From the LM's statistics alone (one LM pass over the day's training articles; no memory needed):
 per λ_max, the share of tokens stored for sure, skipped for sure and certain, under AMT (and the
@@ -16,18 +16,18 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.calibrator import LAM_CEIL
-from monim.features import Features
-from monim.lm import load_lm
-from monim.policies import MoNIM
-from monim.scoring import ScoreConfig
-from news_days import REPO, first_days, parser
+from monim.theta.calibrator import LAM_CEIL
+from monim.lm.features import Features
+from monim.lm.model import load_lm
+from monim.learning.policies import MoNIM
+from monim.lm.scoring import ScoreConfig
+from harness import REPO, first_days, news_parser
 
 LAM_MAXES = (0.1, 0.25, 0.5, LAM_CEIL)
 
 
 def main() -> None:
-    ap = parser(__doc__.splitlines()[0], "decision-skip")
+    ap = news_parser(__doc__.splitlines()[0], "decision-skip")
     ap.set_defaults(days=1, max_docs=None)
     ap.add_argument("--delta", type=float, default=-1.5)
     ap.add_argument("--npz", default=REPO / "benchmarks" / "data" / "lm-stats-realtimeqa.npz")

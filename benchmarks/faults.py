@@ -8,7 +8,6 @@ A tiny random model with GPT-2's tokenizer keeps it quick (`--model` takes any o
 Usage: python benchmarks/faults.py [--model DIR] [--out benchmarks/results/faults.json]
 """
 
-import argparse
 import datetime as dt
 import gzip
 import json
@@ -27,10 +26,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.datastore import Datastore
-from monim.stream import DEMO_STREAM
+from monim.storage.datastore import Datastore
+from monim.data.stream import DEMO_STREAM
+from harness import RESULTS, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
 MONIM = str(Path(sys.executable).parent / "monim")
 DAYS = ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]
 
@@ -121,10 +120,10 @@ def prefix(a: Path, clean: Path) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--stops", type=int, default=5, help="SIGTERMs at random points of a learn")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "faults.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "faults.json")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="monim-faults-"))
     if args.model is None:
@@ -178,7 +177,7 @@ def main() -> None:
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     p = b.learn(source, root / "weights", "--model", changed)
     b.note("new weights of the same shape at the same path", p, arrays(root / "weights")[0] == DAYS[:1], "refused")
-    code = ("from flows.stream import learn_stream; from monim.config import RunConfig; "
+    code = ("from flows.stream import learn_stream; from monim.core.config import RunConfig; "
             f"learn_stream(RunConfig(source={str(longer)!r}, workdir={str(root / 'window')!r}, model={str(model)!r}, "
             "policy='fullmem', stride=256))")
     shutil.copytree(clean, root / "window")
@@ -289,7 +288,7 @@ def main() -> None:
     bad = [r for r in b.rows if r["verdict"] in ("silent", "traceback", "lost")]
     print(f"{len(b.rows)} faults: {len(b.rows) - len(bad)} refused or handled, {len(bad)} silent, traceback or lost")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(b.rows, indent=1))
+    save(args.out, b.rows)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -4,19 +4,19 @@ Resumable (the store keeps what is done). Prints each day's tokens and tokens/s.
 Usage: python benchmarks/featurize.py --source FILE --start D --end D --store WORKDIR/features [--model M]
 """
 
-import argparse
 import datetime as dt
 import time
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
-from monim.features import Features
-from monim.lm import load_lm
-from monim.scoring import ScoreConfig
-from monim.stream import SPLITS, list_dates, read_day
+from monim.lm.features import Features
+from monim.lm.model import load_lm
+from monim.lm.scoring import ScoreConfig
+from monim.data.stream import SPLITS, list_dates, read_day
+from harness import parser
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--source", required=True)
     p.add_argument("--start", type=dt.date.fromisoformat)
     p.add_argument("--end", type=dt.date.fromisoformat)

@@ -16,7 +16,7 @@ threshold is memrate_lm - memrate_day), and λ's quantiles on the test tokens.
 `--policies`: runs besides the bare LM; `name@param=value` changes a policy's parameter (e.g.
 `monim-amt@delta=-1.0`), a `-const` suffix reads the memory with the constant λ, `-val` with a calibrator
 trained on validation articles only (the paper's calibration). RandMem stores at MoNIM-AMT's
-MemRate over the stream so far, by the catalogue's one rule (monim.catalogue.followed_memrate; until
+MemRate over the stream so far, by the catalogue's one rule (monim.core.catalogue.followed_memrate; until
 issue 46 it stored at MoNIM-AMT's rate of the day, and so did KL, which now stores at its own rate:
 0.5 unless `kl@rate=...`). `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
@@ -24,7 +24,6 @@ SIGINT or SIGTERM stops after the day or suite part being measured (resumably); 
 Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -39,21 +38,19 @@ import numpy as np
 import scipy.stats
 from rich.console import Console
 
-from monim.atomic import write_json
-from monim.catalogue import followed_memrate
-from monim.config import RunConfig
-from monim.dedup import twin_groups
-from monim.evaluate import evaluate_many, theta_of
-from monim.suite import period_of, text_document
-from monim.features import Features
-from monim.memory import Memory
-from monim.qa import answer_questions, read_questions, wilson
-from monim.policies import run_policy
+from monim.core.catalogue import followed_memrate
+from monim.core.config import RunConfig
+from monim.data.dedup import twin_groups
+from monim.evaluation.evaluate import evaluate_many, theta_of
+from monim.evaluation.suite import period_of, text_document
+from monim.lm.features import Features
+from monim.theta.memory import Memory
+from monim.evaluation.qa import answer_questions, read_questions, wilson
+from monim.learning.policies import MoNIM, run_policy
 from monim.run import MemoryRun, make_run
-from monim.stream import list_dates, read_day
+from monim.data.stream import list_dates, read_day
+from harness import DATA, QUIZ, RESULTS, RTQA, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its MemRate
 
 
@@ -153,7 +150,7 @@ def learn_day(date: dt.date, args, runs: dict[str, MemoryRun]) -> dict:
                              "memrate": learned["memrate"], "lam": learned["lam"], "fallback": memory.fallback,
                              "nll": theta["record"].get("nll"), "search_s": stats["seconds"].get("search")}
         with timed(seconds, f"measure_{name}"):
-            if policy.uses_theta:
+            if isinstance(policy, MoNIM):  # a rule that reads Θ: what the LM alone would store
                 row["runs"][name]["memrate_lm"] = memrate_lm(policy, day.train, features, f"{date}-train")
             row["runs"][name] |= lam_quantiles(memory, day.test, features, f"{date}-test")
     with timed(seconds, "evaluate"):
@@ -191,7 +188,7 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
             return None
         r = evaluate_many(features.lm, docs, {cell: memory}, features, name)[cell]
         section[key] = row | {"ppl_lm": r["ppl_lm"], "tokens": r["tokens"], "ppl": row["ppl"] | {cell: r["ppl"]}}
-        write_json(part, out)
+        save(part, out)
     pool = read_questions(args.qa) if args.qa else []
     questions = [q for q in pool if dates[0] <= q.date <= (args.qa_end or dates[-1] + dt.timedelta(days=7))]
     month_ends = {period_of(d, "month"): d for d in dates}.values()
@@ -204,7 +201,7 @@ def suite(args, features: Features, memories: dict[str, Memory], dates: list[dt.
         asked = [q for q in questions if period_of(q.date, "month") == month]
         answers = answer_questions(features.lm, asked, cells, 0, pool)
         out["qa"][month] = {c: {"hits": round(a["qa_accuracy"] * a["qa_n"]), "n": a["qa_n"]} for c, a in answers.items()}
-        write_json(part, out)
+        save(part, out)
     return out
 
 
@@ -342,14 +339,14 @@ def stop_asked(console: Console) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--end", type=dt.date.fromisoformat, default=dt.date(2022, 6, 30))
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "full-volume-work")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "full-volume-work")
     ap.add_argument("--text", type=Path, default=DATA / "wikitext" / "wiki.test.raw")
     ap.add_argument("--text-chars", type=int, default=20000)
-    ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
+    ap.add_argument("--qa", type=Path, default=QUIZ)
     ap.add_argument("--qa-end", type=dt.date.fromisoformat, default=None,
                     help="the quiz's last question date (default: a week after --end); later months test what the memory cannot know yet")
     ap.add_argument("--period", choices=("week", "month"), default="week", help="the forgetting matrix's periods")
@@ -386,7 +383,7 @@ def main() -> None:
             return
         row = learn_day(date, args, runs)
         rows[row["date"]] = row
-        write_json(rows_path, rows)  # atomic: a kill while writing keeps the days before
+        save(rows_path, rows)  # atomic: a kill while writing keeps the days before
         console.print(f"{row['date']}: {row['articles']} articles, {row['runs']['monim-amt']['tokens']} tokens; PPL LM "
                       f"{row['ppl_lm']:.2f}, " + ", ".join(f"{n} {r['ppl']:.2f} ({r['entries']} entries)"
                                                          for n, r in row["runs"].items())

@@ -16,8 +16,6 @@ Usage: python benchmarks/gpu.py [--quick] [--out DIR]   (DIR: $OUT if set, else 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import platform
@@ -33,16 +31,17 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from monim import exact
-from monim.atomic import replacing
-from monim.calibrator import CalibratorConfig, examples, train_calibrator
-from monim.exact import TorchExact
-from monim.knnlm import (Interpolation, interpolate, knn_log_weights, knn_logprobs_by_temperature, knn_target_logprob,
+from monim.storage import torch_search as exact
+from monim.core.atomic import replacing
+from monim.theta.calibrator import CalibratorConfig, examples, train_calibrator
+from monim.storage.torch_search import TorchExact
+from monim.theta.knnlm import (Interpolation, interpolate, knn_log_weights, knn_logprobs_by_temperature, knn_target_logprob,
                          theta_scores)
-from monim.lexical import LexicalCounts
-from monim.lm import LM
-from monim.scoring import Found, ScoreConfig, score_tokens
-from monim.threshold import amt_threshold, certain
+from monim.storage.lexical import LexicalCounts
+from monim.lm.model import LM
+from monim.lm.scoring import Found, ScoreConfig, score_tokens
+from monim.learning.threshold import amt_threshold, certain
+from harness import parser, save
 
 SHAPES = {  # (config, name)
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -336,7 +335,7 @@ def parity(device: torch.device) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="Small sizes (implied without a GPU).")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -358,7 +357,7 @@ def main() -> None:
             report["errors"][name] = traceback.format_exc()
             print(f"{name} failed:\n{report['errors'][name]}", flush=True)
         report["seconds"] = time.perf_counter() - started
-        path.write_text(json.dumps(report, indent=2))
+        save(path, report)
 
     def lm_rates() -> None:
         for shape in ("smollm2-135m", "llama-3.2-1b"):

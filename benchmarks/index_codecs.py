@@ -10,7 +10,6 @@ back to the LM alone, between the codecs and the memory). Search time is the eva
 Usage: python benchmarks/index_codecs.py [--days 2] [--eval-docs 40]
 """
 
-import argparse
 import datetime as dt
 import json
 import time
@@ -20,28 +19,27 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.config import RunConfig
-from monim.evaluate import evaluate
-from monim.index import IndexConfig
-from monim.memory import Memory
+from monim.core.config import RunConfig
+from monim.evaluation.evaluate import evaluate
+from monim.storage.index import IndexConfig
+from monim.theta.memory import Memory
 from monim.run import make_run
-from monim.settings import Settings
-from monim.sources import open_source
-from monim.stream import iter_days, list_dates
+from monim.storage.memory_settings import Settings
+from monim.data.sources import open_source
+from monim.data.stream import iter_days, list_dates
+from harness import RESULTS, REUTERS, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 EXACT = 1 << 40  # exact_below: never IVF
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--source", default=str(DATA / "news" / "reuters21578.jsonl.gz"))
+    ap = parser(__doc__)
+    ap.add_argument("--source", default=str(REUTERS))
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(1987, 3, 2))
     ap.add_argument("--days", type=int, default=2)
     ap.add_argument("--eval-docs", type=int, default=40)
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "index-codecs.json")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "index-codecs-work")
+    ap.add_argument("--out", type=Path, default=RESULTS / "index-codecs.json")
     args = ap.parse_args()
     run = make_run(RunConfig(source=args.source, workdir=str(args.workdir), policy="fullmem", calibrated=False,
                              exact_below=EXACT), root=args.workdir / "fullmem")  # its features: WORKDIR/features
@@ -75,7 +73,7 @@ def main() -> None:
                       f"{r['ppl'] / exact - 1:+.2%}")
     Console(width=130).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
+    save(args.out, rows)
     print(f"wrote {args.out}")
 
 

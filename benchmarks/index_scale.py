@@ -10,7 +10,6 @@ baseline of the search speed-up).
 Usage: python benchmarks/index_scale.py [--n 5000000] [--day 500000] [--codec pq|fastscan]
 """
 
-import argparse
 import json
 import resource
 import shutil
@@ -23,11 +22,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from monim.datastore import Datastore
-from monim.entries import Entries
-from monim.index import IndexConfig, MemoryIndex
+from monim.storage.datastore import Datastore
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig, MemoryIndex
+from harness import RESULTS, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
 D, CLUSTERS, WINDOW, SUBSPACE = 576, 20_000, 8_000, 64
 
 
@@ -65,14 +64,14 @@ def exact_search(ds: Datastore, queries: np.ndarray, k: int, chunk: int = 250_00
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("--n", type=int, default=5_000_000, help="keys in all")
     ap.add_argument("--day", type=int, default=500_000, help="keys committed per day")
     ap.add_argument("--codec", default="pq", choices=["pq", "fastscan"])
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--k", type=int, default=1024)
-    ap.add_argument("--work", type=Path, default=REPO / "benchmarks" / "results" / "index-scale-work")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "index-scale.json")
+    ap.add_argument("--work", type=Path, default=RESULTS / "index-scale-work")
+    ap.add_argument("--out", type=Path, default=RESULTS / "index-scale.json")
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -145,7 +144,7 @@ def main() -> None:
     table.add_row("peak RSS, GB", f"{result['peak_rss_bytes'] / 1e9:.1f}", "")
     Console(width=130).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    save(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -7,22 +7,21 @@ pretrained LM's and the seconds and tokens/s of training.
 Usage: python benchmarks/learner_lr.py [--rates 1e-5,3e-5,1e-4,3e-4] [--train-tokens 4096] [--days 10]
 """
 
-import json
 import time
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.evaluate import evaluate
-from monim.lm import load_lm
-from monim.parametric import Learner, train_day, trained_copy
-from monim.scoring import ScoreConfig
-from news_days import first_days, parser
+from monim.evaluation.evaluate import evaluate
+from monim.lm.model import load_lm
+from monim.learning.parametric import Learner, train_day, trained_copy
+from monim.lm.scoring import ScoreConfig
+from harness import first_days, news_parser, save
 
 
 def main() -> None:
-    ap = parser(__doc__, "learner-lr")
+    ap = news_parser(__doc__, "learner-lr")
     ap.add_argument("--rates", default="1e-5,3e-5,1e-4,3e-4")
     ap.add_argument("--train-tokens", type=int, default=4096)
     args = ap.parse_args()
@@ -49,7 +48,7 @@ def main() -> None:
     best = min(rows[1:], key=lambda r: r["validation_ppl"])
     print(f"best lr: {best['lr']:g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "best_lr": best["lr"], "validation_tokens": bare["tokens"]}, indent=1))
+    save(args.out, {"rows": rows, "best_lr": best["lr"], "validation_tokens": bare["tokens"]})
     print(f"wrote {args.out}")
 
 

@@ -5,9 +5,7 @@ Measures the model body alone and full scoring (body + per-token stats over the 
 Usage: python benchmarks/lm_throughput.py [--reps 2] [--out benchmarks/results/lm_throughput.json]
 """
 
-import argparse
 import datetime as dt
-import json
 import time
 from pathlib import Path
 
@@ -16,11 +14,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from monim.lm import load_lm
-from monim.scoring import ScoreConfig, score
-from monim.sources import Document
+from monim.lm.model import load_lm
+from monim.lm.scoring import ScoreConfig, score
+from monim.data.sources import Document
+from harness import REPO, RESULTS, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def timed(fn, reps: int) -> float:
@@ -35,11 +33,11 @@ def timed(fn, reps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = parser(__doc__)
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "lm_throughput.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "lm_throughput.json")
     args = ap.parse_args()
 
     text = (args.data / "wikitext" / "wiki.test.raw").read_text(encoding="utf-8")[:60000]
@@ -70,7 +68,7 @@ def main() -> None:
                       f"{r['score_tokens_per_s']:.0f}", f"{r['score_ratio']:.2f}")
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": lm.name, "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    save(args.out, {"model": lm.name, "threads": torch.get_num_threads(), "rows": rows})
     print(f"wrote {args.out}")
 
 

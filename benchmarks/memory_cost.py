@@ -3,7 +3,7 @@ full-volume days of a stream (every training article), library-level, the LM's f
 feature store (each token meets the LM once, for every memory: the LM pass is left out of the costs).
 Each day is learned through the library's run (monim.run.MemoryRun: memorize, then calibrate, timed
 apart), one a memory. RandMem stores at MoNIM-AMT's MemRate over the stream so far, by the catalogue's
-one rule (monim.catalogue.followed_memrate; until issue 46 it stored at MoNIM-AMT's rate of the day).
+one rule (monim.core.catalogue.followed_memrate; until issue 46 it stored at MoNIM-AMT's rate of the day).
 
 Per day and memory: entries, bytes on disk (the memory's own: shards + index; and everything in its
 folder, Θ's calibrations included), bytes per entry, the learning seconds beyond the LM pass by stage
@@ -14,7 +14,6 @@ Resumable: the work directory keeps the memories and rows.json. Writes a table a
 Usage: python benchmarks/memory_cost.py --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
 """
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -25,17 +24,16 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.catalogue import followed_memrate
-from monim.config import RunConfig
-from monim.evaluate import evaluate_many
-from monim.features import Features
-from monim.workdirs import memory_status
+from monim.core.catalogue import followed_memrate
+from monim.core.config import RunConfig
+from monim.evaluation.evaluate import evaluate_many
+from monim.lm.features import Features
+from monim.storage.workdirs import memory_status
 from monim.run import MemoryRun, make_run
-from monim.settings import Settings
-from monim.stream import list_dates, read_day
+from monim.storage.memory_settings import Settings
+from monim.data.stream import list_dates, read_day
+from harness import RESULTS, RTQA, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its MemRate
 
 
@@ -99,16 +97,16 @@ def ppl_over(rows: list[dict], name: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=7)
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "memory-cost-work")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "memory-cost-work")
     ap.add_argument("--features", type=Path, default=None, help="A feature store to read (default: WORKDIR/features).")
     ap.add_argument("--variants", default="", help="More MoNIM-AMT memories, comma-separated IndexConfig changes: "
                                                    "k_decide=32,k_decide=128,exact_below=50000")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "memory-cost.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "memory-cost.json")
     args = ap.parse_args()
     console = Console(width=180)
     specs = {name: {} for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
@@ -121,7 +119,7 @@ def main() -> None:
             continue
         rows[date.isoformat()] = learn_day(date, args.source, runs)
         rows_path.parent.mkdir(parents=True, exist_ok=True)
-        rows_path.write_text(json.dumps(rows, indent=1))
+        save(rows_path, rows)
         r = rows[date.isoformat()]
         console.print(f"{date}: " + "; ".join(f"{n} {x['entries']:,} entries, {x['bytes'] / 2**20:.0f} MB, learn "
                                                f"{x['seconds']['learn']:.0f} s, PPL {x['ppl']:.2f}" for n, x in r["runs"].items()))
@@ -150,7 +148,7 @@ def main() -> None:
         console.print(f"{name}: PPL {s['ppl']:.3f}, MemRate {s['memrate']:.1%}, bytes at most {s['bytes_vs_fullmem_max']:.2f}x "
                       f"FullMem's, learning {s['learn_seconds']:.0f} s = {s['learn_vs_fullmem']:.2f}x FullMem's")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"days": done, "summary": summary}, indent=1))
+    save(args.out, {"days": done, "summary": summary})
 
 
 if __name__ == "__main__":

@@ -5,12 +5,11 @@ on the validation split), memory bytes, the memorization pass's throughput as a 
 LM's forward pass over the same tokens (measured in this same run), and the index update time per
 day as the memory grows. Each policy is a run (monim.run.MemoryRun, Θ with the constant λ) that
 learns every day the product's way (`learn`: memorize, then calibrate), the LM live (no feature
-store, so each pass includes the LM's). RandMem stores at MoNIM's MemRate (monim.catalogue.
+store, so each pass includes the LM's). RandMem stores at MoNIM's MemRate (monim.core.catalogue.
 followed_memrate), so MoNIM runs first.
 Usage: python benchmarks/memory_policies.py [--days 10] [--max-docs 8] [--out ...json]
 """
 
-import json
 import shutil
 import tempfile
 import time
@@ -20,14 +19,14 @@ import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from rich.console import Console
 from rich.table import Table
 
-from monim.catalogue import followed_memrate
-from monim.config import RunConfig
-from monim.knnlm import perplexity, tune_interpolation
-from monim.lm import cached_lm
-from monim.policies import run_policy
+from monim.core.catalogue import followed_memrate
+from monim.core.config import RunConfig
+from monim.theta.knnlm import perplexity, tune_interpolation
+from monim.lm.model import cached_lm
+from monim.learning.policies import run_policy
 from monim.run import make_run
-from monim.scoring import score
-from news_days import first_days, parser
+from monim.lm.scoring import score
+from harness import first_days, news_parser, save
 
 POLICIES = ("monim-amt", "fullmem", "randmem")  # the order they learn in: RandMem follows MoNIM's MemRate
 
@@ -40,7 +39,7 @@ def day_stats(date: str, row: dict) -> dict:
 
 
 def main() -> None:
-    ap = parser(__doc__, "memory_policies")
+    ap = news_parser(__doc__, "memory_policies")
     ap.add_argument("--k", type=int, default=1024)
     args = ap.parse_args()
 
@@ -112,7 +111,7 @@ def main() -> None:
         daily.add_row(date, *cells)
     console.print(daily)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=str))
+    save(args.out, results, default=str)
     console.print(f"wrote {args.out}")
 
 

@@ -8,9 +8,7 @@ All in one process, so machine load cancels out of the ratios.
 Usage: python benchmarks/pipeline.py --source FILE --date 2022-06-02 [--max-docs N]
 """
 
-import argparse
 import datetime as dt
-import json
 import os
 import tempfile
 import time
@@ -21,12 +19,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from monim.lm import load_lm
-from monim.scoring import ScoreConfig, fit_window, score_tokens
-from monim.stream import read_day
+from monim.lm.model import load_lm
+from monim.lm.scoring import ScoreConfig, fit_window, score_tokens
+from monim.data.stream import read_day
+from harness import RESULTS, RTQA, parser, save
 
-REPO = Path(__file__).resolve().parents[1]
-STREAM = REPO.parent / "shared" / "data" / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
 
 
 def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
@@ -74,8 +71,8 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
     """Run `compare` (or one policy's stream) over the day in a fresh work directory; its rows and
     its tasks' seconds."""
     from flows.compare import compare_policies
-    from monim.config import RunConfig
-    from tasks.learning import recorded_days
+    from monim.core.config import RunConfig
+    from monim.run import recorded_days
 
     workdir = tempfile.mkdtemp(prefix="monim-pipeline-")
     since = dt.datetime.now(dt.timezone.utc)
@@ -88,14 +85,14 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--source", default=str(STREAM))
+    ap = parser(__doc__)
+    ap.add_argument("--source", default=str(RTQA))
     ap.add_argument("--date", type=dt.date.fromisoformat, default=dt.date(2022, 6, 2))
     ap.add_argument("--max-docs", type=int, default=None)
     ap.add_argument("--policies", default="fullmem,randmem,monim-amt")
     ap.add_argument("--bound-tokens", type=int, default=8192, help="Tokens for the body/scoring throughput.")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pipeline.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "pipeline.json")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="monim-pipeline-prefect-"))
     import tasks  # noqa: F401  (Prefect's and MLflow's environment)
@@ -142,7 +139,7 @@ def main() -> None:
         print(f"{r['run']}: {r['fixed_s']:.0f} s ({r['fixed_s'] / r['seconds']:.0%}) beyond the LM, learning and "
               "evaluating; tasks (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["tasks"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+    save(args.out, out)
     print(f"wrote {args.out}")
 
 

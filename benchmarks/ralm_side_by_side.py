@@ -12,27 +12,22 @@ from the work directory's store (--features shares another's).
 Usage: python benchmarks/ralm_side_by_side.py --start 2022-06-01 --end 2022-06-14 --out docs/results/ralm-realtimeqa.json
 """
 
-import argparse
 import datetime as dt
-import json
 import math
 import time
 from pathlib import Path
 
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 
-from monim.atomic import write_json
-from monim.config import RunConfig
-from monim.evaluate import evaluate_many
-from monim.features import Features
-from monim.qa import answer_questions, read_questions, wilson
+from monim.core.config import RunConfig
+from monim.evaluation.evaluate import evaluate_many
+from monim.lm.features import Features
+from monim.evaluation.qa import answer_questions, read_questions, wilson
 from monim.run import MemoryRun, make_run
-from monim.stream import list_dates
-from monim.suite import EvalConfig
-from tasks.learning import ingest
+from monim.data.stream import list_dates
+from monim.evaluation.suite import EvalConfig
+from harness import QUIZ, REPO, RESULTS, RTQA, parser, resume, save
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 POLICIES = "fullmem,monim-amt,ralm,ralm+monim-amt"
 PAIRED = ("ralm", "ralm+monim-amt")  # evaluated together: one RALM pass
 
@@ -57,7 +52,7 @@ def lm_test_seconds(run: MemoryRun, docs: list) -> float:
 
 def learn_day(date: dt.date, runs: dict[str, MemoryRun]) -> dict:
     first = next(iter(runs.values()))
-    day = ingest.fn(first.cfg, date.isoformat())  # the product's reading: capped articles, as every run reads them
+    day = first.ingest(date.isoformat())  # the product's reading: capped articles, as every run reads them
     started = time.perf_counter()
     lm_tokens = first.featurize(day, ("train", "validation", "test"))["tokens"]
     row = {"date": date.isoformat(), "articles": len(day.train), "test_articles": len(day.test),
@@ -144,18 +139,18 @@ def render(lines: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", type=Path, default=DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    ap = parser(__doc__)
+    ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--end", type=dt.date.fromisoformat, default=dt.date(2022, 6, 14))
-    ap.add_argument("--qa", type=Path, default=DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
+    ap.add_argument("--qa", type=Path, default=QUIZ)
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "ralm-work")
+    ap.add_argument("--workdir", type=Path, default=RESULTS / "ralm-work")
     ap.add_argument("--features", type=Path, default=None, help="a feature store to share (another work directory's)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "ralm-side-by-side.json")
     args = ap.parse_args()
-    out = json.loads(args.out.read_text()) if args.out.exists() else {"rows": []}
+    out = resume(args.out, {"rows": []})
     out |= {"source": args.source.name, "start": str(args.start), "end": str(args.end), "policies": args.policies}
     runs = open_runs(args)
     done = {r["date"] for r in out["rows"]}
@@ -164,13 +159,13 @@ def main() -> None:
             continue
         row = learn_day(date, runs)
         out["rows"].append(row)
-        write_json(args.out, out)
+        save(args.out, out)
         print(date, {n: (round(r["ppl"], 2), round(r["score_s_per_1k"], 2)) for n, r in row["runs"].items()}, flush=True)
     if not out.get("qa") and args.qa and args.qa.exists():
         out["qa"] = quiz(args, runs, args.start, args.end)
-        write_json(args.out, out)
+        save(args.out, out)
     out["summary"] = summary(out["rows"], out.get("qa") or {})
-    write_json(args.out, out)
+    save(args.out, out)
     print(render(out["summary"]))
 
 

@@ -11,7 +11,6 @@ measures, into a copy thrown away after it.
 Usage: python benchmarks/redundancy.py --source FILE --base 1987-03-02 --day 1987-03-03 --features DIR --workdir DIR
 """
 
-import argparse
 import dataclasses
 import datetime as dt
 import json
@@ -23,11 +22,12 @@ from pathlib import Path
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 import numpy as np
 
-from monim.config import RunConfig
-from monim.features import Features
+from monim.core.config import RunConfig
+from monim.lm.features import Features
 from monim.run import MemoryRun, make_run
-from monim.sources import Document
-from monim.stream import Day, read_day
+from monim.data.sources import Document
+from monim.data.stream import Day, read_day
+from harness import parser, save
 
 
 def lead_dropped(text: str) -> str:
@@ -60,7 +60,7 @@ def study_run(cfg: RunConfig, root: Path, store: Path) -> MemoryRun:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--source", required=True)
     ap.add_argument("--base", type=dt.date.fromisoformat, required=True)
     ap.add_argument("--day", type=dt.date.fromisoformat, required=True)
@@ -97,7 +97,7 @@ def main() -> None:
                          "memrate": stats["memrate"], "memrate_replaced": on_replaced if ids else None,
                          "memrate_rest": (stats["stored"] - sum(stored.get(i, 0) for i in ids))
                          / max(stats["tokens_seen"] - sum(sizes[i] for i in ids), 1)}
-            rows_path.write_text(json.dumps(rows, indent=1))
+            save(rows_path, rows)
             print(key, {k: round(v, 4) if isinstance(v, float) else v for k, v in rows[key].items()}, flush=True)
             shutil.rmtree(target)
     print("| kind | share of articles | share of tokens | MemRate | on the replaced articles | on the rest |\n|---|---|---|---|---|---|")

@@ -13,8 +13,6 @@ Bounded: each level sends `--requests-per-client` requests per client and stops 
 Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim run` when missing)
 """
 
-import argparse
-import json
 import signal
 import subprocess
 import sys
@@ -31,33 +29,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from monim.lm import load_lm
-from monim.sources import open_source
-from monim.stream import DEMO_STREAM, iter_days
+from monim.lm.model import load_lm
+from flows.servers.client import post
 from serve_swap import swap, swap_table
+from harness import REPO, RESULTS, parser, requests_pool, save
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def post(port: int, body: dict, timeout: float = 300) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
-def requests_pool(n_texts: int, n_prompts: int, new_tokens: int) -> list[dict]:
-    """Distinct requests from the demo stream's articles: texts of ~1,000 characters to score, and
-    article openings to continue."""
-    docs = [d for day in iter_days(open_source(DEMO_STREAM)) for d in day.train + day.test]
-    texts = [{"dataframe_records": [{"text": d.text[:1000]}]} for d in docs[:n_texts]]
-    prompts = [{"dataframe_records": [{"prompt": " ".join(d.text.split()[:12])}], "params": {"max_new_tokens": new_tokens}}
-               for d in docs[n_texts : n_texts + n_prompts]]
-    return [r for pair in zip(texts, prompts) for r in pair] + texts[len(prompts):] + prompts[len(texts):]
 
 
 def same(a: dict, b: dict) -> bool:
@@ -204,7 +185,7 @@ def decoding_table(decode: dict, bare: dict, first: dict) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--workdir", type=Path, default=REPO / "monim-demo")
     ap.add_argument("--levels", default="1,4,16,64")
     ap.add_argument("--requests-per-client", type=int, default=4)
@@ -212,7 +193,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--port", type=int, default=5055)
     ap.add_argument("--no-swap", action="store_true", help="Leave the champion where it is (no day learned, nothing forgotten).")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "serve-load.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "serve-load.json")
     args = ap.parse_args()
     console = Console(width=150)
     cli = str(BIN / "monim")
@@ -249,7 +230,7 @@ def main() -> None:
                                             / results["decode"]["bare_lm"]["tokens_per_s"])
     results["first_token"] = first
     if not args.no_swap:
-        results["swap"] = swap(post, args.port, args.workdir, [r["dataframe_records"][0]["prompt"] for r in prompts])
+        results["swap"] = swap(args.port, args.workdir, [r["dataframe_records"][0]["prompt"] for r in prompts])
     at16 = next((r for r in results["levels"] if r["clients"] == 16), results["levels"][-1])
     results["scoring_vs_bound_at_16"] = at16["scored_tokens_per_s"] / results["bound"]["body_tokens_per_s"]
     # a stop with requests in flight
@@ -289,7 +270,7 @@ def main() -> None:
                   f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
                   f"processes left: {alive or 'none'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    save(args.out, results)
 
 
 if __name__ == "__main__":

@@ -8,71 +8,27 @@ It changes the work directory (a day learned, an article forgotten). `benchmarks
 runs it last; alone: python benchmarks/serve_swap.py --workdir W --port P (a server already following W).
 """
 
-import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections import Counter
 from pathlib import Path
 
 from rich.table import Table
 
-from monim.datastore import Datastore
-from monim.stream import DEMO_STREAM, list_dates
+from monim.storage.datastore import Datastore
+from monim.data.stream import DEMO_STREAM, list_dates
+from flows.servers.client import Clients, health
+from harness import monim_json, parser, requests_pool
 
 BIN = Path(sys.executable).parent
 POLICY = "monim-amt"  # the memory `monim serve-model` serves by default in a demo work directory
 
 
-def health(port: int) -> dict:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read())
 
 
-def monim(*args: str) -> dict:
-    """A monim command's last JSON line (it must succeed)."""
-    out = subprocess.run([str(BIN / "monim"), *args, "--json"], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-class Clients:
-    """`n` clients sending the bodies (round robin) again and again until stopped; each answer kept
-    with when it was asked."""
-
-    def __init__(self, post, port: int, bodies: list[dict], n: int):
-        self.asked: list[tuple[float, int, dict]] = []  # (sent at, status, answer)
-        self._stop = threading.Event()
-
-        def ask(c: int) -> None:
-            for i in range(c, 1 << 62, n):
-                if self._stop.is_set():
-                    return
-                sent = time.monotonic()
-                try:
-                    status, out = post(port, bodies[i % len(bodies)])
-                except OSError as e:  # no answer at all (reset, timeout): a failed request too
-                    status, out = None, {"message": repr(e)}
-                self.asked.append((sent, status, out))
-
-        self._threads = [threading.Thread(target=ask, args=(c,)) for c in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
-
-    def answered(self, since: float = 0.0) -> list[dict]:
-        """The answers (200s) to requests sent after `since`."""
-        return [out for sent, status, out in self.asked if sent > since and status == 200]
-
-    def cited(self, since: float = 0.0) -> Counter:
-        """Documents cited by the answers to requests sent after `since`, by how often."""
-        return Counter(s["doc_id"] for out in self.answered(since) for p in out["predictions"]
-                       for sentence in p.get("sentences", ()) for s in sentence["sources"])
 
 
 class Timeline:
@@ -80,8 +36,8 @@ class Timeline:
     began answering with it (its /health): the time to follow is the difference."""
 
     def __init__(self, port: int, workdir: Path, every: float = 0.25):
-        from tasks.registry import find_version
-        from tasks.store import tracking_uri
+        from tasks.tracking.registry import find_version
+        from tasks.tracking.store import tracking_uri
 
         self.moved: dict[str, float] = {}
         self.served: dict[str, float] = {}
@@ -114,7 +70,7 @@ class Timeline:
         self._thread.join()
 
 
-def swap(post, port: int, workdir: Path, prompts: list[str], clients: int = 16, new_tokens: int = 16,
+def swap(port: int, workdir: Path, prompts: list[str], clients: int = 16, new_tokens: int = 16,
          max_docs: int = 16) -> dict:
     """The two moves under load (a new day of `max_docs` articles, as `monim run` learns them; then a forget), measured."""
     ds = Datastore.read(workdir / "memories" / POLICY)
@@ -124,17 +80,17 @@ def swap(post, port: int, workdir: Path, prompts: list[str], clients: int = 16, 
         raise SystemExit(f"{workdir}: the demo stream has no day after {last} left to learn")
     day = learned[0]
     bodies = [{"dataframe_records": [{"prompt": p}], "params": {"max_new_tokens": new_tokens, "sources": 10}} for p in prompts]
-    load, timeline = Clients(post, port, bodies, clients), Timeline(port, workdir)
+    load, timeline = Clients(port, bodies, clients), Timeline(port, workdir)
     try:
         t = time.monotonic()
-        monim("learn", "--source", str(DEMO_STREAM), "--start", day, "--end", day, "--policy", POLICY,
+        monim_json("learn", "--source", str(DEMO_STREAM), "--start", day, "--end", day, "--policy", POLICY,
               "--workdir", str(workdir), "--max-docs", str(max_docs), "--model", ds.manifest["model"])
         learn_s = time.monotonic() - t
-        new_day = monim("promote", "--workdir", str(workdir), "--policy", POLICY)["champion"]
+        new_day = monim_json("promote", "--workdir", str(workdir), "--policy", POLICY)["champion"]
         follow_day = timeline.follow(new_day)
         time.sleep(5)
         victim, _ = load.cited(timeline.served[new_day]).most_common(1)[0]
-        forget = monim("forget", "--workdir", str(workdir), "--policy", POLICY, "--doc", victim)
+        forget = monim_json("forget", "--workdir", str(workdir), "--policy", POLICY, "--doc", victim)
         after_forget = forget["registered"][POLICY]["champion"]
         follow_forget = timeline.follow(after_forget)
         followed = timeline.served[after_forget]
@@ -165,16 +121,15 @@ def swap_table(r: dict) -> Table:
 
 def main() -> None:
     from rich.console import Console
-    from serve_load import post, requests_pool
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--max-docs", type=int, default=16, help="Articles of the day learned (the work directory's own).")
     args = ap.parse_args()
     prompts = [r["dataframe_records"][0]["prompt"] for r in requests_pool(0, 12, 16)]
-    result = swap(post, args.port, args.workdir, prompts, args.clients, max_docs=args.max_docs)
+    result = swap(args.port, args.workdir, prompts, args.clients, max_docs=args.max_docs)
     Console(width=150).print(swap_table(result))
     print(json.dumps(result))
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from monim.config import RunConfig
-from monim.features import balanced_parts
-from monim.stream import Day
+from monim.core.config import RunConfig
+from monim.lm.features import balanced_parts
+from monim.data.stream import Day
+from monim.run import Run
 from tasks.learning import featurize, featurize_part
 from tasks.logs import logger
 
@@ -43,10 +44,10 @@ def featurize_on_cluster(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> d
     return {"tokens": tokens, "seconds": seconds, "workers": len(used)}
 
 
-def featurize_day(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> dict:
-    """The day's LM pass over these splits: on `cfg.cluster`'s workers when it names one, else in this process."""
-    if not cfg.cluster:
-        return featurize(cfg, day, splits)
+def featurize_day(run: Run, day: Day) -> dict:
+    """The day's LM pass over the run's splits: on its cluster's workers when its settings name one, else in this process."""
+    if not run.cfg.cluster:
+        return featurize(run, day)
     from prefect_dask import DaskTaskRunner  # only with a cluster: dask.distributed takes a while to import
 
-    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=cfg.cluster))(cfg, day, splits)
+    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=run.cfg.cluster))(run.cfg, day, run.splits)

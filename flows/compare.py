@@ -10,12 +10,13 @@ from prefect.artifacts import create_table_artifact
 from flows.evaluate import evaluate_runs
 from flows.report import report_runs
 from flows.stream import learn_stream
-from monim import catalogue
-from monim.config import RunConfig
-from monim.suite import EvalConfig
-from monim.report import policies_table, summarize
-from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking import ended, fetch_runs, log_side_by_side, open_comparison
+from monim.core import catalogue
+from monim.core.config import RunConfig
+from monim.evaluation.suite import EvalConfig
+from monim.evaluation.report import policies_table
+from monim.evaluation.totals import summarize
+from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking.runs import ended, fetch_runs, log_side_by_side, open_comparison
 
 
 @flow(name="monim-compare")

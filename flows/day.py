@@ -1,21 +1,59 @@
-"""One streaming day: ingest → LM features → learn (memorize and calibrate, or train) → evaluate →
-register → log (the day's numbers and the run's totals so far)."""
+"""One streaming day: the library's recipe (monim.run.Run.day: ingest → LM features → learn (memorize
+and calibrate, or train) → evaluate → register → record) with each stage a Prefect task, the day
+registered in MLflow's Model Registry and logged to its MLflow run where the stream is tracked."""
 
 from __future__ import annotations
-
-import time
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from monim.config import RunConfig
 from flows.cluster import featurize_day
+from monim.core.config import RunConfig
+from monim.data.stream import Day
+from monim.run import LearnerRun, MemoryRun, Run, Stages, open_run
+from monim.theta.memory import Memory
+from tasks import learning
+from tasks.evaluation import evaluate
 from tasks.feed import say_late
-from monim.report import so_far
-from tasks.learning import ingest, record_day, recorded_days, run_for
-from tasks.runs import evaluate, learn, register
-from tasks.tracking import log_day
+from tasks.gate import register_day
+from tasks.tracking.runs import log_day
+
+
+class AsTasks(Stages):
+    """Each stage of a run's day as a Prefect task (retries, progress and logs in the run's view)."""
+
+    def __init__(self, run_id: str | None, uri: str | None):
+        self.run_id, self.uri = run_id, uri
+        self.registry = self.register_theta if run_id else None  # a day is registered where its stream is tracked
+
+    def ingest(self, run: Run, date: str, since: str | None) -> Day:
+        day = learning.ingest(run, date, since)
+        say_late(self.run_id, self.uri, date, day.late, "out of date order in the feed")
+        return day
+
+    def featurize(self, run: Run, day: Day) -> dict:
+        return featurize_day(run, day)
+
+    def memorize(self, run: MemoryRun, day: Day) -> dict:
+        return learning.memorize(run, day)
+
+    def calibrate(self, run: MemoryRun, day: Day) -> dict:
+        return learning.calibrate(run, day)
+
+    def train(self, run: LearnerRun, day: Day, index: int) -> dict:
+        return learning.train(run, day, index)
+
+    def evaluate(self, run: Run, day: Day) -> dict:
+        return evaluate(run, day)
+
+    def register_theta(self, cfg: RunConfig, theta: Memory, day: Day) -> dict:
+        return register_day(cfg, day, theta, self.run_id, self.uri)
+
+    def record(self, run: Run, row: dict) -> None:
+        if self.run_id:
+            log_day(self.run_id, self.uri, row["step"], row)
+        learning.record_day(run, row)
 
 
 def _run_name() -> str:
@@ -28,25 +66,8 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
               since: str | None = None) -> dict:
     """Learn one day of news into the run (its memory or its weights), evaluate it, and log the day's metrics.
 
-    The day is read once and handed to every task; `since`: the first day whose records it counts
-    (monim.plan.Plan.since)."""
-    run = run_for(cfg)
-    day = ingest(cfg, date, since)
-    say_late(run_id, tracking_uri, date, day.late, "out of date order in the feed")
-    row = {"date": date, "policy": cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
-    lm_pass = featurize_day(cfg, day, run.splits)
-    started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
-    row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
-            "featurize_workers": lm_pass.get("workers", 1)}
-    with run.writing():  # learned, evaluated and recorded as one: a forget waits for the whole day
-        row |= learn(cfg, day, step)
-        row["seconds_learn"] = time.perf_counter() - started
-        row |= evaluate(cfg, date, run.state(date), day)  # as of the day, even when re-run later
-        row |= so_far([r for d, r in sorted(recorded_days(cfg).items()) if d < date] + [row])
-        if run_id:
-            row |= register(cfg, day, run_id, tracking_uri)
-            log_day(run_id, tracking_uri, step, row)
-        record_day(cfg, row)
+    `since`: the first day whose records it counts (monim.storage.plan.Plan.since)."""
+    row = open_run(cfg).day(date, step, since, AsTasks(run_id, tracking_uri))
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name.replace('+', '-')}-day",
                           description=f"{cfg.name}, {date}")
     return row

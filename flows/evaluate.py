@@ -10,12 +10,12 @@ from typing import Callable
 
 from prefect import flow
 
-from monim.config import RunConfig
-from monim.suite import EvalConfig, period_of
+from monim.core.config import RunConfig
+from monim.evaluation.suite import EvalConfig, period_of
+from monim.run import recorded_days
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
-from tasks.learning import recorded_days
-from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking import describe, ended, log_points, metric_steps, open_run, step_of
+from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking.runs import describe, ended, log_points, metric_steps, mlflow_run, step_of
 
 
 def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:
@@ -39,7 +39,7 @@ def evaluate_runs(configs: list[RunConfig], start: str | None = None, end: str |
         return {}
     source, workdir = configs[0].source, configs[0].workdir
     uri = resolve_tracking_uri(workdir, tracking_uri)
-    opened = {c.name: open_run(c, experiment or experiment_name(source), uri) for c in configs}
+    opened = {c.name: mlflow_run(c, experiment or experiment_name(source), uri) for c in configs}
     with ExitStack() as stack:  # each run ended with this invocation
         for c in configs:
             stack.enter_context(ended(opened[c.name][0], uri, functools.partial(describe, c)))

@@ -7,9 +7,9 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from monim.report import render_report
-from tasks.store import client
-from tasks.tracking import fetch_runs, log_folder
+from monim.evaluation.report import render_report
+from tasks.tracking.store import client
+from tasks.tracking.runs import fetch_runs, log_folder
 
 
 def write_report(experiment: str | None, tracking_uri: str, out: str) -> tuple[str, str]:

@@ -10,16 +10,17 @@ from prefect import flow
 
 from flows.day import learn_day
 from flows.evaluate import evaluate_runs
-from monim.config import RunConfig
-from monim.suite import EvalConfig
-from monim.lock import hold
-from monim.plan import Plan, last_read, plan
-from monim.stream import FeedStalled, check_feed
+from monim.core.config import RunConfig
+from monim.storage import workdirs
+from monim.evaluation.suite import EvalConfig
+from monim.core.lock import hold
+from monim.storage.plan import Plan, last_read, plan
+from monim.data.stream import FeedStalled, check_feed
+from monim.run import open_run, recorded_days
 from tasks.feed import arrived_late, thin_day
-from tasks.learning import recorded_days, run_for, run_lock
 from tasks.logs import logger
-from tasks.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking import describe, ended, log_summary, open_run, step_of
+from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tasks.tracking.runs import describe, ended, log_summary, mlflow_run, step_of
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:
@@ -33,7 +34,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are
     skipped, and days its memory forgot are never learned again unless named in `relearn`.
 
-    The range is read and checked before any work (monim.plan: a reversed range, a day before the
+    The range is read and checked before any work (monim.storage.plan: a reversed range, a day before the
     memory's last, a bad record or an id the memory read on another day is refused). The MLflow run is
     named after its policy ('<policy>-const' when Θ uses the constant λ), reopened while this invocation
     learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of a comparison it
@@ -43,15 +44,15 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     it got since it was learned named (tasks.feed.arrived_late: not learned); a thin day is a warning
     and a tag (tasks.feed.thin_day).
     """
-    with hold(run_lock(run), wait, say=logger().warning):
+    with hold(workdirs.run_lock(run.workdir, run.name), wait, say=logger().warning):
         todo = plan(run, _date(start), _date(end), relearn or [])
         if todo.todo:
-            run_for(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
+            open_run(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
         for date in todo.relearn:
-            run_for(run).relearn(date)
+            open_run(run).relearn(date)
         say_plan(run, todo)
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
-        run_id, origin = open_run(run, experiment or experiment_name(run.source), uri, comparison)
+        run_id, origin = mlflow_run(run, experiment or experiment_name(run.source), uri, comparison)
         with ended(run_id, uri, lambda: describe(run)):
             learned = sorted(recorded_days(run).values(), key=lambda r: r["date"])
             for row in learned:  # the learned days the plan read again: what they got since

@@ -1,8 +1,9 @@
 """One run as a library object: a policy (or the bare LM, or a parametric learner) learning a stream
-into a work directory, built from its settings (monim.config.RunConfig). It holds the LM, the feature
-store and the memory (or the learner's weights), and learns a day in one order: featurize, learn
-(memorize and calibrate, or train), evaluate, record. The Prefect tasks make each stage one call on
-it; the benchmarks learn through it.
+into a work directory, built from its settings (monim.core.config.RunConfig). It holds the LM, the feature
+store and the memory (or the learner's weights), and learns a day by one recipe (`Run.day`): ingest,
+featurize, learn (memorize and calibrate, or train), evaluate, register, record. `Stages` carries out
+each stage: here a call on the run; the day flow (flows.day) makes each a Prefect task, in the same
+order. The benchmarks learn through it.
 
 - Run, the bare LM: learns nothing, predicts with the frozen LM;
 - MemoryRun, a memorization policy: memorizes and calibrates each day, predicts with Θ;
@@ -11,39 +12,82 @@ it; the benchmarks learn through it.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
+import threading
 import time
 from contextlib import nullcontext
+from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from monim import workdirs
-from monim.calibration import calibrate as calibrate_memory
-from monim.catalogue import BARE, LEARNER, MEMORY
-from monim.config import RunConfig
-from monim.datastore import Datastore
-from monim.evaluate import evaluate_many
-from monim.features import Features
-from monim.fsck import damage
-from monim.knnlm import RULES
-from monim.lm import LM, cached_lm
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.policies import run_policy
-from monim.parametric import Weights, load_day, train_day, trained_copy
-from monim.recency import Recency
-from monim.settings import Settings
-from monim.stream import SPLITS, Day
+from monim.storage import workdirs
+from monim.learning.recalibration import calibrate as calibrate_memory
+from monim.core.catalogue import BARE, LEARNER, MEMORY
+from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
+from monim.core.manifest import MemoryMismatch, read_manifest
+from monim.storage.datastore import Datastore
+from monim.evaluation.evaluate import evaluate_many
+from monim.lm.features import Features
+from monim.storage.fsck import damage
+from monim.theta.knnlm import RULES
+from monim.lm.model import LM, cached_lm
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.learning.policies import policy_params, run_policy
+from monim.learning.parametric import Weights, load_day, train_day, trained_copy
+from monim.core.recency import Recency
+from monim.storage.memory_settings import Settings
+from monim.data.stream import SPLITS, Day, read_day
+from monim.evaluation.totals import so_far
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)
+Registry = Callable[[RunConfig, Memory, Day], dict]  # registers a run's Θ as of a day; the registry's row
+
+
+def recorded_days(cfg: RunConfig) -> dict[str, dict]:
+    """The evaluated days of a run (date -> its row), from earlier processes too."""
+    return workdirs.read_rows(cfg.workdir, cfg.name)
+
+
+class Stages:
+    """How each stage of a run's day is carried out: here, a call on the run; the day flow carries out
+    each as a Prefect task (retries, progress, logging), MLflow's registry and log where the run is tracked."""
+
+    registry: Registry | None = None  # without one, `register` registers nothing
+
+    def ingest(self, run: Run, date: str, since: str | None) -> Day:
+        return run.ingest(date, since)
+
+    def featurize(self, run: Run, day: Day) -> dict:
+        return run.featurize(day)
+
+    def memorize(self, run: MemoryRun, day: Day) -> dict:
+        return run.memorize(day)
+
+    def calibrate(self, run: MemoryRun, day: Day) -> dict:
+        return run.calibrate(day)
+
+    def train(self, run: LearnerRun, day: Day, index: int) -> dict:
+        return run.train(day, index)
+
+    def evaluate(self, run: Run, day: Day) -> dict:
+        return run.evaluate(day)
+
+    def register(self, run: Run, day: Day) -> dict:
+        return run.register(day, self.registry)
+
+    def record(self, run: Run, row: dict) -> None:
+        run.record(row)
 
 
 class Run:
     """The LM alone, evaluated beside the others: it needs the frozen LM on the test articles only."""
 
     splits: tuple[str, ...] = ("test",)
+    frozen: bool = True  # predicts with the frozen LM (its scores shared with every run that does)
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -71,6 +115,22 @@ class Run:
         waits for the whole day, so the day's readers never meet a shard it replaced."""
         return nullcontext()
 
+    def ingest(self, date: str, since: str | None = None) -> Day:
+        """Read the day's news slice, with the records of the days from `since` that hold no article, its
+        training articles capped at the run's `max_docs` (the one place the cap applies); an id the
+        memory read on another day is a bad record."""
+        cfg = self.cfg
+        day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields(),
+                       dt.date.fromisoformat(since) if since else None, workdirs.known_ids(self.root))
+        if day is None:
+            raise ValueError(f"{cfg.source} has no articles on {date}")
+        return day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, self.lm.cut)
+
+    @property
+    def root(self) -> Path:
+        """Where the run's memory lies (the bare LM and a learner have none there)."""
+        return workdirs.memory_root(self.cfg.workdir, self.cfg.name)
+
     def featurize(self, day: Day, splits: tuple[str, ...] | None = None,
                   progress: Callable[[str], ContextManager[Progress]] | None = None) -> dict:
         """Run the LM over the day's articles of these splits (default: the run's) that the feature
@@ -81,8 +141,12 @@ class Run:
                 tokens += self.features.prepare(day.split(split), f"{day.date}-{split}", update)
         return {"tokens": tokens, "seconds": time.perf_counter() - started}
 
-    def learn(self, day: Day, step: int) -> dict:
-        """Learn the day (memorize and calibrate, or train); the day's row of what it did."""
+    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
+        """Learn the day (memorize and calibrate, or train), each step carried out by `stages`; the day's row of what it did."""
+        return {}
+
+    def register(self, day: Day, registry: Registry | None) -> dict:
+        """Register what the run predicts with as of the day (a memory's Θ) with `registry`: its row."""
         return {}
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
@@ -99,21 +163,33 @@ class Run:
         lm, features, memory = self.predictor(day.date.isoformat())
         return evaluate_many(lm, day.test, {"run": memory}, features, f"{day.date}-test")["run"]
 
+    def params(self) -> dict:
+        """The run's settings as flat parameters (an experiment tracker's): its policy's as it learns
+        with them, a learner's or the calibrator's under dotted names."""
+        return self.cfg.model_dump(exclude={"delta", "rate", "merge_k", "followed_memrate", "calibrator", "cluster",
+                                            *LEARNER_FIELDS})
+
     def record(self, row: dict) -> None:
         """Record a finished day's row in the memory's manifest and the run's record (atomically)."""
         workdirs.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
 
-    def day(self, day: Day, step: int = 0) -> dict:
-        """A whole day without Prefect: featurize, learn, evaluate and record, in that order; its row."""
-        lm_pass = self.featurize(day)
-        row = {"date": day.date.isoformat(), "policy": self.cfg.name, "step": step,
-               "tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"]}
-        with self.writing():
-            started = time.perf_counter()
-            row |= self.learn(day, step)
+    def day(self, date: str, step: int = 0, since: str | None = None, stages: Stages = Stages()) -> dict:
+        """A run's day, the one recipe: ingest, featurize, learn, evaluate, register and record, in that
+        order, each carried out by `stages`; its row. `since`: the first day whose records it counts
+        (monim.storage.plan.Plan.since). The day is read once and handed to every stage."""
+        day = stages.ingest(self, date, since)
+        row = {"date": date, "policy": self.cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
+        lm_pass = stages.featurize(self, day)
+        started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
+        row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
+                "featurize_workers": lm_pass.get("workers", 1)}
+        with self.writing():  # learned, evaluated and recorded as one: a forget waits for the whole day
+            row |= self.learn(day, step, stages)
             row["seconds_learn"] = time.perf_counter() - started
-            row |= self.evaluate(day)
-            self.record(row)
+            row |= stages.evaluate(self, day)  # as of the day, even when re-run later
+            row |= so_far([r for d, r in sorted(recorded_days(self.cfg).items()) if d < date] + [row])
+            row |= stages.register(self, day)
+            stages.record(self, row)
         return row
 
 
@@ -124,8 +200,12 @@ class MemoryRun(Run):
         """`settings`, `root`: a study's memory with settings a RunConfig does not name (an index codec,
         calibrator features), in a folder of its own; default: the run's settings and memory folder."""
         super().__init__(cfg)
-        self.settings, self.root = settings or Settings.of(cfg), Path(root or workdirs.memory_root(cfg.workdir, cfg.name))
+        self.settings, self._root = settings or Settings.of(cfg), Path(root or workdirs.memory_root(cfg.workdir, cfg.name))
         self._memory: Memory | None = None
+
+    @property
+    def root(self) -> Path:
+        return self._root
 
     @property
     def calibrates(self) -> bool:
@@ -158,6 +238,10 @@ class MemoryRun(Run):
 
     def writing(self) -> ContextManager:
         return self.memory.writing()
+
+    def params(self) -> dict:
+        return super().params() | {f"policy.{k}": v for k, v in policy_params(run_policy(self.cfg)).items()} | {
+            f"calibrator.{k}": v for k, v in asdict(self.cfg.calibrator).items()}
 
     def relearn(self, date: str) -> None:
         """Let a day the memory holds last, or forgot, be learned again (asked by name); its row goes too."""
@@ -203,9 +287,12 @@ class MemoryRun(Run):
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | stats["index"] | {k: v for k, v in theta.items() if k != "record"} | {f"seconds_{k}": v for k, v in seconds.items()}
 
-    def learn(self, day: Day, step: int) -> dict:
-        stats = self.memorize(day)
-        return self.learned(stats, self.calibrate(day) if self.calibrates else {})
+    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
+        stats = stages.memorize(self, day)
+        return self.learned(stats, stages.calibrate(self, day) if self.calibrates else {})
+
+    def register(self, day: Day, registry: Registry | None) -> dict:
+        return registry(self.cfg, self.memory.at(day.date.isoformat()), day) if registry else {}
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
         memory = self.memory.recent(recency)
@@ -227,6 +314,8 @@ _LOADED: dict[int, tuple[str, str | None]] = {}  # id(LM) -> (weights folder, da
 
 class LearnerRun(Run):
     """A parametric learner: each day trains the previous day's weights, kept one folder a day."""
+
+    frozen = False
 
     def lm_at(self, date: str | None) -> LM:
         """The LM as the run's weights stood after `date` (None, or before its first day: the pretrained
@@ -257,13 +346,16 @@ class LearnerRun(Run):
         _LOADED[id(lm)] = (str(weights.root), date)
         return weights.meta(date)
 
+    def params(self) -> dict:
+        return super().params() | {f"learner.{k}": v for k, v in asdict(self.cfg.learner()).items()}
+
     def trained(self, meta: dict) -> dict:
         """The day's row from what training did."""
         return {k: meta[k] for k in ("tokens_trained", "review_tokens", "steps", "train_loss")} | {
             "tokens_seen": meta["tokens_trained"], "memory_bytes": Weights(self.cfg.weights_dir).bytes_on_disk()}
 
-    def learn(self, day: Day, step: int) -> dict:
-        return self.trained(self.train(day, step))
+    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
+        return self.trained(stages.train(self, day, step))
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
         lm = self.lm_at(date)
@@ -288,3 +380,30 @@ KINDS = {BARE: Run, MEMORY: MemoryRun, LEARNER: LearnerRun}
 def make_run(cfg: RunConfig, **study) -> Run:
     """The run of a config's kind (`study`: MemoryRun's settings and root, for a memory run)."""
     return KINDS[cfg.kind](cfg, **study)
+
+
+_OPEN: dict[tuple[str, str], Run] = {}  # (work directory, run name) -> the run open in this process
+_OPENING = threading.Lock()  # a task runner's threads ask for the same run at once
+
+
+def open_run(cfg: RunConfig) -> Run:
+    """The run `cfg` names, open once per process (its memory and LM stay loaded from day to day of a
+    stream); opened again when its settings change."""
+    key = (str(Path(cfg.workdir).resolve()), cfg.name)
+    with _OPENING:
+        if key not in _OPEN or _OPEN[key].cfg != cfg:
+            _OPEN[key] = make_run(cfg)
+        return _OPEN[key]
+
+
+
+def refuse_others(cfg: RunConfig, policies: list[str]) -> None:
+    """Refuse, before any work, a work directory whose memories another model learned (one model per
+    work directory), or a policy's memory another model, other weights or other settings learned
+    (Memory refuses it, naming the fields); the runs stay open for the work that follows."""
+    model = cfg.model or DEFAULT_MODEL
+    for root in workdirs.memories(cfg.workdir):
+        if (built := read_manifest(root / "manifest.json")["model"]) != model:
+            raise MemoryMismatch(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
+    for policy in policies:
+        open_run(cfg.model_copy(update={"policy": policy})).memory

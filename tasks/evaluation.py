@@ -1,5 +1,5 @@
-"""Tasks of the evaluation suite (monim.suite): per-period PPL as of each period's end, the
-forgetting probe, QA, over many runs at once.
+"""Evaluation tasks: a day's test articles with the run as of the day; and the evaluation suite
+(monim.evaluation.suite): per-period PPL as of each period's end, the forgetting probe, QA, over many runs at once.
 
 Each task evaluates every memory at once (read as of past days, without copies), so the frozen LM
 scores each text once; a parametric learner's weights of each day score it on their own. Results
@@ -11,38 +11,54 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import time
 from typing import Iterator
 
 from prefect import task
 
-from monim.catalogue import LEARNER
-from monim.config import RunConfig
-from monim.suite import EvalConfig, View, period_of, period_results, period_sets, qa_results, text_document, text_results
-from tasks.learning import run_for
+from monim.core.config import RunConfig
+from monim.data.stream import Day
+from monim.lm.model import resolved_dtype
+from monim.run import Run, open_run
+from monim.evaluation.suite import EvalConfig, View, period_of, period_results, period_sets, qa_results, text_document, text_results
 from tasks.logs import logger
+
+
+def _evaluation_key(context, parameters: dict) -> str:
+    """Cache key: the day, the run's settings (the LM's dtype as "auto" resolves on this machine) and
+    the state of what the run predicts with as of the day, read from its manifest (no model loaded)."""
+    run, date = parameters["run"], parameters["day"].date.isoformat()
+    return f"monim-eval-{run.cfg.fingerprint()}-{resolved_dtype(run.cfg.dtype)}-{date}-{run.state(date)}"
+
+
+@task(cache_key_fn=_evaluation_key, persist_result=True)
+def evaluate(run: Run, day: Day) -> dict:
+    """Test PPL and next-word accuracy of the LM alone and of the run as of the day, on the day's test articles."""
+    started = time.perf_counter()
+    metrics = run.evaluate(day)
+    logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", run.cfg.name, day.date, metrics["ppl"],
+                  metrics["ppl_lm"], metrics["accuracy"])
+    return metrics | {"evaluate_seconds": time.perf_counter() - started}
 
 
 def _views(configs: list[RunConfig], days: list[str], e: EvalConfig) -> Iterator[View]:
     """Who scores what: the frozen LM once for every run that reads it (each memory as of each day,
     under the suite's recency rule; None: the bare LM); then each parametric run's weights as of
     each day, loaded one at a time."""
-    frozen: dict = {}
-    for cfg in configs:
-        if cfg.kind != LEARNER:
-            run = run_for(cfg)
-            frozen |= {(cfg.name, day): run.predictor(day, e.recency)[2] for day in days}
+    runs = [open_run(cfg) for cfg in configs]
+    frozen = {(run.cfg.name, day): run.predictor(day, e.recency)[2] for run in runs if run.frozen for day in days}
     if frozen:
-        lm, features, _ = run_for(next(c for c in configs if c.kind != LEARNER)).predictor(None)
+        lm, features, _ = next(run for run in runs if run.frozen).predictor(None)
         yield lm, features, frozen
-    for cfg in (c for c in configs if c.kind == LEARNER):
+    for run in (r for r in runs if not r.frozen):
         for day in days:
-            lm, features, _ = run_for(cfg).predictor(day)
-            yield lm, features, {(cfg.name, day): None}
+            lm, features, _ = run.predictor(day)
+            yield lm, features, {(run.cfg.name, day): None}
 
 
 def _suite_key(context, parameters: dict) -> str:
     """Cache key: each run's settings and state (what it predicts with now), the days and the suite's settings."""
-    states = [f"{cfg.fingerprint()}:{run_for(cfg).state()}" for cfg in parameters["configs"]]
+    states = [f"{cfg.fingerprint()}:{open_run(cfg).state()}" for cfg in parameters["configs"]]
     rest = {k: v for k, v in parameters.items() if k != "configs"}
     # hashed: the key names a file, and seven runs' states with the suite's settings pass 255 characters
     key = json.dumps([states, rest], sort_keys=True, default=str)

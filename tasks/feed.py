@@ -8,12 +8,12 @@ from statistics import median
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.config import RunConfig
-from monim.plan import arrivals
-from monim.stream import articles
+from monim.core.config import RunConfig
+from monim.storage.plan import arrivals
+from monim.data.stream import articles
 from tasks.logs import logger
-from tasks.store import client, one_at_a_time
-from tasks.tracking import log_points
+from tasks.tracking.store import client, one_at_a_time
+from tasks.tracking.runs import log_points
 
 THIN_SHARE = 0.25  # a day with fewer articles than this share of the median of the days before it is thin
 THIN_DAYS = 7  # the learned days the median is taken over (the last ones before the day; at least 3)
@@ -48,7 +48,7 @@ def say_late(run_id: str | None, uri: str | None, date: str, late: list[tuple[st
 def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None) -> int:
     """Say the records of a learned day (its row) that the feed got after the day was learned (say_late),
     and count them in MLflow (`docs_after_learned` at the day's step); how many there are. `found`:
-    those records where the run's plan read them already (monim.plan.Plan.arrived), else read here."""
+    those records where the run's plan read them already (monim.storage.plan.Plan.arrived), else read here."""
     if found is None:
         found = arrivals(cfg.source, {row["date"]: row}, cfg.on_error, cfg.fields()).get(row["date"], [])
     say_late(run_id, uri, row["date"], found, "came after the day was learned")

@@ -8,15 +8,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim import workdirs
-from monim.config import RunConfig
-from monim.evaluate import evaluate_many
-from monim.memory import Memory
-from monim.stream import Day
-from tasks.learning import run_for
+from monim.storage import workdirs
+from monim.core.config import RunConfig
+from monim.evaluation.evaluate import evaluate_many
+from monim.lm.features import Features
+from monim.theta.memory import Memory
+from monim.data.stream import Day
 from tasks.logs import logger
-from tasks.registry import CHAMPION, aliased, model_for, new_version, settle
-from tasks.store import client
+from tasks.tracking.registry import CHAMPION, aliased, model_for, new_version, settle
+from tasks.tracking.store import client
 
 
 def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
@@ -24,7 +24,7 @@ def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
     The validation articles are held out of calibration, though its early stopping reads them."""
     root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
     champ = memory.at(as_of) if Path(root) == memory.ds.root.resolve() else Memory.open(root, memory.lm, as_of)
-    r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, run_for(cfg).features,
+    r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, Features.of(cfg, memory.lm),
                       f"{day.date}-validation")
     return {"gate_tokens": r["new"]["tokens"], "gate_ppl": r["new"]["ppl"], "gate_ppl_champion": r["champion"]["ppl"]}
 

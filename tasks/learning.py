@@ -1,16 +1,14 @@
-"""Tasks of one streaming day: ingest, featurize, memorize (and update the index), calibrate; or, for
-a parametric learner, train the weights; and the run records a stream resumes from."""
+"""Tasks of one streaming day (the stages of monim.run.Run.day): ingest, featurize, memorize (and
+update the index), calibrate; or, for a parametric learner, train the weights; and record the day.
+Each acts on the run it is handed (monim.run.open_run opens it once per process)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import sys
-import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterator
 
 from prefect import task
@@ -18,28 +16,14 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from monim import workdirs
-from monim.config import RunConfig
-from monim.knnlm import RULES
-from monim.lm import cached_lm
-from monim.run import Run, make_run
-from monim.sources import Document
-from monim.stream import Day, read_day
+from monim.core.config import RunConfig
+from monim.data.sources import Document
+from monim.data.stream import Day
+from monim.lm.features import Features
+from monim.lm.model import cached_lm
+from monim.run import LearnerRun, MemoryRun, Run
+from monim.theta.knnlm import RULES
 from tasks.logs import logger
-
-
-_OPEN: dict[tuple[str, str], Run] = {}  # (work directory, run name) -> the run open in this process
-_OPENING = threading.Lock()  # a Dask worker's (or a task runner's) threads ask for the same run at once
-
-
-def run_for(cfg: RunConfig) -> Run:
-    """The run `cfg` names, as this process has it open (monim.run): opened at its first task, again
-    when its settings change; every task of the run acts on it, whichever thread runs the task."""
-    key = (str(Path(cfg.workdir).resolve()), cfg.name)
-    with _OPENING:
-        if key not in _OPEN or _OPEN[key].cfg != cfg:
-            _OPEN[key] = make_run(cfg)
-        return _OPEN[key]
 
 
 LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
@@ -73,23 +57,17 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def ingest(cfg: RunConfig, date: str, since: str | None = None) -> Day:
-    """Read the day's news slice (once: the other tasks are handed it), with the records of the days
-    from `since` that hold no article, its training articles capped at the run's `max_docs` (the one
-    place the cap applies), and report its split sizes; an id the memory read on another day is a bad record."""
-    day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields(),
-                   dt.date.fromisoformat(since) if since else None, workdirs.known_ids(workdirs.memory_root(cfg.workdir, cfg.name)))
-    if day is None:
-        raise ValueError(f"{cfg.source} has no articles on {date}")
-    day = day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, cached_lm(cfg.model, cfg.dtype).cut)
+def ingest(run: Run, date: str, since: str | None = None) -> Day:
+    """Read the day's news slice (once: the other tasks are handed it) and report its split sizes."""
+    day = run.ingest(date, since)
     logger().info("%s: %s", date, day.counts())
     return day
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def featurize(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> dict:
-    """Run the LM over the day's articles of these splits that the feature store lacks (no-op without a store)."""
-    done = run_for(cfg).featurize(day, splits, progress)
+def featurize(run: Run, day: Day) -> dict:
+    """Run the LM over the day's articles of the run's splits that the feature store lacks (no-op without a store)."""
+    done = run.featurize(day, progress=progress)
     if done["tokens"]:
         logger().info("%s: the LM scored %d tokens in %.0f s (%.0f tokens/s)", day.date, done["tokens"], done["seconds"],
                       done["tokens"] / done["seconds"])
@@ -101,15 +79,16 @@ def featurize_part(cfg: RunConfig, docs: list[Document], name: str) -> dict:
     """On a cluster's worker: run the LM (loaded once per worker process) over one part of a day's
     articles into the shared feature store."""
     started = time.perf_counter()
-    tokens = run_for(cfg).features.prepare(docs, name)
+    tokens = Features.of(cfg, cached_lm(cfg.model, cfg.dtype)).prepare(docs, name)
     return {"tokens": tokens, "seconds": time.perf_counter() - started, "worker": f"{socket.gethostname()}:{os.getpid()}"}
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def memorize(cfg: RunConfig, day: Day) -> dict:
+def memorize(run: MemoryRun, day: Day) -> dict:
     """Score the day with Θ, memorize through the policy, commit atomically (idempotent)."""
+    cfg = run.cfg
     with progress(f"{cfg.name}: memorizing {day.date}") as update:
-        stats = run_for(cfg).memorize(day, update)
+        stats = run.memorize(day, update)
     if stats["committed"]:
         logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%); index: %s", cfg.name, day.date, stats["stored"],
                       stats["tokens_seen"], 100 * stats["memrate"], stats["index"])
@@ -119,10 +98,11 @@ def memorize(cfg: RunConfig, day: Day) -> dict:
 
 
 @task(retries=1, cache_policy=NO_CACHE)
-def train(cfg: RunConfig, day: Day, index: int) -> dict:
+def train(run: LearnerRun, day: Day, index: int) -> dict:
     """A parametric learner's day: train the previous day's weights on the day's training articles
     (the stream's `index`-th day, for Mix-Review's decay) and commit them (a trained day is kept as it is)."""
-    meta = run_for(cfg).train(day, index)
+    cfg = run.cfg
+    meta = run.train(day, index)
     if meta.pop("already", False):
         logger().info("%s %s: already trained, nothing changed", cfg.name, day.date)
     else:
@@ -132,10 +112,10 @@ def train(cfg: RunConfig, day: Day, index: int) -> dict:
 
 
 @task(retries=1, cache_policy=NO_CACHE)
-def calibrate(cfg: RunConfig, day: Day) -> dict:
+def calibrate(run: MemoryRun, day: Day) -> dict:
     """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
-    run = run_for(cfg)
+    cfg = run.cfg
     out = run.calibrate(day)
     record, rule = out["record"], run.memory.rule
     if record["trained"]:
@@ -153,19 +133,8 @@ def _rounded(nll: dict) -> dict:
     return {r: round(v, 3) for r, v in nll.items() if r in RULES and v is not None}
 
 
-def run_lock(cfg: RunConfig) -> Path:
-    """The lock a run's flow holds while it learns: one stream per run at a time (the daily run
-    waits for a backfill), whatever the memory's own lock allows between days."""
-    return workdirs.run_lock(cfg.workdir, cfg.name)
-
-
-def recorded_days(cfg: RunConfig) -> dict[str, dict]:
-    """The evaluated days of this run (date -> its row), from earlier flow runs too."""
-    return workdirs.read_rows(cfg.workdir, cfg.name)
-
-
 @task(cache_policy=NO_CACHE)
-def record_day(cfg: RunConfig, row: dict) -> None:
+def record_day(run: Run, row: dict) -> None:
     """Record a finished day's row in the memory's manifest and the run's record (atomically); the
     stream resumes after it."""
-    run_for(cfg).record(row)
+    run.record(row)

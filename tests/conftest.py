@@ -5,14 +5,14 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-import monim  # noqa: F401  (sets OMP_WAIT_POLICY before torch is imported)
+__import__("monim")  # sets OMP_WAIT_POLICY before torch is imported (the name `monim` is the runner fixture below)
 
 # Prefect keeps its state in a throwaway home for the test session, set before it is imported.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="monim-test-prefect-")
@@ -81,7 +81,7 @@ def tiny_model_dir(gpt2_tokenizer_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     """A tiny random Llama-family LM (the real loading code, no download), loaded once per test module."""
-    from monim.lm import load_lm
+    from monim.lm.model import load_lm
 
     return load_lm(str(tiny_model_dir("llama")))
 
@@ -91,8 +91,8 @@ def random_datastore(tmp_path):
     """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""
     import numpy as np
 
-    from monim.datastore import Datastore
-    from monim.entries import Entries
+    from monim.storage.datastore import Datastore
+    from monim.storage.entries import Entries
 
     def make(sizes: tuple[int, ...]) -> Datastore:
         rng = np.random.default_rng(0)
@@ -109,7 +109,7 @@ def random_datastore(tmp_path):
 @pytest.fixture(scope="session")
 def smollm():
     """The real default LM (SmolLM2-135M from the packaged GGUF), loaded once per session."""
-    from monim.lm import load_lm
+    from monim.lm.model import load_lm
 
     return load_lm()
 
@@ -131,24 +131,57 @@ def prefect_api(prefect) -> str:
     return PREFECT_API_URL.value()
 
 
-SLOW_FIXTURES = {"smollm", "prefect", "data_dir"}  # the real LM, a Prefect server, the real data
+class Monim:
+    """The `monim` console script run as a user runs it: `monim("learn", ...)` with the session's Prefect
+    API (a command starting its own costs 10-20 s), or with `own_api` as from a fresh shell, which
+    starts its own. `check`: a failed command fails the test, with its stderr."""
+
+    script = str(Path(sys.executable).parent / "monim")
+
+    def __init__(self, api: str):
+        self.api = api
+
+    def env(self, own_api: bool = False) -> dict:
+        """A fresh shell's environment (no Prefect home or server of the test session), or the session's API."""
+        fresh = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+        return fresh | ({} if own_api else {"PREFECT_API_URL": self.api, "PREFECT_HOME": os.environ["PREFECT_HOME"]})
+
+    def __call__(self, *args, check: bool = True, own_api: bool = False, timeout: float = 900,
+                 **kw) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.script, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                              env=self.env(own_api), **kw)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"monim {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return proc
+
+    def json(self, *args) -> dict:
+        """What `monim <args> --json` printed, of a command that succeeded."""
+        return self.last_json(self(*args, "--json"))
+
+    @staticmethod
+    def last_json(proc: subprocess.CompletedProcess) -> dict:
+        """The JSON a command printed last (`--json`), of a command that succeeded."""
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def post_invocations(port: int, body: dict | bytes, timeout: float = 120) -> tuple[int, dict]:
-    """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer)."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+@pytest.fixture(scope="session")
+def monim(prefect_api) -> Monim:
+    """The console script, run as a user runs it (Monim)."""
+    return Monim(prefect_api)
+
+
+SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
+
+
 
 
 @pytest.fixture(scope="session")
 def invoke():
-    """post_invocations, for tests that ask a model server."""
-    return post_invocations
+    """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer)."""
+    from flows.servers.client import post
+
+    return post
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,35 +6,14 @@ learned is refused before any work, and meaningless settings are refused naming 
 import gzip
 import json
 import math
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from monim.datastore import Datastore
-from monim.stream import DEMO_STREAM
-
-MONIM = str(Path(sys.executable).parent / "monim")
-SHARED: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module")
-def shared_prefect(prefect_api):
-    """The session's Prefect API, for every `monim` command here to share."""
-    SHARED.update(PREFECT_API_URL=prefect_api, PREFECT_HOME=os.environ["PREFECT_HOME"])
-
-
-def monim(*args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")} | SHARED
-    return subprocess.run([MONIM, *map(str, args)], capture_output=True, text=True, timeout=600, env=env)
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from monim.storage.datastore import Datastore
+from monim.data.stream import DEMO_STREAM
 
 
 def refused(proc: subprocess.CompletedProcess, *says: str) -> None:
@@ -59,8 +38,8 @@ def write(path: Path, rows: list) -> Path:
     return path
 
 
-def learn(source: Path, workdir: Path, model: Path, *more) -> subprocess.CompletedProcess:
-    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more)
+def learn(monim, source: Path, workdir: Path, model: Path, *more) -> subprocess.CompletedProcess:
+    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more, check=False)
 
 
 def memory(workdir: Path) -> Datastore:
@@ -73,80 +52,80 @@ def model(tiny_model_dir, shared_prefect) -> Path:
 
 
 @pytest.fixture(scope="module")
-def learned(model, tmp_path_factory) -> tuple[Path, Path]:
+def learned(monim, model, tmp_path_factory) -> tuple[Path, Path]:
     """Two days learned (1987-03-02 and 03-03, three articles each) from a feed that holds a third."""
     root = tmp_path_factory.mktemp("learned")
     source = write(root / "feed.jsonl", demo_rows(3, 3))
-    assert learn(source, root / "w", model, "--end", "1987-03-03").returncode == 0
+    assert learn(monim, source, root / "w", model, "--end", "1987-03-03").returncode == 0
     return source, root / "w"
 
 
-def copy(learned, tmp_path: Path) -> tuple[Path, Path]:
+def copy(monim, learned, tmp_path: Path) -> tuple[Path, Path]:
     """The learned work directory copied (its MLflow run pointed at the copy, as fsck repairs a moved one)."""
     source, workdir = learned
     shutil.copytree(workdir, tmp_path / "w")
-    assert monim("fsck", "--workdir", tmp_path / "w", "--repair").returncode == 0
+    assert monim("fsck", "--workdir", tmp_path / "w", "--repair", check=False).returncode == 0
     return Path(shutil.copy(source, tmp_path / "feed.jsonl")), tmp_path / "w"
 
 
-def test_a_forgotten_last_day_is_never_learned_again_unless_named(learned, model, tmp_path):
-    source, workdir = copy(learned, tmp_path)
-    out = last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-03", "--reason", "takedown", "--json"))
+def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned, model, tmp_path):
+    source, workdir = copy(monim, learned, tmp_path)
+    out = monim.last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-03", "--reason", "takedown", "--json", check=False))
     assert out["removed"]["fullmem"] > 0 and [d.date for d in memory(workdir).days] == ["1987-03-02"]
-    again = learn(source, workdir, model, "--end", "1987-03-03")  # a re-run of the range: nothing comes back
+    again = learn(monim, source, workdir, model, "--end", "1987-03-03")  # a re-run of the range: nothing comes back
     assert again.returncode == 0 and "1 forgotten, 0 to learn" in again.stderr, again.stderr[-3000:]
     assert [d.date for d in memory(workdir).days] == ["1987-03-02"]
-    status = last_json(monim("status", "--workdir", workdir, "--json"))
+    status = monim.last_json(monim("status", "--workdir", workdir, "--json", check=False))
     (event,) = status["memories"]["fullmem"]["forgotten"]
     assert event["reason"] == "takedown" and event["what"].startswith("day 1987-03-03 (3 articles)")
-    fsck = monim("fsck", "--workdir", workdir, "--json")
-    assert fsck.returncode == 0 and last_json(fsck)["forgotten"][0]["reason"] == "takedown"
-    assert learn(source, workdir, model).returncode == 0  # resumes after it: the next day only
+    fsck = monim("fsck", "--workdir", workdir, "--json", check=False)
+    assert fsck.returncode == 0 and monim.last_json(fsck)["forgotten"][0]["reason"] == "takedown"
+    assert learn(monim, source, workdir, model).returncode == 0  # resumes after it: the next day only
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-04"]
-    refused(learn(source, workdir, model, "--relearn", "1987-03-03"), "relearn 1987-03-03", "last day (1987-03-04)")
-    from monim.config import RunConfig
-    from monim.plan import last_read
+    refused(learn(monim, source, workdir, model, "--relearn", "1987-03-03"), "relearn 1987-03-03", "last day (1987-03-04)")
+    from monim.core.config import RunConfig
+    from monim.storage.plan import last_read
 
     assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
 
 
-def test_an_id_names_one_article_across_the_stream(learned, model, tmp_path):
-    source, workdir = copy(learned, tmp_path)
+def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_path):
+    source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
     reused = memory(workdir).shard_docs(memory(workdir).days[0].shard)[0]  # an article of 1987-03-02, learned
     write(source, [r for r in rows] + [{"id": reused, "date": "1987-03-04", "text": "Another story, the same id."}])
-    refused(learn(source, workdir, model, "--start", "1987-03-04"), f"{source}:10: field 'id'", f"{reused!r} again",
+    refused(learn(monim, source, workdir, model, "--start", "1987-03-04"), f"{source}:10: field 'id'", f"{reused!r} again",
             "learned an article of 1987-03-02")
     assert len(memory(workdir).days) == 2  # nothing written
-    out = last_json(learn(source, workdir, model, "--start", "1987-03-04", "--on-error", "skip", "--json"))
+    out = monim.last_json(learn(monim, source, workdir, model, "--start", "1987-03-04", "--on-error", "skip", "--json"))
     (row,) = out["rows"]
     assert row["docs_skipped"] == 1 and row["docs_records"] == 4
     before = {d.date: d.entries for d in memory(workdir).days}
-    forget = last_json(monim("forget", "--workdir", workdir, "--doc", reused, "--json"))
+    forget = monim.last_json(monim("forget", "--workdir", workdir, "--doc", reused, "--json", check=False))
     after = {d.date: d.entries for d in memory(workdir).days}
     assert after["1987-03-04"] == before["1987-03-04"] and after["1987-03-02"] == before["1987-03-02"] - forget["removed"]["fullmem"]
 
 
-def test_every_record_counted_once_and_late_articles_named_where_their_day_is_read(learned, model, tmp_path):
-    source, workdir = copy(learned, tmp_path)
+def test_every_record_counted_once_and_late_articles_named_where_their_day_is_read(monim, learned, model, tmp_path):
+    source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
     learned_days = [r for r in rows if r["date"] < "1987-03-04"]
     late = {"id": "wire", "date": "1987-03-03", "text": "A story filed after its day was learned."}
     bad_end = json.dumps({"id": "x", "date": "1987-03-04", "text": ""})  # a bad record at a day's end
     lines = [*learned_days, late, *[r for r in rows if r["date"] == "1987-03-04"], bad_end, "{broken"]
     write(source, lines[: len(learned_days) + 1])  # the learned days, then a late arrival for the last
-    rerun = learn(source, workdir, model, "--end", "1987-03-03")  # a re-run of a learned range names it
+    rerun = learn(monim, source, workdir, model, "--end", "1987-03-03")  # a re-run of a learned range names it
     assert rerun.returncode == 0 and "wire (1987-03-03)" in rerun.stderr and "0 to learn" in rerun.stderr, rerun.stderr[-3000:]
-    status = last_json(monim("status", "--workdir", workdir, "--source", source, "--json"))
+    status = monim.last_json(monim("status", "--workdir", workdir, "--source", source, "--json", check=False))
     assert status["late"] == {"1987-03-03": [["wire", "1987-03-03"]]}
     write(source, lines)
-    out = last_json(learn(source, workdir, model, "--on-error", "skip", "--json"))
+    out = monim.last_json(learn(monim, source, workdir, model, "--on-error", "skip", "--json"))
     counted = {r["date"]: r["docs_records"] for r in out["rows"]}
     assert counted == {"1987-03-02": 3, "1987-03-03": 3, "1987-03-04": 5}  # 3 articles and 2 bad records
     assert sum(counted.values()) + len(status["late"]["1987-03-03"]) == len(lines)  # each record once, "wire" after 03-03
 
 
-def test_a_range_that_cannot_be_learned_is_refused_before_any_work(model, tmp_path):
+def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model, tmp_path):
     """A per-day folder: a bad record in a day after --end refuses nothing (case 6); a day before the
     memory's last is refused at planning, no LM pass, nothing written (case 5)."""
     rows, folder = demo_rows(3, 3), tmp_path / "feed"
@@ -156,23 +135,23 @@ def test_a_range_that_cannot_be_learned_is_refused_before_any_work(model, tmp_pa
     with open(folder / "1987-03-04.jsonl", "a") as f:
         f.write(json.dumps(rows[0]) + "\n")  # an id met twice, after the range
     workdir = tmp_path / "w"
-    assert learn(folder, workdir, model, "--start", "1987-03-03", "--end", "1987-03-03").returncode == 0
+    assert learn(monim, folder, workdir, model, "--start", "1987-03-03", "--end", "1987-03-03").returncode == 0
     before = sorted(p.relative_to(workdir) for p in (workdir / "memories").rglob("*"))
-    refused(learn(folder, workdir, model, "--start", "1987-03-02", "--end", "1987-03-02"), "start: 1987-03-02 comes before",
+    refused(learn(monim, folder, workdir, model, "--start", "1987-03-02", "--end", "1987-03-02"), "start: 1987-03-02 comes before",
             "1987-03-03")
     assert sorted(p.relative_to(workdir) for p in (workdir / "memories").rglob("*")) == before  # no stray
-    assert monim("fsck", "--workdir", workdir).returncode == 0
+    assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
 
 
-def test_meaningless_settings_and_dates_are_refused_naming_the_field(learned, model, tmp_path):
+def test_meaningless_settings_and_dates_are_refused_naming_the_field(monim, learned, model, tmp_path):
     source, workdir = learned
-    refused(learn(source, tmp_path / "a", model, "--delta", "-inf"), "delta", "finite")
-    refused(learn(source, tmp_path / "b", model, "--delta", "nan"), "delta", "finite")
-    refused(learn(source, tmp_path / "c", model, "--start", "1987-03-04", "--end", "1987-03-02"),
+    refused(learn(monim, source, tmp_path / "a", model, "--delta", "-inf"), "delta", "finite")
+    refused(learn(monim, source, tmp_path / "b", model, "--delta", "nan"), "delta", "finite")
+    refused(learn(monim, source, tmp_path / "c", model, "--start", "1987-03-04", "--end", "1987-03-02"),
             "--start 1987-03-04 is after --end 1987-03-02")
     assert not any((tmp_path / w).exists() for w in "abc")
-    refused(monim("forget", "--workdir", workdir, "--day", "1987-3-2"), "not a date", "1987-3-2")
-    refused(monim("generate", "--workdir", workdir, "--prompt", "The", "--as-of", "1987-03-01"), "--as-of 1987-03-01",
+    refused(monim("forget", "--workdir", workdir, "--day", "1987-3-2", check=False), "not a date", "1987-3-2")
+    refused(monim("generate", "--workdir", workdir, "--prompt", "The", "--as-of", "1987-03-01", check=False), "--as-of 1987-03-01",
             "first day is 1987-03-02")
 
 
@@ -180,17 +159,17 @@ def test_meaningless_settings_and_dates_are_refused_naming_the_field(learned, mo
                                            ({"temperature": math.nan}, "temperature"), ({"seed": -1}, "seed"),
                                            ({"top_p": math.nan}, "top_p")])
 def test_a_served_request_with_a_meaningless_param_is_refused_naming_it(params, field):
-    from monim.serving import BadRequest, Limits, parse
+    from monim.serving.service import BadRequest, Limits, parse
 
     with pytest.raises(BadRequest, match=rf"params: {field} must"):
         parse({"dataframe_records": [{"prompt": "Hi"}], "params": params}, Limits())
 
 
 @pytest.mark.parametrize("make, field", [
-    (lambda: __import__("monim.config").config.RunConfig(delta=-math.inf), "delta"),
-    (lambda: __import__("monim.config").config.RunConfig(rate=math.nan), "rate"),
-    (lambda: __import__("monim.config").config.CalibratorConfig(skip_threshold=math.nan), "skip_threshold"),
-    (lambda: __import__("monim.recency").recency.Recency(half_life=math.inf), "half_life")])
+    (lambda: __import__("monim.core.config").core.config.RunConfig(delta=-math.inf), "delta"),
+    (lambda: __import__("monim.core.config").core.config.RunConfig(rate=math.nan), "rate"),
+    (lambda: __import__("monim.core.config").core.config.CalibratorConfig(skip_threshold=math.nan), "skip_threshold"),
+    (lambda: __import__("monim.core.recency").core.recency.Recency(half_life=math.inf), "half_life")])
 def test_a_non_finite_setting_is_refused_naming_it(make, field):
     with pytest.raises(ValueError, match=field):
         make()

@@ -7,18 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from monim.calibration import calibrate
-from monim.calibrator import CalibratorConfig
-from monim.entries import Entries
-from monim.dedup import Signatures, containment, shingles, twin_groups
-from monim.evaluate import evaluate, evaluate_many
-from monim.index import IndexConfig, MemoryIndex
-from monim.knnlm import LAMBDAS, tune_grid
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.settings import Settings
-from monim.policies import make_policy
-from monim.stream import Day, Document, iter_days, open_source, split_day
+from monim.learning.recalibration import calibrate
+from monim.theta.calibrator import CalibratorConfig
+from monim.storage.entries import Entries
+from monim.data.dedup import Signatures, containment, shingles, twin_groups
+from monim.evaluation.evaluate import evaluate, evaluate_many
+from monim.storage.index import IndexConfig, MemoryIndex
+from monim.theta.knnlm import LAMBDAS, tune_grid
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.storage.memory_settings import Settings
+from monim.learning.policies import make_policy
+from monim.data.stream import Day, Document, iter_days, open_source, split_day
 
 D = dt.date(2022, 6, 1)
 WORDS = ("markets rates bank inflation vote storm court league senate heat fire price oil wheat power city "
@@ -107,7 +107,7 @@ def cut(lm, doc: Document, n: int, doc_id: str | None = None) -> Document:
 
 def held_out_id(prefix: str, want: bool) -> str:
     """A document id that the paper's scheme holds back (one in three, by hash) or trains on."""
-    from monim.calibration import _held_out
+    from monim.learning.recalibration import _held_out
 
     return next(f"{prefix}-{i}" for i in range(100) if _held_out(f"{prefix}-{i}", 3) == want)
 

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from monim.calibration import calibrate
-from monim.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
+from monim.learning.recalibration import calibrate
+from monim.theta.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
                               train_calibrator)
-from monim.datastore import Datastore
-from monim.entries import Entries
-from monim.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
-from monim.lexical import LexicalCounts, context_grams, day_counts
-from monim.scoring import TokenScores
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.settings import Settings
-from monim.policies import make_policy
-from monim.stream import Day, Document, iter_days, open_source
+from monim.storage.datastore import Datastore
+from monim.storage.entries import Entries
+from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
+from monim.storage.lexical import LexicalCounts, context_grams, day_counts
+from monim.lm.scoring import TokenScores
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.storage.memory_settings import Settings
+from monim.learning.policies import make_policy
+from monim.data.stream import Day, Document, iter_days, open_source
 
 
 def brute_lexical(docs: list[list[int]]) -> tuple[Counter, dict]:
@@ -93,7 +93,7 @@ def test_density_features_equal_brute_force():
 
 def test_examples_read_the_scored_batch(tiny_model_dir, tmp_path):
     """Features of real scored tokens: LM confidence/entropy from full logits, lexical from the text."""
-    from monim.lm import load_lm
+    from monim.lm.model import load_lm
 
     lm = load_lm(str(tiny_model_dir("llama")))
     docs = [Document(f"d{i}", dt.date(2022, 6, 1), f"Rates rose {i} times as markets fell and rose again.") for i in range(3)]

@@ -12,9 +12,9 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
     from distributed import LocalCluster
 
     from flows.stream import learn_stream
-    from monim.config import RunConfig
-    from monim.datastore import Datastore
-    from monim.stream import DEMO_STREAM
+    from monim.core.config import RunConfig
+    from monim.storage.datastore import Datastore
+    from monim.data.stream import DEMO_STREAM
 
     base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=6, policy="fullmem")
     alone = learn_stream(RunConfig(workdir=str(tmp_path / "one"), **base), *DAYS)
@@ -39,16 +39,17 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
     from distributed import LocalCluster
 
     from flows.cluster import featurize_day
-    from monim.config import RunConfig
-    from monim.features import Features
-    from monim.lm import load_lm
-    from monim.stream import DEMO_STREAM, read_day
+    from monim.core.config import RunConfig
+    from monim.lm.features import Features
+    from monim.lm.model import load_lm
+    from monim.data.stream import DEMO_STREAM, read_day
+    from monim.run import make_run
 
     day = read_day(DEMO_STREAM, dt.date(1987, 3, 2)).capped(8)
     base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=8, policy="fullmem")
     with LocalCluster(n_workers=1, threads_per_worker=4, processes=True, dashboard_address=None) as cluster:
         spread = RunConfig(workdir=str(tmp_path / "four"), cluster=cluster.scheduler_address, **base)
-        featurize_day(spread, day, ("train",))
+        featurize_day(make_run(spread), day)
     lm = load_lm(base["model"])
     alone = Features(lm, spread.window(), tmp_path / "one" / "features")
     threads = Features(lm, spread.window(), tmp_path / "four" / "features")
@@ -61,8 +62,8 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
 
 
 def test_balanced_parts_put_each_article_on_the_lightest_part():
-    from monim.features import balanced_parts
-    from monim.stream import Document
+    from monim.lm.features import balanced_parts
+    from monim.data.stream import Document
 
     docs = [Document(str(n), "1987-03-02", "x" * n) for n in (1, 10, 2, 9, 1)]
     parts = balanced_parts(docs, 2)
@@ -73,7 +74,7 @@ def test_balanced_parts_put_each_article_on_the_lightest_part():
 def test_a_cluster_needs_the_feature_store():
     from pydantic import ValidationError
 
-    from monim.config import RunConfig
+    from monim.core.config import RunConfig
 
     with pytest.raises(ValidationError, match="cluster needs the feature store"):
         RunConfig(cluster="tcp://127.0.0.1:8786", feature_store=False)

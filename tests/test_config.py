@@ -3,10 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
-from monim.config import RunConfig
-from monim.workdirs import memory_root
-from tasks.tracking import run_params
-from monim.suite import EvalConfig
+from monim.core.config import RunConfig
+from monim.storage.workdirs import memory_root
+from tasks.tracking.runs import run_params
+from monim.evaluation.suite import EvalConfig
 
 
 @pytest.mark.parametrize("fields, where", [

@@ -6,15 +6,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from monim.stream import DEMO_STREAM
+from monim.data.stream import DEMO_STREAM
 
-MONIM = str(Path(sys.executable).parent / "monim")
 NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
 
 pytestmark = pytest.mark.slow  # starts `monim compare`, the UIs and Chromium
@@ -26,25 +24,25 @@ def fresh_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def compared(tiny_model_dir, tmp_path_factory):
+def compared(monim, tiny_model_dir, tmp_path_factory):
     """FullMem and MoNIM-AMT over three days, as `monim compare` from a fresh shell runs them (its
     output going to a pipe, as under a scheduler)."""
     workdir = tmp_path_factory.mktemp("dashboards")
-    proc = subprocess.run([MONIM, "compare", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-04",
+    proc = subprocess.run([monim.script, "compare", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-04",
                            "--policies", "fullmem,monim-amt", "--workdir", str(workdir), "--model", tiny_model_dir("gpt2"),
                            "--max-docs", "2"], capture_output=True, text=True, timeout=900, env=fresh_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return workdir, proc
 
 
-def test_the_terminal_is_quiet(compared, tiny_model_dir):
+def test_the_terminal_is_quiet(monim, compared, tiny_model_dir):
     workdir, proc = compared
     out = proc.stdout + proc.stderr
     assert not NOISE.findall(out), [line for line in out.splitlines() if NOISE.search(line)]
     assert "\r" not in out  # no progress bar redrawn into a pipe: log lines at every 25% instead
     assert re.search(r"LM features 1987-03-02 train: 100% \(", out)
     assert out.count("flow runs are kept in") == 1  # where the records are, said once
-    gen = subprocess.run([MONIM, "generate", "--workdir", str(workdir), "--policy", "monim-amt", "--prompt", "The dollar",
+    gen = subprocess.run([monim.script, "generate", "--workdir", str(workdir), "--policy", "monim-amt", "--prompt", "The dollar",
                           "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=fresh_env())
     assert gen.returncode == 0 and not NOISE.findall(gen.stderr), gen.stderr[-3000:]
 
@@ -94,14 +92,14 @@ def read_links(log: Path, proc: subprocess.Popen) -> dict[str, str]:
     return dict(re.findall(r"^\s+(.+?): (http://\S+)$", log.read_text(), re.MULTILINE))
 
 
-def test_the_pages_monim_ui_links_in_a_browser(compared, tmp_path):
+def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
     sync_api, launch = browser()
     workdir, _ = compared
     shots = Path(os.environ.get("MONIM_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "ui.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([MONIM, "ui", "--workdir", str(workdir), "--prefect-port", "0", "--mlflow-port", "0"],
+        proc = subprocess.Popen([monim.script, "ui", "--workdir", str(workdir), "--prefect-port", "0", "--mlflow-port", "0"],
                                 env=fresh_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
         links = read_links(log, proc)

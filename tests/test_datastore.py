@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore
-from monim.entries import Entries
-from monim.forgotten import ForgottenDay
-from monim.manifest import MemoryMismatch
-from monim.index import IndexConfig, MemoryIndex, indexed_ids
+from monim.storage.datastore import Datastore
+from monim.storage.entries import Entries
+from monim.storage.forgotten import ForgottenDay
+from monim.core.manifest import MemoryMismatch
+from monim.storage.index import IndexConfig, MemoryIndex, indexed_ids
 
 D = 8
 

@@ -6,17 +6,17 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.calibrator import CalibratorConfig
-from monim.evaluate import combine, evaluate, evaluate_many
-from monim.suite import EvalConfig, period_of, period_sets
-from monim.index import IndexConfig, MemoryIndex
-from monim.scoring import score, with_neighbors
-from monim.calibration import calibrate
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.settings import Settings
-from monim.policies import make_policy
-from monim.stream import DEMO_STREAM, iter_days, open_source
+from monim.theta.calibrator import CalibratorConfig
+from monim.evaluation.evaluate import combine, evaluate, evaluate_many
+from monim.evaluation.suite import EvalConfig, period_of, period_sets
+from monim.storage.index import IndexConfig, MemoryIndex
+from monim.lm.scoring import score, with_neighbors
+from monim.learning.recalibration import calibrate
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.storage.memory_settings import Settings
+from monim.learning.policies import make_policy
+from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3), dt.date(1987, 3, 4))
 FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed=8)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.exact import TorchExact, search_backend
-from monim.index import IndexConfig, backend
+from monim.storage.torch_search import TorchExact, search_backend
+from monim.storage.index import IndexConfig, backend
 
 GB = 1 << 30
 
@@ -96,7 +96,7 @@ def clustered(rng, clusters: int, size: int, dim: int) -> np.ndarray:
     ("duplicates", 9_000, 16, 2500),  # each key 9 times in a row: ties within and across tiles
 ])
 def test_torch_exact_is_exact_against_brute_force(case, n, k, chunk, monkeypatch):
-    import monim.exact as exact
+    import monim.storage.torch_search as exact
 
     rng = np.random.default_rng(n + k)
     dim = 16
@@ -119,7 +119,7 @@ def test_torch_exact_is_exact_against_brute_force(case, n, k, chunk, monkeypatch
 
 
 def test_top_k_in_tiles_is_torch_topk():
-    from monim.exact import TILE, tiles_pay, top_k
+    from monim.storage.torch_search import TILE, tiles_pay, top_k
 
     rng = np.random.default_rng(3)
     rows = [rng.normal(size=5000), np.arange(5000.0), -np.arange(5000.0), np.repeat(rng.normal(size=50), 100),
@@ -136,7 +136,7 @@ def test_top_k_in_tiles_is_torch_topk():
 
 
 def test_tile_zero_turns_tiles_off(monkeypatch):
-    import monim.exact as exact
+    import monim.storage.torch_search as exact
 
     s = torch.randn(3, 50_000)
     assert exact.tiles_pay(50_000, 8)

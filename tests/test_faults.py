@@ -4,34 +4,18 @@ command refused before any work."""
 
 import datetime as dt
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore
-from monim.stream import DEMO_STREAM
-
-MONIM = str(Path(sys.executable).parent / "monim")
-SHARED: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_prefect(prefect_api):
-    SHARED.update(PREFECT_API_URL=prefect_api, PREFECT_HOME=os.environ["PREFECT_HOME"])
-
-
-def monim(*args, own_api: bool = False, **kw) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
-    return subprocess.run([MONIM, *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env=env | ({} if own_api else SHARED), **kw)
+from monim.storage.datastore import Datastore
+from monim.data.stream import DEMO_STREAM
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) -> Path:
@@ -45,9 +29,9 @@ def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) ->
     return path
 
 
-def learn(source: Path, workdir: Path, model: Path, *more, own_api: bool = False) -> subprocess.CompletedProcess:
+def learn(monim, source: Path, workdir: Path, model: Path, *more, own_api: bool = False) -> subprocess.CompletedProcess:
     return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more,
-                 own_api=own_api)
+                 own_api=own_api, check=False)
 
 
 def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
@@ -68,10 +52,10 @@ def model(tiny_model_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean(model, tmp_path_factory):
+def clean(monim, model, tmp_path_factory):
     """The reference: three days learned without a fault."""
     root = tmp_path_factory.mktemp("clean")
-    proc = learn(feed(root / "feed.jsonl"), root / "w", model)
+    proc = learn(monim, feed(root / "feed.jsonl"), root / "w", model)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "w"
 
@@ -85,37 +69,36 @@ def same_memory(a: Path, b: Path, days: int | None = None) -> bool:
     return all(np.array_equal(xa[k], xb[k][:cut]) for k in xa)
 
 
-def test_a_record_dated_after_today_is_refused_skipped_or_undone(model, clean, tmp_path):
+def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, clean, tmp_path):
     future = {"id": "x", "date": (dt.date.today() + dt.timedelta(days=400)).isoformat(), "text": "A record from later."}
     source = feed(tmp_path / "feed.jsonl", extra=[future])
-    one_line(learn(source, tmp_path / "w", model), "after today", "--on-error skip")
+    one_line(learn(monim, source, tmp_path / "w", model), "after today", "--on-error skip")
     assert not (tmp_path / "w" / "memories").exists()  # refused before any work
-    assert learn(source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
+    assert learn(monim, source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
     assert same_memory(tmp_path / "w", clean)
     # a bad day already committed (here: the last one) is undone by forgetting it, and learned again only by name
-    assert monim("forget", "--workdir", tmp_path / "w", "--day", "1987-03-04").returncode == 0
+    assert monim("forget", "--workdir", tmp_path / "w", "--day", "1987-03-04", check=False).returncode == 0
     days, _ = arrays(tmp_path / "w")
     assert days == ["1987-03-02", "1987-03-03"]
-    assert learn(source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
+    assert learn(monim, source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
     assert arrays(tmp_path / "w")[0] == ["1987-03-02", "1987-03-03"]  # forgotten: not learned again
-    assert learn(source, tmp_path / "w", model, "--on-error", "skip", "--relearn", "1987-03-04").returncode == 0
+    assert learn(monim, source, tmp_path / "w", model, "--on-error", "skip", "--relearn", "1987-03-04").returncode == 0
     assert same_memory(tmp_path / "w", clean)
-    assert monim("fsck", "--workdir", tmp_path / "w").returncode == 0
+    assert monim("fsck", "--workdir", tmp_path / "w", check=False).returncode == 0
 
 
-def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(model, clean, tmp_path):
+def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(monim, model, clean, tmp_path):
     """At random points (Prefect's start-up, a day's tasks, between days), 20 times over one work
     directory: each stop takes under 10 s, leaves no process, and whole days from the first."""
     import psutil
 
     source = feed(tmp_path / "feed.jsonl", days=6, per_day=2)
     rng = random.Random(0)
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
     for trial in range(20):
         workdir = tmp_path / f"w{trial % 4}"
         own = trial % 5 == 0  # now and then a command that starts its own Prefect API
-        proc = subprocess.Popen([MONIM, "learn", "--source", source, "--workdir", workdir, "--model", model,
-                                 "--policy", "fullmem"], env=env | ({} if own else SHARED),
+        proc = subprocess.Popen([monim.script, "learn", "--source", source, "--workdir", workdir, "--model", model,
+                                 "--policy", "fullmem"], env=monim.env(own_api=own),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(0.5, 9.0))
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
@@ -130,24 +113,24 @@ def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(mode
             assert days == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05", "1987-03-06", "1987-03-07"][: len(days)]
 
 
-def test_a_changed_model_or_window_is_refused_before_any_work(prefect, model, clean, tmp_path):
+def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, model, clean, tmp_path):
     """New weights of the same shape at the same path, or another window through the run's spec:
     refused naming the field, nothing learned, no feature of the new weights kept."""
     from flows.stream import learn_stream
-    from monim.config import RunConfig
+    from monim.core.config import RunConfig
 
     changed = tmp_path / "model"
     shutil.copytree(model, changed)
     workdir = tmp_path / "w"
     source = feed(tmp_path / "feed.jsonl", days=2)
-    assert learn(source, workdir, changed, "--end", "1987-03-02").returncode == 0
+    assert learn(monim, source, workdir, changed, "--end", "1987-03-02").returncode == 0
     from safetensors.torch import load_file, save_file
 
     weights = load_file(changed / "model.safetensors")
     weights[next(iter(weights))] += 0.5
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     before = sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts)
-    one_line(learn(source, workdir, changed), "field 'weights'")
+    one_line(learn(monim, source, workdir, changed), "field 'weights'")
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts) == before
     assert arrays(workdir)[0] == ["1987-03-02"]
     other = tmp_path / "other"
@@ -159,14 +142,14 @@ def test_a_changed_model_or_window_is_refused_before_any_work(prefect, model, cl
     assert arrays(other)[0] == arrays(clean)[0]
 
 
-def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(model, clean, tmp_path):
+def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)  # a copied work directory: a warning, not a fault
-    proc = monim("fsck", "--workdir", workdir, "--json")
+    proc = monim("fsck", "--workdir", workdir, "--json", check=False)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0 and all(p.get("warning") for p in report["problems"]), report
     for _ in range(2):  # repaired once; the second run has nothing to do and logs nothing again
-        assert monim("fsck", "--workdir", workdir, "--repair").returncode == 0
+        assert monim("fsck", "--workdir", workdir, "--repair", check=False).returncode == 0
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -176,50 +159,50 @@ def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(model, clean, tmp
     root = workdir / "memories" / "fullmem"
     theta = Datastore.read(root).manifest["thetas"][-1]
     (root / theta["dir"] / "calibrator.pt").unlink()  # a lost calibrator: Θ cannot read it
-    proc = monim("fsck", "--workdir", workdir, "--json")
+    proc = monim("fsck", "--workdir", workdir, "--json", check=False)
     assert proc.returncode == 1 and "calibrator.pt missing" in proc.stdout
-    assert monim("fsck", "--workdir", workdir, "--repair").returncode == 0  # trained again from its window
-    assert monim("fsck", "--workdir", workdir).returncode == 0
+    assert monim("fsck", "--workdir", workdir, "--repair", check=False).returncode == 0  # trained again from its window
+    assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
     keys = sorted((root / "shards").glob("*/keys.npy"))[0]
     data = bytearray(keys.read_bytes())
     data[-3] ^= 0x10
     keys.write_bytes(bytes(data))
-    one_line(learn(feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
+    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
              "monim fsck")
 
 
-def test_errors_are_one_line_naming_the_file(model, clean, tmp_path):
+def test_errors_are_one_line_naming_the_file(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)
     manifest = workdir / "memories" / "fullmem" / "manifest.json"
     text = manifest.read_text()
     manifest.write_text(text[: len(text) // 2])  # truncated
-    one_line(monim("status", "--workdir", workdir), "manifest.json", "line", "column")
+    one_line(monim("status", "--workdir", workdir, check=False), "manifest.json", "line", "column")
     manifest.write_text(text)
     (workdir / "mlflow.db").write_bytes(b"not a database" * 100)
-    one_line(learn(feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
+    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
     (tmp_path / "file").write_text("")
-    one_line(learn(feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
+    one_line(learn(monim, feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
     prefect = tmp_path / "p"
     shutil.copytree(clean, prefect, ignore=shutil.ignore_patterns("mlflow.db"))
     (prefect / "prefect").mkdir(exist_ok=True)
     (prefect / "prefect" / "prefect.db").write_bytes(b"not a database" * 100)
-    one_line(learn(feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged")
+    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged")
 
 
-def test_input_is_never_changed_silently(model, clean, tmp_path):
+def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     dup = {"id": "1914", "date": "1987-03-04", "text": "An article under an id met before."}
     source = feed(tmp_path / "dup.jsonl", extra=[])
     rows = source.read_text().splitlines()
     first = json.loads(rows[0])["id"]
     source.write_text("\n".join(rows + [json.dumps(dup | {"id": first})]) + "\n")
-    one_line(learn(source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
+    one_line(learn(monim, source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
     nameless = feed(tmp_path / "nameless.jsonl", extra=[{"date": "1987-03-04", "text": "A record without an id."}])
-    one_line(learn(nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
-    assert learn(nameless, tmp_path / "n", model, "--missing-id", "hash").returncode == 0
-    one_line(monim("forget", "--workdir", clean, "--doc", "no-such-id"), "no-such-id")
+    one_line(learn(monim, nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
+    assert learn(monim, nameless, tmp_path / "n", model, "--missing-id", "hash").returncode == 0
+    one_line(monim("forget", "--workdir", clean, "--doc", "no-such-id", check=False), "no-such-id")
     skipping = feed(tmp_path / "skip.jsonl")
     skipping.write_text(skipping.read_text().replace("\n", "\n{broken\n", 1))
-    out = learn(skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
+    out = learn(monim, skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
     rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
     assert out.returncode == 0 and rows[0]["docs_skipped"] == 1

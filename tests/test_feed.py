@@ -12,8 +12,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from monim.config import RunConfig
-from monim.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import RunConfig
+from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_a_stalled_feed_fails_the_daily_run_naming_its_last_date(stalled):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
-    from tasks.learning import recorded_days
+    from monim.run import recorded_days
 
     run, state, day, warnings = stalled
     said = f"the feed has stalled: its last article is dated {day(6)}, 5 days before {day(1)}"
@@ -77,7 +77,7 @@ def test_a_stalled_feed_fails_the_daily_run_naming_its_last_date(stalled):
 
 
 def test_late_news_and_a_thin_day_are_named_in_the_log_and_mlflow(stalled):
-    from tasks.learning import recorded_days
+    from monim.run import recorded_days
 
     run, _, day, warnings = stalled
     rows = recorded_days(run)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.config import RunConfig
-from monim.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import RunConfig
+from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
 DAYS = ("1987-03-02", "1987-03-03")
 
@@ -50,7 +50,7 @@ def test_memories_hold_what_each_policy_stores(compared, tiny_model_dir):
     assert summary["bare"]["entries"] == 0 and summary["bare"]["ppl"] == pytest.approx(summary["bare"]["ppl_lm"])
     assert summary["bare"]["test_tokens"] == summary["fullmem"]["test_tokens"] > 0
     # the LM ran once per article for the four policies: each text is in the feature store once
-    from monim.features import digest
+    from monim.lm.features import digest
 
     stored = [h for meta in (workdir / "features").glob("*/*/docs.json") for h, _, _ in json.loads(meta.read_text())]
     texts = {digest(d.text) for day in days for d in (*day.train[:3], *day.validation, *day.test)}
@@ -114,7 +114,7 @@ def test_rerunning_the_stream_changes_nothing(compared):
 
 def test_stream_resumes_after_the_last_learned_day(compared):
     from flows.stream import learn_stream
-    from monim import dayindex
+    from monim.data import dayindex
 
     workdir, model, summary = compared
     dayindex.READS.clear()
@@ -128,8 +128,8 @@ def test_stream_resumes_after_the_last_learned_day(compared):
 
 def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
     from flows.stream import learn_stream
-    from monim.lm import load_lm
-    from monim.memory import Memory
+    from monim.lm.model import load_lm
+    from monim.theta.memory import Memory
 
     workdir, model, summary = compared
     memory = Memory.open(workdir / "memories" / "monim-amt", load_lm(model))
@@ -177,8 +177,8 @@ MODEL_NAME = "monim-reuters-1987-03-02_03-13-monim-amt"
 
 def validation_ppl(lm, root, day, as_of) -> float:
     """Θ's PPL on a day's validation articles with a memory as of a day, computed here."""
-    from monim.evaluate import evaluate
-    from monim.memory import Memory
+    from monim.evaluation.evaluate import evaluate
+    from monim.theta.memory import Memory
 
     return evaluate(lm, day.validation, Memory.open(root, lm, as_of))["ppl"]
 
@@ -188,9 +188,9 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
 
     import mlflow
 
-    from monim.lm import load_lm
-    from monim.memory import Memory
-    from monim.stream import Document
+    from monim.lm.model import load_lm
+    from monim.theta.memory import Memory
+    from monim.data.stream import Document
 
     workdir, model, summary = compared
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
@@ -212,7 +212,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
     assert not list((workdir / "mlartifacts").rglob("*.npy"))
     text = day2.test[0].text[:400]
     answer = served.predict([{"text": text}])[0]
-    from monim.evaluate import evaluate
+    from monim.evaluation.evaluate import evaluate
 
     want = evaluate(lm, [Document("t", dt.date.min, text)], Memory.open(root, lm, DAYS[0]))
     assert answer["ppl"] == pytest.approx(want["ppl"], rel=1e-6) and answer["ppl_lm"] == pytest.approx(want["ppl_lm"], rel=1e-6)
@@ -225,8 +225,8 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
 
     from mlflow.exceptions import MlflowException
 
-    from monim.datastore import Datastore
-    from tasks.registry import open_memory
+    from monim.storage.datastore import Datastore
+    from tasks.tracking.registry import open_memory
 
     workdir, model, summary = compared
     import mlflow
@@ -248,7 +248,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
     import urllib.error
     import urllib.request
 
-    import flows.cli.servers as servers
+    import flows.servers.local as servers
 
     workdir, model, summary = compared
     port = servers.free_port()
@@ -287,7 +287,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
 
 
 def test_promote_and_rollback_move_the_aliases_by_hand(compared):
-    from tasks.registry import promote, rollback
+    from tasks.tracking.registry import promote, rollback
 
     workdir, model, summary = compared
     uri, root = f"sqlite:///{workdir / 'mlflow.db'}", workdir / "memories" / "monim-amt"
@@ -306,19 +306,17 @@ def test_promote_and_rollback_move_the_aliases_by_hand(compared):
 
 
 def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
-    """monim.run without Prefect or MLflow (featurize, learn, evaluate, record) gives the rows the
-    flows recorded for the same run."""
+    """monim.run without Prefect or MLflow (the same recipe: ingest, featurize, learn, evaluate,
+    record) gives the rows the flows recorded for the same run."""
     from monim.run import make_run
-    from monim.stream import read_day
-    from monim.workdirs import read_rows
+    from monim.storage.workdirs import read_rows
 
     workdir, model, _ = compared
     cfg = RunConfig(source=str(DEMO_STREAM), workdir=str(tmp_path), model=model, max_docs=3)
     run = make_run(cfg)
     by_flow = read_rows(workdir, "monim-amt")
     for step, date in enumerate(DAYS):
-        day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields())
-        row = run.day(day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, run.lm.cut), step)
+        row = run.day(date, step)
         assert {k: row[k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")} == \
                {k: by_flow[date][k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")}
     assert read_rows(tmp_path, "monim-amt").keys() == set(DAYS)

@@ -6,50 +6,44 @@ forgotten article."""
 import json
 import os
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from monim.stream import DEMO_STREAM
+from monim.data.stream import DEMO_STREAM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from serve_swap import Clients  # noqa: E402  (the load benchmark's clients: what it measures is tested here)
+from flows.servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
 
-MONIM = str(Path(sys.executable).parent / "monim")
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
 BOUND_S = 60  # the README's bound on the time to follow (a check, a load, the request in flight)
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def following(prefect_api, tiny_model_dir, tmp_path_factory):
+def following(monim, prefect_api, tiny_model_dir, tmp_path_factory):
     """Day one learned (MLflow on), and `monim serve-model` following its champion."""
-    import flows.cli.servers as servers
+    import flows.servers.local as servers
 
     workdir = tmp_path_factory.mktemp("follow") / "w"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
-    learn = [MONIM, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--policy", "fullmem",
+    learn = [monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--policy", "fullmem",
              "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")), "--max-docs", "3"]
     subprocess.run(learn + ["--end", "1987-03-02"], env=env, check=True, capture_output=True, timeout=900)
     port = servers.free_port()
-    proc = servers.start([MONIM, "serve-model", "--workdir", str(workdir), "--port", str(port), "--follow-seconds",
+    proc = servers.start([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--follow-seconds",
                           str(FOLLOW_S)], f"http://127.0.0.1:{port}/ping", env=env)
     yield port, workdir, env, learn
     servers.stop([proc])
 
 
-def health(port: int) -> dict:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
 
 
-def clients(invoke, port: int, prompt: str) -> Clients:
+def clients(port: int, prompt: str) -> Clients:
     """Two clients asking again and again, a prompt (sources on) and a text each time."""
     body = {"dataframe_records": [{"prompt": prompt}, {"text": prompt + " and more."}],
             "params": {"max_new_tokens": 3, "sources": 10}}
-    return Clients(invoke, port, [body], 2)
+    return Clients(port, [body], 2)
 
 
 def wait_for(port: int, check, what: str) -> tuple[dict, float]:
@@ -65,23 +59,23 @@ def cited(answer: dict) -> set[str]:
     return {s["doc_id"] for sentence in answer["sentences"] for s in sentence["sources"]}
 
 
-def alone(workdir: Path, env: dict, prompt: str, as_of: str) -> list[int]:
+def alone(monim, workdir: Path, env: dict, prompt: str, as_of: str) -> list[int]:
     """The continuation `monim generate` gives as of a day, in a process of its own."""
-    out = subprocess.run([MONIM, "generate", "--workdir", str(workdir), "--prompt", prompt, "--as-of", as_of,
+    out = subprocess.run([monim.script, "generate", "--workdir", str(workdir), "--prompt", prompt, "--as-of", as_of,
                           "--max-new-tokens", "3", "--json"], env=env, check=True, capture_output=True, text=True,
                          timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])["tokens"]
 
 
-def test_the_server_follows_a_new_champion_while_clients_ask(following, invoke):
+def test_the_server_follows_a_new_champion_while_clients_ask(monim, following, invoke):
     port, workdir, env, learn = following
     first = health(port)
     assert (first["status"], first["version"], first["as_of"], first["follows"]) == ("ok", "1", "1987-03-02", "champion")
     prompt = "The company said"
-    load = clients(invoke, port, prompt)
+    load = clients(port, prompt)
     try:
         subprocess.run(learn + ["--end", "1987-03-03"], env=env, check=True, capture_output=True, timeout=900)
-        subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "2"], env=env, check=True,
+        subprocess.run([monim.script, "promote", "--workdir", str(workdir), "--version", "2"], env=env, check=True,
                        capture_output=True, timeout=300)
         moved = time.monotonic()
         now, waited = wait_for(port, lambda h: h["version"] == "2", "serving version 2")
@@ -92,10 +86,10 @@ def test_the_server_follows_a_new_champion_while_clients_ask(following, invoke):
     assert now["as_of"] == "1987-03-03" and now["status"] == "ok" and now["served_since"] > first["served_since"]
     assert waited <= BOUND_S and now["checked_at"] is not None
     later = load.answered(moved + waited)
-    assert later and later[-1]["predictions"][0]["tokens"] == alone(workdir, env, prompt, "1987-03-03")
+    assert later and later[-1]["predictions"][0]["tokens"] == alone(monim, workdir, env, prompt, "1987-03-03")
 
 
-def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
+def test_a_forget_reaches_the_server_while_clients_ask(monim, following, invoke):
     port, workdir, env, learn = following
     memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
     first_doc = json.loads((workdir / "memories" / "fullmem" / "shards" / memory["days"][0]["shard"] / "docs.json").read_text())[0]
@@ -105,9 +99,9 @@ def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
     status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
     assert status == 200 and first_doc in cited(out["predictions"][0]), out
     before = health(port)
-    load = clients(invoke, port, prompt)
+    load = clients(port, prompt)
     try:
-        forget = subprocess.run([MONIM, "forget", "--workdir", str(workdir), "--doc", first_doc, "--json"], env=env,
+        forget = subprocess.run([monim.script, "forget", "--workdir", str(workdir), "--doc", first_doc, "--json"], env=env,
                                 capture_output=True, text=True, timeout=300)
         assert forget.returncode == 0, forget.stderr[-3000:]
         done = time.monotonic()
@@ -122,12 +116,12 @@ def test_a_forget_reaches_the_server_while_clients_ask(following, invoke):
     assert load.answered(done + waited) and load.cited(done + waited)[first_doc] == 0
     status, out = invoke(port, {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 8, "sources": 10}})
     assert status == 200 and first_doc not in cited(out["predictions"][0])
-    fsck = subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True, text=True,
+    fsck = subprocess.run([monim.script, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert fsck.returncode == 0, fsck.stdout[-3000:]
 
 
-def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following, invoke):
+def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(monim, following, invoke):
     """Version 1 (day one before the forget) made champion in the registry (as MLflow's UI can; `monim
     promote` refuses it): the server cannot load it (its memory changed since) and keeps answering
     with the version it serves, /health "stale" naming why; `monim fsck` names the champion,
@@ -136,7 +130,7 @@ def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following,
 
     port, workdir, env, learn = following
     served = health(port)
-    refused = subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", "1"], env=env,
+    refused = subprocess.run([monim.script, "promote", "--workdir", str(workdir), "--version", "1"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "can no longer load" in refused.stderr and "monim register" in refused.stderr
     MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").set_registered_model_alias(served["model"], "champion", "1")
@@ -145,34 +139,34 @@ def test_a_champion_that_cannot_load_leaves_the_last_good_one_serving(following,
     assert "has changed since" in stale["problem"] and stale["champion"]["version"] == "1"
     status, out = invoke(port, {"dataframe_records": [{"prompt": "The bank"}], "params": {"max_new_tokens": 2}})
     assert status == 200
-    fsck = subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
+    fsck = subprocess.run([monim.script, "fsck", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
                           text=True, timeout=300)
     problems = json.loads(fsck.stdout.strip().splitlines()[-1])["problems"]
     assert fsck.returncode == 1 and [p["where"] for p in problems if "can no longer load" in p["what"]] == [
         f"{served['model']}@champion"], problems
-    subprocess.run([MONIM, "fsck", "--workdir", str(workdir), "--repair"], env=env, check=True, capture_output=True,
+    subprocess.run([monim.script, "fsck", "--workdir", str(workdir), "--repair"], env=env, check=True, capture_output=True,
                    timeout=300)
     repaired, _ = wait_for(port, lambda h: h["status"] == "ok" and h["version"] != served["version"], "ok again")
     assert repaired["as_of"] == "1987-03-02" and repaired["version"] not in ("1", served["version"])
-    assert subprocess.run([MONIM, "fsck", "--workdir", str(workdir)], env=env, capture_output=True).returncode == 0
+    assert subprocess.run([monim.script, "fsck", "--workdir", str(workdir)], env=env, capture_output=True).returncode == 0
 
 
-def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before(following, invoke):
+def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before(monim, following, invoke):
     """The champion of the last day, that day forgotten whole (a takedown of a day): the champion
     moves to the day before's state, `previous` stays a version that loads, and the server follows;
     no answer after cites an article of the forgotten day."""
     port, workdir, env, learn = following
-    newest = json.loads(subprocess.run([MONIM, "register", "--workdir", str(workdir), "--json"], env=env, check=True,
+    newest = json.loads(subprocess.run([monim.script, "register", "--workdir", str(workdir), "--json"], env=env, check=True,
                                        capture_output=True, text=True).stdout.strip().splitlines()[-1])
     last_day = newest["registered"]["1987-03-03"]["version"]
-    subprocess.run([MONIM, "promote", "--workdir", str(workdir), "--version", last_day], env=env, check=True,
+    subprocess.run([monim.script, "promote", "--workdir", str(workdir), "--version", last_day], env=env, check=True,
                    capture_output=True, timeout=300)
     wait_for(port, lambda h: h["version"] == last_day, "serving the last day")
     memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
     gone = set(json.loads((workdir / "memories" / "fullmem" / "shards" / memory["days"][-1]["shard"] / "docs.json").read_text()))
     load = clients(invoke, port, "The company said")
     try:
-        forget = subprocess.run([MONIM, "forget", "--workdir", str(workdir), "--day", "1987-03-03", "--json"], env=env,
+        forget = subprocess.run([monim.script, "forget", "--workdir", str(workdir), "--day", "1987-03-03", "--json"], env=env,
                                 capture_output=True, text=True, timeout=300)
         assert forget.returncode == 0, forget.stderr[-3000:]
         done = time.monotonic()
@@ -184,6 +178,6 @@ def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before
         load.stop()
     assert {status for _, status, _ in load.asked} == {200} and now["as_of"] == "1987-03-02"
     assert load.answered(done + waited) and not gone & set(load.cited(done + waited))
-    rollback = subprocess.run([MONIM, "rollback", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
+    rollback = subprocess.run([monim.script, "rollback", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
                               text=True, timeout=300)
     assert rollback.returncode == 0, rollback.stderr[-2000:]  # `previous` is a version that loads, not the replaced one

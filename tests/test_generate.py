@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from monim.entries import Entries
-from monim.generate import Decoder, GenerateConfig, _choose, _sentences, generate
-from monim.index import IndexConfig
-from monim.lm import load_lm
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.settings import Settings
-from monim.policies import make_policy
-from monim.recency import Recency
-from monim.stream import DEMO_STREAM, Day, iter_days, open_source
+from monim.storage.entries import Entries
+from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
+from monim.storage.index import IndexConfig
+from monim.lm.model import load_lm
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.storage.memory_settings import Settings
+from monim.learning.policies import make_policy
+from monim.core.recency import Recency
+from monim.data.stream import DEMO_STREAM, Day, iter_days, open_source
 
 K, LAM, T = 8, 0.4, 3.0
 
@@ -114,7 +114,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
                                            np.arange(4, dtype=np.int32)), 4, "fullmem")
     memory.sync()
     queries = keys.reshape(12, d)[[0, 5, 10]].astype(np.float32)
-    from monim.scoring import TokenScores
+    from monim.lm.scoring import TokenScores
 
     batch = TokenScores(np.array(["q"] * 3, object), *(np.zeros(3, np.int32),) * 3, *(np.zeros(3, np.float32),) * 3,
                         np.zeros(3, np.int32), queries.astype(np.float16))
@@ -133,8 +133,8 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
 def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
-    from monim.generate import _documents
-    from monim.sources import TITLE_CAP
+    from monim.serving.generate import _documents
+    from monim.data.sources import TITLE_CAP
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     keys = np.random.default_rng(0).standard_normal((3, tiny.hidden_size)).astype(np.float16)
@@ -230,7 +230,7 @@ def words_continued(text: str, prompt: str, generated: str) -> int:
 @pytest.fixture(scope="module")
 def trusted(smollm, stream, tmp_path_factory):
     """FullMem's first day of 3 articles, calibrated on them (the real LM): its memory and its day."""
-    from monim.calibration import calibrate
+    from monim.learning.recalibration import calibrate
 
     day = stream[0].capped(3)
     memory = Memory(tmp_path_factory.mktemp("trusted"), smollm)

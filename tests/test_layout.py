@@ -1,4 +1,5 @@
-"""The code's shape: imports point flows → tasks → monim with no cycle, the library never imports
+"""The code's shape: imports point flows → tasks → monim with no cycle, inside monim down its layers
+(learning and evaluation side by side, never importing each other), the library never imports
 Prefect or MLflow, and no file grows past one idea (~400 lines)."""
 
 import ast
@@ -6,6 +7,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = {"monim": 0, "tasks": 1, "flows": 2}
+# monim's packages, lowest first; a module directly in monim/ (run.py, status.py) sits on top of them all
+FLOORS = {"core": 0, "data": 1, "lm": 2, "storage": 3, "theta": 4, "learning": 5, "evaluation": 5, "serving": 6}
+TOP = max(FLOORS.values()) + 1
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -59,6 +63,41 @@ def test_imports_point_from_flows_to_tasks_to_the_library():
     assert not wrong
 
 
+def floor(module: str) -> tuple[int, str]:
+    """(floor, package) of a monim module: monim.storage.index -> (3, "storage"); monim.run -> (TOP, "")."""
+    parts = module.split(".")
+    return (FLOORS[parts[1]], parts[1]) if len(parts) > 1 and parts[1] in FLOORS else (TOP, "")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """monim's imports that climb a floor, or cross to another package on the same floor."""
+    wrong = []
+    for m, found in graph.items():
+        if not m.startswith("monim."):
+            continue
+        for i in found:
+            if i.startswith("monim.") and floor(i) != floor(m) and floor(i)[0] >= floor(m)[0]:
+                wrong.append((m, i))
+    return sorted(wrong)
+
+
+def test_the_library_imports_only_down_its_layers():
+    assert layer_violations(project_graph()) == []
+
+
+def test_the_layer_rule_catches_a_climb_and_a_crossing():
+    assert layer_violations({"monim.storage.index": {"monim.learning.parametric", "monim.core.atomic"},
+                             "monim.learning.memorize": {"monim.evaluation.evaluate", "monim.theta.memory"},
+                             "monim.run": {"monim.learning.memorize"}}) == [
+        ("monim.learning.memorize", "monim.evaluation.evaluate"), ("monim.storage.index", "monim.learning.parametric")]
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    for package in FLOORS:
+        doc = ast.get_docstring(ast.parse((REPO / "monim" / package / "__init__.py").read_text()))
+        assert doc and "Imports" in doc, package
+
+
 def test_the_library_never_imports_prefect_or_mlflow():
     wrong = [(m, i) for m, found in module_imports().items() if m.startswith("monim") for i in found
              if i.split(".")[0] in ("prefect", "mlflow", "prefect_dask")]
@@ -69,3 +108,10 @@ def test_no_file_holds_two_ideas():
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines())
              for package in (*LAYERS, "tests", "benchmarks") for p in (REPO / package).rglob("*.py")}
     assert {p: n for p, n in sizes.items() if n > 420} == {}
+
+
+def test_no_class_holds_two_ideas():
+    """A class past ~200 lines is usually two ideas (Memory and Datastore were split along theirs)."""
+    sizes = {f"{p.relative_to(REPO)}:{n.name}": n.end_lineno - n.lineno + 1 for package in LAYERS
+             for p in (REPO / package).rglob("*.py") for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
+    assert {c: n for c, n in sizes.items() if n > 250} == {}

@@ -5,10 +5,10 @@ import datetime as dt
 import numpy as np
 import torch
 
-from monim.config import DEFAULT_MODEL
-from monim.lm import convert_gguf, packaged_gguf
-from monim.scoring import ScoreConfig, score
-from monim.stream import Document
+from monim.core.config import DEFAULT_MODEL
+from monim.lm.model import convert_gguf, packaged_gguf
+from monim.lm.scoring import ScoreConfig, score
+from monim.data.stream import Document
 
 
 def test_wikitext_perplexity_in_sane_band(smollm, data_dir):

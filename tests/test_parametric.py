@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from monim.config import RunConfig
-from monim.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
-from monim.stream import DEMO_STREAM, Document
+from monim.core.config import RunConfig
+from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
+from monim.data.stream import DEMO_STREAM, Document
 
 
 def doc(text: str, i: int = 0) -> Document:
@@ -126,11 +126,11 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
-    from monim.suite import EvalConfig
-    from monim.stream import iter_days, open_source
-    from tasks.learning import recorded_days
-    from tasks.store import experiment_name, tracking_uri
-    from tasks.tracking import fetch_runs
+    from monim.evaluation.suite import EvalConfig
+    from monim.data.stream import iter_days, open_source
+    from monim.run import recorded_days
+    from tasks.tracking.store import experiment_name, tracking_uri
+    from tasks.tracking.runs import fetch_runs
 
     model = str(tiny_model_dir("llama"))
     text = tmp_path / "general.txt"

@@ -6,17 +6,17 @@ import shutil
 import numpy as np
 import pytest
 
-from monim.datastore import Datastore
-from monim.knnlm import ThetaScores
-from monim.calibrator import LAM_CEIL
-from monim.lm import load_lm
-from monim.calibration import calibrate
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.policies import KL, MoNIM, RandMem, key_surprisal
-from monim.threshold import amt_threshold
-from monim.policies import make_policy
-from monim.stream import Day, Document, iter_days, open_source
+from monim.storage.datastore import Datastore
+from monim.theta.knnlm import ThetaScores
+from monim.theta.calibrator import LAM_CEIL
+from monim.lm.model import load_lm
+from monim.learning.recalibration import calibrate
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal
+from monim.learning.threshold import amt_threshold
+from monim.learning.policies import make_policy
+from monim.data.stream import Day, Document, iter_days, open_source
 
 
 def test_amt_hand_computed():
@@ -217,7 +217,7 @@ def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smol
                                               decision_skip=skip)
     assert stats[False].searched == stats[False].tokens_seen == stats[True].tokens_seen
     assert 0 < stats[True].searched < 0.8 * stats[True].tokens_seen, stats[True]  # part of the tokens were certain
-    for skip in (True, False):  # what the index regime reads (monim.index.exact_limit)
+    for skip in (True, False):  # what the index regime reads (monim.storage.index.exact_limit)
         assert Datastore.read(tmp_path / str(skip)).days[-1].searched == stats[skip].searched
     assert stats[True].stored == stats[False].stored > 0
     for a in stored[True]:

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from monim.articles import Article, ArticleIndex
-from monim.config import PolicyConfig, ScoreConfig
-from monim.generate import GenerateConfig, generate
-from monim.lm import load_lm
-from monim.memorize import memorize_day
-from monim.memory import Memory
-from monim.policies import make_policy
-from monim.ralm import SEPARATOR, articles_of, score_with_articles
-from monim.settings import Settings, SettingsMismatch
-from monim.sources import Document
-from monim.stream import Day
+from monim.theta.retriever import Article, ArticleIndex
+from monim.core.config import PolicyConfig, ScoreConfig
+from monim.serving.generate import GenerateConfig, generate
+from monim.lm.model import load_lm
+from monim.learning.memorize import memorize_day
+from monim.theta.memory import Memory
+from monim.learning.policies import make_policy
+from monim.theta.ralm import SEPARATOR, articles_of, score_with_articles
+from monim.storage.memory_settings import Settings, SettingsMismatch
+from monim.data.sources import Document
+from monim.data.stream import Day
 
 D1, D2 = dt.date(2022, 6, 1), dt.date(2022, 6, 2)
 TEXTS = {
@@ -132,7 +132,7 @@ def test_a_stride_is_scored_as_the_lm_reads_article_separator_and_text(lm, tmp_p
 def test_evaluation_scores_every_token_once_with_the_lm_alone_beside_it(lm, tmp_path):
     """Even where the window leaves no context before a stride (a model of few positions), each token is
     scored once, and the LM alone's numbers are the bare LM's."""
-    from monim.evaluate import evaluate_many
+    from monim.evaluation.evaluate import evaluate_many
 
     docs = [Document(f"t{i}", D2, TEXTS[k] + " " + TEXTS["vote"]) for i, k in enumerate(("rates2", "storm"))]
     for context in (24, 0):
@@ -181,7 +181,7 @@ def test_generation_puts_the_best_article_before_the_prompt_and_names_it(lm, tmp
 
 
 def test_a_served_prompt_row_that_asks_retrieves_and_names_its_article_beside_one_that_does_not(lm, tmp_path):
-    from monim.serving import Service
+    from monim.serving.service import Service
 
     plain = Memory(tmp_path / "plain", lm, Settings(window=ScoreConfig(stride=32, context=24)))
     day = Day(D1, [Document(i, D1, TEXTS[i], f"About {i}") for i in ("wheat", "chips")], [], [])
@@ -200,7 +200,7 @@ def test_a_served_prompt_row_that_asks_retrieves_and_names_its_article_beside_on
 
 
 def test_served_rows_ask_for_retrieval_by_name():
-    from monim.serving import BadRequest, Limits, parse
+    from monim.serving.service import BadRequest, Limits, parse
 
     request = parse({"dataframe_records": [{"prompt": "a b", "retrieve": True}, {"prompt": "c d"}]}, Limits())
     assert request.retrieve == {0}

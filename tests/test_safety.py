@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.atomic import DiskFull, is_stray, replacing, write_json
-from monim.datastore import Datastore
-from monim.entries import Entries
-from monim.lock import Locked, hold
+from monim.core.atomic import DiskFull, is_stray, replacing, write_json
+from monim.storage.datastore import Datastore
+from monim.storage.entries import Entries
+from monim.core.lock import Locked, hold
 
 D = 8
 
@@ -46,7 +46,7 @@ def kill_in_the_first_table_rebuild(conn, cursor, statement, *args):
         os.kill(os.getpid(), signal.SIGKILL)
 uri = "sqlite:///" + sys.argv[2]
 if sys.argv[1] == "monim":
-    from tasks.store import client
+    from tasks.tracking.store import client
     client(uri)
 else:
     from mlflow.tracking import MlflowClient
@@ -68,7 +68,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
             MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
         return
     assert not db.exists() and all(is_stray(p) for p in tmp_path.iterdir())
-    from tasks.store import client
+    from tasks.tracking.store import client
 
     assert [e.name for e in client(f"sqlite:///{db}").search_experiments()] == ["Default"]
 
@@ -104,7 +104,7 @@ def test_a_commit_records_each_shard_file_checksum(tmp_path):
     assert ds.days[0].checksums == {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in files}
 
 
-HOLDER = "import sys, time\nfrom monim.lock import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n"
+HOLDER = "import sys, time\nfrom monim.core.lock import hold\nwith hold(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n"
 
 
 def holder(lock, seconds):
@@ -139,10 +139,10 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.policies import make_policy
-    from monim.memorize import memorize_day
-    from monim.memory import Memory
-    from monim.stream import DEMO_STREAM, iter_days, open_source
+    from monim.learning.policies import make_policy
+    from monim.learning.memorize import memorize_day
+    from monim.theta.memory import Memory
+    from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
     days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
     days = [type(d)(d.date, d.train[:2], [], []) for d in days]
@@ -162,8 +162,8 @@ def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
 def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_derived(random_datastore, tmp_path):
     import faiss
 
-    from monim.fsck import check_memory
-    from monim.index import IndexConfig, MemoryIndex
+    from monim.storage.fsck import check_memory
+    from monim.storage.index import IndexConfig, MemoryIndex
 
     ds = random_datastore((300, 200))
     manifest = json.loads((tmp_path / "manifest.json").read_text())  # an IVF-PQ memory: its index on disk
@@ -197,9 +197,9 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
 def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_view(tiny, tmp_path):
     """A day's row lives in its memory's manifest (only for a committed day); runs/<name>.json is
     rewritten from it, and fsck finds a record that differs and rewrites it."""
-    from monim.fsck import check_records
-    from monim.memory import Memory
-    from monim.workdirs import read_rows, record_path, write_row
+    from monim.storage.fsck import check_records
+    from monim.theta.memory import Memory
+    from monim.storage.workdirs import read_rows, record_path, write_row
 
     memory = Memory(tmp_path / "memories" / "fullmem", tiny)
     day = Entries(np.zeros((5, tiny.hidden_size), np.float16), np.arange(5, dtype=np.int32), ["d"] * 5, np.arange(5))
@@ -243,8 +243,8 @@ def test_theta_history_is_kept_once(random_datastore, tmp_path):
 
 def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny, tmp_path, monkeypatch):
     """No lock file, no index saved: the memory folder is not writable (access(2) says so)."""
-    import monim.memory
-    from monim.memory import Memory
+    import monim.theta.searcher
+    from monim.theta.memory import Memory
 
     root = tmp_path / "m"
     n = 40
@@ -252,7 +252,7 @@ def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny,
     Datastore.for_lm(root, tiny).commit_day("2022-06-01", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n,
                                                                   np.arange(n, dtype=np.int32)), n, "fullmem")
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    monkeypatch.setattr(monim.memory.os, "access", lambda path, mode: Path(path) != root)
+    monkeypatch.setattr(monim.theta.searcher.os, "access", lambda path, mode: Path(path) != root)
     memory = Memory(root, tiny)
     memory.sync()
     assert memory.index.ntotal == n and sorted(p.relative_to(root) for p in root.rglob("*")) == before

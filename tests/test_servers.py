@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from monim.config import RunConfig
-from monim.stream import DEMO_STREAM
+from monim.core.config import RunConfig
+from monim.data.stream import DEMO_STREAM
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -105,12 +105,12 @@ def test_stream_logs_to_an_mlflow_server_over_http(prefect, tiny_model_dir, tmp_
     assert not (tmp_path / "work" / "mlflow.db").exists()  # nothing went to the local default
 
 
-def test_monim_ui_starts_both_uis_and_stops_them(tmp_path):
+def test_monim_ui_starts_both_uis_and_stops_them(monim, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
     log = tmp_path / "ui.log"
     ports = [free_port(), free_port()]
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "monim"), "ui", "--workdir", str(tmp_path), "--prefect-port", str(ports[0]),
+        proc = subprocess.Popen([monim.script, "ui", "--workdir", str(tmp_path), "--prefect-port", str(ports[0]),
                                  "--mlflow-port", str(ports[1])], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 180
@@ -128,13 +128,13 @@ def test_monim_ui_starts_both_uis_and_stops_them(tmp_path):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
 
 
-def test_monim_serve_runs_the_daily_deployment_on_its_schedule(tmp_path):
+def test_monim_serve_runs_the_daily_deployment_on_its_schedule(monim, tmp_path):
     """A per-minute cron: within two minutes the schedule creates a run and it completes (the demo feed
     ended in 1987: a lag allowed past that, else the run fails as stalled)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
     log, port = tmp_path / "serve.log", free_port()
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "monim"), "serve", "--source", str(DEMO_STREAM), "--workdir", str(tmp_path),
+        proc = subprocess.Popen([monim.script, "serve", "--source", str(DEMO_STREAM), "--workdir", str(tmp_path),
                                  "--cron", "* * * * *", "--prefect-port", str(port), "--max-feed-lag", "100000"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -19,22 +19,21 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from monim.policies import make_policy
-from monim.index import IndexConfig
-from monim.stream import DEMO_STREAM, Document, iter_days, open_source
-from monim.settings import Settings
+from monim.learning.policies import make_policy
+from monim.storage.index import IndexConfig
+from monim.data.stream import DEMO_STREAM, Document, iter_days, open_source
+from monim.storage.memory_settings import Settings
 
-MONIM = str(Path(sys.executable).parent / "monim")
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def theta(tiny_model_dir, tmp_path_factory):
     """A calibrated memory of two days (tiny LM), its skip rule on: every reader path has work to do."""
-    from monim.calibration import calibrate
-    from monim.lm import load_lm
-    from monim.memorize import memorize_day
-    from monim.memory import Memory
+    from monim.learning.recalibration import calibrate
+    from monim.lm.model import load_lm
+    from monim.learning.memorize import memorize_day
+    from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
     root = tmp_path_factory.mktemp("theta")
@@ -65,8 +64,8 @@ def at_once(service, bodies: list[dict]) -> list:
 def test_threads_on_one_theta_get_what_each_gets_alone(theta):
     """Eight threads score and continue different texts on one LM and one memory at once: each answer
     is the one the same call gives alone (the key is captured per call; no counter is shared)."""
-    from monim.evaluate import evaluate
-    from monim.generate import GenerateConfig, generate
+    from monim.evaluation.evaluate import evaluate
+    from monim.serving.generate import GenerateConfig, generate
 
     lm, items = theta.lm, texts(8)
     calls = [(lambda t=t: evaluate(lm, [Document("t", dt.date.min, t)], theta)) if i % 2 else
@@ -127,8 +126,8 @@ BEFORE_BATCHING = [
 def test_a_prompt_alone_is_continued_as_before_prompts_were_decoded_together(theta):
     """generate() (one row) writes the recorded tokens, λ and log P (1e-4), greedy and sampled, ± the skip rule; past
     a step float rounding decides (a skip threshold ±1e-3 writes them; a greedy tie within 1e-4) nothing is compared."""
-    from monim.generate import GenerateConfig, generate
-    from monim.memory import Memory
+    from monim.serving.generate import GenerateConfig, generate
+    from monim.theta.memory import Memory
 
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(3), PROMPT_WORDS)]
     for skip, i, temperature, tokens, lams, logp in BEFORE_BATCHING:
@@ -180,7 +179,7 @@ def test_requests_join_and_leave_the_continuations_in_flight(theta):
     the short ones are answered before it ends, a text among them is scored meanwhile, a caller who
     leaves has its continuation stopped at its next token, and every other answer equals the same
     request's alone."""
-    from monim.serving import Limits, Service
+    from monim.serving.service import Limits, Service
 
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(4), (12, 4, 20, 8))]
     long = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 200}}
@@ -209,7 +208,7 @@ def test_requests_join_and_leave_the_continuations_in_flight(theta):
 def test_a_request_that_waits_for_room_in_a_full_batch_is_refused_if_its_caller_leaves(theta):
     """64 prompts fill the batch; a request sent meanwhile waits for room, and when its caller leaves
     before it wrote anything it is refused like a request that never ran; the 64 are answered in full."""
-    from monim.serving import Busy, Limits, Service
+    from monim.serving.service import Busy, Limits, Service
 
     prompts = [" ".join(t.split()[: 3 + i % 5]) for i, t in enumerate(texts(8) * 8)]
     full = {"dataframe_records": [{"prompt": p} for p in prompts], "params": {"max_new_tokens": 40}}
@@ -228,9 +227,9 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     """A swap while a continuation is written: it is finished by the Θ it started with, and a request
     sent after the swap is answered by the new Θ without waiting for it: each answer is one Θ's, as
     that Θ answers it alone."""
-    from monim.memorize import memorize_day
-    from monim.memory import Memory
-    from monim.serving import Service
+    from monim.learning.memorize import memorize_day
+    from monim.theta.memory import Memory
+    from monim.serving.service import Service
 
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
     memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
@@ -257,7 +256,7 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
 def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(theta):
     """Requests from many threads go through one worker (texts scored together in one LM pass):
     each answer equals the same request's alone; bad requests are refused naming the field and limit."""
-    from monim.serving import BadRequest, Limits, Service
+    from monim.serving.service import BadRequest, Limits, Service
 
     service = Service(theta, Limits(max_rows=4, max_chars=2000, max_new_tokens=16, seconds=120))
     try:
@@ -290,7 +289,7 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
 def test_long_texts_scored_together_get_what_each_gets_alone(theta):
     """Texts of one to many windows, sent at once from many threads, share carried lockstep batches
     (each leaving the batch when it ends): each answer equals the same request's alone."""
-    from monim.serving import Limits, Service
+    from monim.serving.service import Limits, Service
 
     whole = " ".join(texts(60, 4000))
     items = [whole[300 * i : 300 * i + n] for i, n in enumerate((600, 2500, 4500, 7000, 9500, 3500))]
@@ -313,7 +312,7 @@ def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(thet
     after a few tokens; a caller that leaves after the fifth look ends it too."""
     import itertools
 
-    from monim.serving import Limits, Service
+    from monim.serving.service import Limits, Service
 
     ticks = itertools.count()
     service = Service(theta, Limits(max_new_tokens=200, seconds=10), clock=lambda: float(next(ticks)))
@@ -330,17 +329,17 @@ def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(thet
 
 
 @pytest.fixture(scope="module")
-def served(prefect_api, tiny_model_dir, tmp_path_factory):
+def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
     """A work directory learned by `monim learn` (MLflow on), and `monim serve-model` on its champion."""
-    import flows.cli.servers as servers
+    import flows.servers.local as servers
 
     workdir = tmp_path_factory.mktemp("served") / "monim-demo"  # the README's name for it
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
-    subprocess.run([MONIM, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-03",
+    subprocess.run([monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-03",
                     "--policy", "fullmem", "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")),
                     "--max-docs", "3"], env=env, check=True, capture_output=True, timeout=900)
     port, log = servers.free_port(), workdir / "server.log"
-    proc = subprocess.Popen([MONIM, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
+    proc = subprocess.Popen([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
                              "200"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while True:

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from monim.sources import DatasetsSource, Document, StreamError, open_source
-from monim.stream import DEMO_STREAM, iter_days, split_day
+from monim.data.sources import DatasetsSource, Document, StreamError, open_source
+from monim.data.stream import DEMO_STREAM, iter_days, split_day
 
 D = dt.date
 
@@ -98,7 +98,7 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
 
 
 def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_path):
-    from monim.stream import list_dates, read_day
+    from monim.data.stream import list_dates, read_day
 
     path = write(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
     whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
@@ -113,7 +113,7 @@ def test_a_record_out_of_date_order_is_named_late_not_learned_and_blocks_nothing
 
 
 def test_a_late_record_is_skipped_counted_and_named_in_the_day_it_follows(tmp_path):
-    from monim.stream import list_dates, read_day
+    from monim.data.stream import list_dates, read_day
 
     late = [json.dumps({"id": f"late-{d}", "date": f"2022-06-0{d}", "text": f"filed late {d}"}).encode() for d in (1, 2)]
     path = write(tmp_path / "news.jsonl.gz", GOOD[:4] + [BAD["malformed JSON"][0], late[0]] + GOOD[4:] + [late[1]])
@@ -135,7 +135,7 @@ def test_missing_source_file():
 
 
 def test_custom_field_names_and_plain_jsonl(tmp_path):
-    from monim.sources import Fields
+    from monim.data.sources import Fields
 
     path = tmp_path / "feed.jsonl"
     path.write_text('{"published": "2022-06-01T08:30:00Z", "body": "Rates rose."}\n')
@@ -161,7 +161,7 @@ def test_an_id_met_twice_is_refused_naming_both_lines_or_skipped(tmp_path):
 
 
 def test_a_record_dated_after_today_is_refused_or_skipped(tmp_path):
-    from monim.stream import list_dates, read_day
+    from monim.data.stream import list_dates, read_day
 
     future = dt.date.today() + dt.timedelta(days=30)
     rows = [{"id": "a", "date": "2022-06-01", "text": "One."}, {"id": "b", "date": future.isoformat(), "text": "Later."}]
@@ -186,7 +186,7 @@ def test_a_bom_is_read_and_a_json_array_refused_saying_so(tmp_path):
 
 
 def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
-    from monim.stream import Day
+    from monim.data.stream import Day
 
     long, short = Document("l", D(2022, 6, 1), "word " * 50), Document("s", D(2022, 6, 1), "a few words")
     cut = lambda text, n: " ".join(text.split()[:n]) if len(text.split()) > n else None  # noqa: E731  (n words)
@@ -196,7 +196,7 @@ def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
 
 
 def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused(tmp_path):
-    from monim.sources import ID_CAP, TEXT_CAP, TITLE_CAP, short_title
+    from monim.data.sources import ID_CAP, TEXT_CAP, TITLE_CAP, short_title
 
     rows = [{"id": "big", "date": "2022-06-01", "title": "T" * 1_000_000, "text": "x" * (TEXT_CAP + 5)},
             {"id": "ok", "date": "2022-06-01", "title": " Short ", "text": "fine"},
@@ -214,7 +214,7 @@ def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused
 
 
 def test_articles_added_to_a_learned_day_are_named(tmp_path, monkeypatch):
-    from monim.stream import arrived_after, articles, read_day
+    from monim.data.stream import arrived_after, articles, read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "feed.jsonl"
@@ -230,7 +230,7 @@ def test_articles_added_to_a_learned_day_are_named(tmp_path, monkeypatch):
 
 
 def test_a_feed_past_its_lag_has_stalled(tmp_path):
-    from monim.stream import FeedStalled, check_feed
+    from monim.data.stream import FeedStalled, check_feed
 
     path = tmp_path / "feed.jsonl"
     _write_days(path, [("2022-06-01", 2), ("2022-06-03", 1)])
@@ -271,7 +271,7 @@ def _write_days(path, days, opener=open):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
 def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, tmp_path, monkeypatch):
-    from monim.stream import list_dates, read_day
+    from monim.data.stream import list_dates, read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / f"news{suffix}"
@@ -295,8 +295,8 @@ def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, t
 
 
 def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
-    from monim import dayindex, sources
-    from monim.stream import read_day
+    from monim.data import dayindex, sources
+    from monim.data.stream import read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "news.jsonl"
@@ -312,7 +312,7 @@ def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
 
 
 def test_directory_of_day_files_is_a_source(tmp_path, monkeypatch):
-    from monim.stream import list_dates, read_day
+    from monim.data.stream import list_dates, read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "days"

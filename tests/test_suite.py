@@ -6,13 +6,13 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.evaluate import evaluate
-from monim.suite import period_sets
-from monim.lm import load_lm
-from monim.memory import Memory
-from monim.qa import Question, answer_questions, read_questions
-from monim.config import RunConfig
-from monim.stream import DEMO_STREAM
+from monim.evaluation.evaluate import evaluate
+from monim.evaluation.suite import period_sets
+from monim.lm.model import load_lm
+from monim.theta.memory import Memory
+from monim.evaluation.qa import Question, answer_questions, read_questions
+from monim.core.config import RunConfig
+from monim.data.stream import DEMO_STREAM
 
 DAYS = ("1987-03-07", "1987-03-09")  # a Saturday and the next Monday: two ISO weeks
 EXPERIMENT = "monim-reuters-1987-03-02_03-13"
@@ -45,7 +45,7 @@ def suite(prefect, tiny_model_dir, tmp_path_factory):
 def history(client, run_id, key):
     """A suite measure's values by step (MLflow charts the suite's measures in section 4, the 0-shot
     QA accuracy among the results the runs table shows)."""
-    from tasks.charts import chart_name
+    from tasks.tracking.charts import chart_name
 
     assert chart_name(key) == (f"1_results/{key}" if key == "qa_accuracy_0shot" else f"4_suite/{key}")
     return {m.step: m.value for m in client.get_metric_history(run_id, chart_name(key))}
@@ -100,7 +100,7 @@ def test_report_has_the_papers_tables(suite):
 def test_rerunning_the_suite_logs_nothing_twice(suite):
     from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
-    from monim.suite import EvalConfig
+    from monim.evaluation.suite import EvalConfig
 
     workdir, model, client, runs, qa = suite
     base = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=2)
@@ -116,7 +116,7 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
 
 
 def test_checkpoint_days():
-    from monim.suite import EvalConfig
+    from monim.evaluation.suite import EvalConfig
 
     days = [f"2022-06-{d:02d}" for d in range(1, 16) if d != 10]  # a day without news
     at = EvalConfig(period="week", text_every=7).checkpoints(days)
@@ -130,7 +130,7 @@ def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
     once made a name over 255 characters, and the results were not kept."""
     from types import SimpleNamespace
 
-    from monim.suite import EvalConfig
+    from monim.evaluation.suite import EvalConfig
     from tasks.evaluation import _suite_key
 
     policies = ["bare", "fullmem", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]

@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,15 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from monim.config import RunConfig
-from monim.index import IndexConfig
-from monim.scoring import ScoreConfig, with_neighbors
-from monim.stream import DEMO_STREAM, Day, Document, iter_days, open_source
-from monim.settings import Settings, SettingsMismatch
-from monim.workdirs import memory_root
+from monim.core.config import RunConfig
+from monim.storage.index import IndexConfig
+from monim.lm.scoring import ScoreConfig, with_neighbors
+from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.storage.memory_settings import Settings, SettingsMismatch
+from monim.storage.workdirs import memory_root
 
 DAYS = ("1987-03-02", "1987-03-03")
-MONIM = str(Path(sys.executable).parent / "monim")
 # everything a reader could get wrong differs from the defaults: the window, k, the skip rule
 ODD = dict(stride=64, context=32, k=8, calibrator={"skip_threshold": 0.3})
 
@@ -43,10 +41,10 @@ def test_settings_round_trip_and_a_reader_may_change_only_how_it_reads():
 
 
 def test_a_writer_with_other_settings_is_refused_and_an_old_memory_adopts_them(tiny_model_dir, tmp_path):
-    from monim.policies import make_policy
-    from monim.lm import load_lm
-    from monim.memorize import memorize_day
-    from monim.memory import Memory
+    from monim.learning.policies import make_policy
+    from monim.lm.model import load_lm
+    from monim.learning.memorize import memorize_day
+    from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
     day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(1)
@@ -78,29 +76,22 @@ def odd_run(prefect, tiny_model_dir, tmp_path_factory):
     return cfg, {r["date"]: r for r in rows}
 
 
-def monim_json(*args) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    proc = subprocess.run([MONIM, *map(str, args), "--json"], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_eval_as_of_a_day_equals_the_days_recorded_test_ppl(odd_run):
+def test_eval_as_of_a_day_equals_the_days_recorded_test_ppl(monim, odd_run):
     cfg, rows = odd_run
     for date in DAYS:
-        got = monim_json("eval", "--workdir", cfg.workdir, "--as-of", date, "--source", cfg.source, "--start", date,
+        got = monim.json("eval", "--workdir", cfg.workdir, "--as-of", date, "--source", cfg.source, "--start", date,
                          "--end", date)
         assert got["tokens"] == rows[date]["tokens"] > 0
         assert got["ppl"] == pytest.approx(rows[date]["ppl"], rel=1e-9), date  # the same Θ, the same features
         assert got["ppl_lm"] == pytest.approx(rows[date]["ppl_lm"], rel=1e-9)
 
 
-def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path):
+def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
     from tasks.gate import validation_gate
-    from tasks.registry import model_name
+    from tasks.tracking.registry import model_name
 
     cfg, rows = odd_run
     day2 = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))
@@ -110,9 +101,9 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
     version = next(v for v in client.search_model_versions(f"name = '{model_name(cfg)}'") if v.tags["monim.as_of"] == DAYS[0])
     served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(model_name(cfg), version.version))
     by_server = served.predict([{"text": text}])[0]
-    by_eval = monim_json("eval", "--workdir", cfg.workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
+    by_eval = monim.json("eval", "--workdir", cfg.workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
     champion = SimpleNamespace(tags={"monim.memory": str(memory_root(cfg.workdir, cfg.name).resolve()), "monim.as_of": DAYS[0]})
-    from tasks.learning import run_for
+    from monim.run import open_run as run_for
 
     by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
     assert by_server["tokens"] == by_eval["text_tokens"] == by_gate["gate_tokens"]
@@ -122,8 +113,8 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(odd_run, tmp_path
 
 
 def test_generations_first_step_is_the_evaluations_distribution(odd_run):
-    from monim.generate import GenerateConfig, generate
-    from monim.memory import Memory
+    from monim.serving.generate import GenerateConfig, generate
+    from monim.theta.memory import Memory
 
     cfg, rows = odd_run
     memory = Memory.open(memory_root(cfg.workdir, cfg.name))
@@ -145,7 +136,7 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     assert int(np.argmax(gen.logprobs[0])) == int(torch.argmax(want[0]))
 
 
-def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny_model_dir, tmp_path, prefect_api):
+def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(monim, tiny_model_dir, tmp_path, prefect_api):
     """`monim forget` holds the memory's lock: started while `learn` writes a day, it waits for the
     commit and then removes the article; the memory equals a clean run's after that forget, and
     fsck finds it clean (no stray shard version, a champion that loads)."""
@@ -153,14 +144,14 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
 
     from filelock import FileLock, Timeout
 
-    from monim.datastore import Datastore
+    from monim.storage.datastore import Datastore
 
     model, env = str(tiny_model_dir("gpt2")), os.environ | {"PREFECT_API_URL": prefect_api}  # the session's API: no start-up per learn
     args = ["learn", "--source", str(DEMO_STREAM), "--start", DAYS[0], "--end", "1987-03-04", "--policy", "fullmem",
             "--model", model, "--max-docs", "3"]
     victim = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[0].id
     racing, log = tmp_path / "racing", tmp_path / "learn.log"
-    learn = subprocess.Popen([MONIM, *args, "--workdir", racing], env=env, stdout=subprocess.DEVNULL,
+    learn = subprocess.Popen([monim.script, *args, "--workdir", racing], env=env, stdout=subprocess.DEVNULL,
                              stderr=log.open("w"))
     root, deadline = racing / "memories" / "fullmem", time.monotonic() + 300
     while True:  # day 1 committed, and the learn holds the memory's lock (writing day 2)
@@ -172,13 +163,13 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
                 break
         time.sleep(0.05)
     for _ in range(2):  # repeated: the second removes nothing and writes nothing (no stray shard version)
-        forget = subprocess.run([MONIM, "forget", "--workdir", racing, "--doc", victim, "--json"], env=env,
+        forget = subprocess.run([monim.script, "forget", "--workdir", racing, "--doc", victim, "--json"], env=env,
                                 capture_output=True, text=True, timeout=600)
         assert forget.returncode == 0, forget.stderr[-3000:]
     assert learn.wait(timeout=600) == 0, log.read_text()[-3000:]
     clean = tmp_path / "clean"
-    subprocess.run([MONIM, *args, "--workdir", clean], env=env, check=True, capture_output=True, timeout=600)
-    subprocess.run([MONIM, "forget", "--workdir", clean, "--doc", victim], env=env, check=True, capture_output=True,
+    subprocess.run([monim.script, *args, "--workdir", clean], env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run([monim.script, "forget", "--workdir", clean, "--doc", victim], env=env, check=True, capture_output=True,
                    timeout=600)
     a, b = Datastore.read(racing / "memories" / "fullmem"), Datastore.read(clean / "memories" / "fullmem")
     assert [(d.date, d.entries, d.forgotten) for d in a.days] == [(d.date, d.entries, d.forgotten) for d in b.days]
@@ -186,25 +177,25 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(tiny
     for name in ("values", "positions", "ids"):
         np.testing.assert_array_equal(a.array(name), b.array(name))
     np.testing.assert_array_equal(a.array("keys"), b.array("keys"))
-    fsck = subprocess.run([MONIM, "fsck", "--workdir", racing, "--json"], env=env, capture_output=True, text=True,
+    fsck = subprocess.run([monim.script, "fsck", "--workdir", racing, "--json"], env=env, capture_output=True, text=True,
                           timeout=600)
     assert fsck.returncode == 0 and json.loads(fsck.stdout.strip().splitlines()[-1])["clean"], fsck.stdout
 
 
 @pytest.mark.slow  # four `monim learn` processes
-def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refused(tiny_model_dir, tmp_path):
+def test_delta_is_a_setting_the_memory_records_and_a_resume_with_another_is_refused(monim, tiny_model_dir, tmp_path):
     """`monim learn --delta -2.0` learns with δ = -2 (the manifest and `monim status` say so); a resume
     that brings another δ is refused before any work, naming delta; the same δ learns on."""
     learn = ["learn", "--source", DEMO_STREAM, "--workdir", tmp_path, "--model", tiny_model_dir("llama"),
              "--max-docs", 2, "--start", DAYS[0]]
-    monim_json(*learn, "--end", DAYS[0], "--delta", -2.0)
+    monim.json(*learn, "--end", DAYS[0], "--delta", -2.0)
     manifest = json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())
     assert manifest["settings"]["policy"]["delta"] == -2.0 and manifest["days"][0]["params"]["delta"] == -2.0
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    refused = subprocess.run([MONIM, *map(str, learn), "--end", DAYS[1]], capture_output=True, text=True, timeout=600, env=env)
+    env = monim.env(own_api=True)
+    refused = subprocess.run([monim.script, *map(str, learn), "--end", DAYS[1]], capture_output=True, text=True, timeout=600, env=env)
     assert refused.returncode == 2 and "'policy.delta': learned with -2.0, not -1.5" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert len(json.loads((tmp_path / "memories" / "monim-amt" / "manifest.json").read_text())["days"]) == 1
-    monim_json(*learn, "--end", DAYS[1], "--delta", -2.0)
-    status = monim_json("status", "--workdir", tmp_path)
+    monim.json(*learn, "--end", DAYS[1], "--delta", -2.0)
+    status = monim.json("status", "--workdir", tmp_path)
     assert status["days"] == 2 and status["learned_with"] == {"delta": -2.0, "search_margin": 1.0, "search_context": False}

@@ -16,13 +16,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-import flows.cli.servers as servers
+import flows.servers.local as servers
 from flows.cli.options import SKIP_HELP, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
-    from monim.config import RunConfig
-    from monim.memory import Memory
-    from monim.suite import EvalConfig
+    from monim.core.config import RunConfig
+    from monim.theta.memory import Memory
+    from monim.evaluation.suite import EvalConfig
 
 console = Console(stderr=True)
 
@@ -59,7 +59,7 @@ def table(title: str, rows: list[dict], columns: list[str]) -> Table:
     out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # fits 80 columns
     for col in columns:
         out.add_column(col, justify="left" if col == columns[0] else "right")
-    from monim.catalogue import shown
+    from monim.core.numbers import shown
 
     for r in rows:
         out.add_row(*[shown(r.get(c, ""), c) for c in columns])
@@ -79,7 +79,7 @@ def day(value: Optional[str]) -> Optional[dt.date]:
 def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
     """These errors (and a run held by another process, with --no-wait) end the command with their
     message, not a traceback."""
-    from monim.lock import Locked
+    from monim.core.lock import Locked
 
     try:
         yield
@@ -146,7 +146,7 @@ def _drop_link(record) -> bool:
 
 def use_tracking(workdir: Path, uri: Optional[str]) -> str:
     """The MLflow store's URI, the store checked (a damaged one is a clear error, before any work)."""
-    from tasks.store import ensure_store, tracking_uri
+    from tasks.tracking.store import ensure_store, tracking_uri
 
     resolved = tracking_uri(str(workdir), uri)
     with clear_errors(ValueError):
@@ -157,10 +157,10 @@ def use_tracking(workdir: Path, uri: Optional[str]) -> str:
 def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], policies: list[str],
                  relearn: list[str] = ()) -> list:
     """The dates with articles, every record of them read first and each policy's range planned
-    (monim.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
+    (monim.storage.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
     (its file, line and field) or an id a memory read on another day is a clear error before any work."""
-    from monim.plan import plan
-    from monim.sources import StreamError
+    from monim.storage.plan import plan
+    from monim.data.sources import StreamError
 
     first, last = day(start), day(end)
     if first and last and first > last:
@@ -177,7 +177,7 @@ def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], poli
 
 def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
     """The memory a reading command reads: the one named, the only one, else MoNIM-AMT's."""
-    from monim.workdirs import memories
+    from monim.storage.workdirs import memories
 
     found = memories(workdir)
     if not found:
@@ -191,10 +191,10 @@ def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
 
 
 def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **overrides) -> Memory:
-    """Θ as the chosen memory describes itself (monim.memory.Memory.open), with a reader's overrides."""
-    from monim.manifest import ManifestError, MemoryMismatch
-    from monim.memory import Memory
-    from monim.settings import SettingsMismatch
+    """Θ as the chosen memory describes itself (monim.theta.memory.Memory.open), with a reader's overrides."""
+    from monim.core.manifest import ManifestError, MemoryMismatch
+    from monim.theta.memory import Memory
+    from monim.storage.memory_settings import SettingsMismatch
 
     root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
@@ -208,8 +208,8 @@ def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **ov
 def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, text: Optional[Path] = None,
                text_chars: Optional[int] = None, text_every: int = 7, qa: Optional[Path] = None, shots: str = "0",
                half_life: Optional[float] = None, max_age: Optional[int] = None) -> EvalConfig:
-    """The evaluation suite's settings (monim.suite.EvalConfig), or a clear error."""
-    from monim.suite import EvalConfig
+    """The evaluation suite's settings (monim.evaluation.suite.EvalConfig), or a clear error."""
+    from monim.evaluation.suite import EvalConfig
 
     for path in (text, qa):
         if path is not None and not path.is_file():
@@ -241,7 +241,7 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
 
 def learning_options(command):
     """Give a learning command the run's settings as options (one per RunConfig field, flows.cli.options)
-    and the evaluation suite's; it is called with them built: `spec` (monim.config.RunConfig),
+    and the evaluation suite's; it is called with them built: `spec` (monim.core.config.RunConfig),
     `evaluation` (None: nothing to measure), and `source`, `start`, `end`, `workdir`, `tracking_uri`,
     `wait`, `as_json` as given."""
     own, shared, settings = inspect.signature(command), inspect.signature(_spec_options), field_options()
@@ -272,7 +272,7 @@ def run_spec(policy: str = "monim-amt", source: str = "", workdir: Path = Path("
     from pydantic import ValidationError
 
     from flows.cli.options import given_fields
-    from monim.config import RunConfig
+    from monim.core.config import RunConfig
 
     given = given_fields(options)
     if "review" not in given and options.get("text") is not None and options.get("text_chars"):

@@ -4,10 +4,10 @@ trained again). No Prefect run: a check is quick and leaves nothing behind."""
 
 from __future__ import annotations
 
-from monim.fsck import check_memory, check_records
-from monim.workdirs import memories
-from tasks.registry import register_state, registered_model, stale_champion
-from tasks.store import check_steps, tracking_uri as resolve_tracking_uri
+from monim.storage.fsck import check_memory, check_records
+from monim.storage.workdirs import memories
+from tasks.tracking.registry import register_state, registered_model, stale_champion
+from tasks.tracking.store import check_steps, tracking_uri as resolve_tracking_uri
 
 
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:
@@ -20,7 +20,7 @@ def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = 
 
 def _retrain(ds) -> None:
     """A damaged last calibrator trained again (torch and the calibrator loaded only for this repair)."""
-    from monim.calibration import retrain_calibrator
+    from monim.learning.recalibration import retrain_calibrator
 
     retrain_calibrator(ds)
 

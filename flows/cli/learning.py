@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-import flows.cli.servers as servers
-from monim import catalogue  # names and help only: no torch
+import flows.servers.local as servers
+from monim.core import catalogue  # names and help only: no torch
 from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, day, emit, fail,
                               learning_options, prefect_home, table, use_tracking, use_workdir)
 
 if TYPE_CHECKING:
-    from monim.config import RunConfig
-    from monim.suite import EvalConfig
+    from monim.core.config import RunConfig
+    from monim.evaluation.suite import EvalConfig
 
 # what each policy achieved, then what it cost (two tables: each fits 80 columns)
 SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "ppl_novel", "accuracy"]
@@ -24,31 +24,13 @@ COST_COLUMNS = ["policy", "MB", "learning s/day", "scoring s/1k tokens", "LM tok
 
 
 def preflight(spec: RunConfig, policies: list[str]) -> None:
-    """Refuse, before any work, a work directory whose memories another model learned (one model per
-    work directory), or a memory to learn into that was learned with other settings (naming the fields)."""
-    from monim.catalogue import MEMORY
-    from monim.config import DEFAULT_MODEL
-    from monim.manifest import ManifestError, read_manifest
-    from monim.workdirs import memories, memory_root
-    from monim.settings import Settings, SettingsMismatch, refuse_other
+    """Refuse, before any work, another model or other settings (monim.run.refuse_others), in one line."""
+    from monim.core.manifest import ManifestError, MemoryMismatch
+    from monim.run import refuse_others
+    from monim.storage.memory_settings import SettingsMismatch
 
-    from monim.datastore import Datastore
-    from monim.lm import cached_lm
-    from monim.manifest import MemoryMismatch
-
-    model = spec.model or DEFAULT_MODEL
-    for root in memories(spec.workdir):
-        with clear_errors(ManifestError):
-            built = read_manifest(root / "manifest.json")["model"]
-        if built != model:
-            raise fail(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
-    for policy in policies:
-        run = spec.model_copy(update={"policy": policy})
-        root = memory_root(run.workdir, run.name)
-        if run.kind == MEMORY and (root / "manifest.json").exists():
-            with clear_errors(SettingsMismatch, MemoryMismatch):
-                refuse_other(read_manifest(root / "manifest.json"), model, Settings.of(run), where=root)
-                Datastore.for_lm(root, cached_lm(spec.model, spec.dtype))  # its weights (loaded once, kept)
+    with clear_errors(ManifestError, SettingsMismatch, MemoryMismatch):
+        refuse_others(spec, policies)
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
@@ -70,7 +52,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
     from flows.cli.common import run_spec
-    from monim.stream import DEMO_STREAM
+    from monim.data.stream import DEMO_STREAM
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
     dates = check_source(spec, None, None, ["fullmem", "monim-amt"])[:days]
@@ -98,7 +80,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
           ) -> None:
     """Learn the stream's days from START to END into the work directory with one policy (then
     run the evaluation suite on it if asked); days learned or forgotten are not learned again."""
-    from monim.workdirs import memory_root, memory_status
+    from monim.storage.workdirs import memory_root, memory_status
 
     relearn = [day(d).isoformat() for d in relearn or []]
     check_source(spec, start, end, [spec.policy], relearn)
@@ -139,7 +121,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
 
 
 def started(server, *args) -> Popen:
-    """A server from `flows.cli.servers`, or a clean exit saying why it did not start."""
+    """A server from `flows.servers.local`, or a clean exit saying why it did not start."""
     try:
         return server(*args)
     except RuntimeError as e:
@@ -191,8 +173,8 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
 
 
 def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
-    from tasks.store import tracking_uri
-    from tasks.tracking import ui_links
+    from tasks.tracking.store import tracking_uri
+    from tasks.tracking.runs import ui_links
 
     console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
     for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):

@@ -1,4 +1,4 @@
-"""The learning commands' options, made from RunConfig's fields (monim.config): a setting has one name
+"""The learning commands' options, made from RunConfig's fields (monim.core.config): a setting has one name
 in Python, in a deployment's `run` parameter and on the command line (`merge_k` is `--merge-k`), its
 field's description as help and its field's default."""
 
@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from monim.config import SOURCES, CalibratorConfig, RunConfig
+from monim.core.config import SOURCES, CalibratorConfig, RunConfig
 
 SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
 # fields a command sets itself (source, workdir, policy) or a comparison does (followed_memrate); the

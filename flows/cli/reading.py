@@ -14,14 +14,13 @@ from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, 
                               use_workdir)
 
 
-
 def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
            source: Optional[str] = typer.Option(None, "--source", help="The feed the memory learned: name the articles "
                                                 "each learned day got after it was learned (late, not learned)."),
            as_json: bool = AS_JSON) -> None:
     """Days committed, tokens seen, entries, MemRate and bytes of the work directory's memories, what
     each forgot (when, why), and the days, tokens trained and bytes of its parametric learners' weights."""
-    from monim.workdirs import status as workdir_status
+    from monim.status import status as workdir_status
 
     found = workdir_status(workdir)
     memories, weights = found["memories"], found["weights"]
@@ -49,9 +48,9 @@ def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
 def late_articles(root: Path, source: str) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
-    from monim.datastore import Datastore
-    from monim.plan import arrivals
-    from monim.sources import StreamError
+    from monim.storage.datastore import Datastore
+    from monim.storage.plan import arrivals
+    from monim.data.sources import StreamError
 
     with clear_errors(FileNotFoundError, StreamError):
         late = arrivals(source, Datastore.read(root).evaluations())
@@ -76,8 +75,8 @@ def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Opt
     """PPL and next-word accuracy of the LM alone and with a memory (as of a past day, if asked) on a
     source's articles (overall and per period), a text file, and multiple-choice questions, by the
     evaluation suite's rules."""
-    from monim.sources import StreamError
-    from monim.suite import evaluate_memory
+    from monim.data.sources import StreamError
+    from monim.evaluation.suite import evaluate_memory
 
     if source is None and text is None and qa is None:
         raise fail("give --source (with --start/--end), --text or --qa")
@@ -105,7 +104,7 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
              constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
              as_json: bool = AS_JSON) -> None:
     """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
-    from monim.generate import GenerateConfig, generate as generate_text
+    from monim.serving.generate import GenerateConfig, generate as generate_text
 
     with clear_errors(ValueError):
         cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed, retrieve=retrieve)
@@ -134,7 +133,7 @@ def report(workdir: Path = WORKDIR,
     """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
     use_workdir(workdir, api=False)  # a plain function: no Prefect run, no server
     from flows.report import write_report
-    from tasks.store import tracking_uri as resolve
+    from tasks.tracking.store import tracking_uri as resolve
 
     with clear_errors(ValueError):
         path, _ = write_report(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
@@ -163,10 +162,10 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    from flows.cli.model_server import SERVED, Follower, serve
-    from monim.serving import Limits, Service
-    from tasks.registry import find_version, load_theta
-    from tasks.store import tracking_uri as resolve
+    from flows.servers.model import SERVED, Follower, serve
+    from monim.serving.service import Limits, Service
+    from tasks.tracking.registry import find_version, load_theta
+    from tasks.tracking.store import tracking_uri as resolve
 
     if follow_seconds <= 0:
         raise fail(f"--follow-seconds: {follow_seconds:g}; give a number of seconds above 0")

@@ -9,11 +9,10 @@ from typing import Optional
 
 import typer
 
-import flows.cli.servers as servers
+import flows.servers.local as servers
 from flows.cli.common import (AS_JSON, POLICY, TRACKING, WORKDIR, clear_errors, console, day, emit, fail, memory_dir,
                               table, use_workdir)
 from flows.cli.learning import print_links, started
-
 
 
 def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
@@ -43,10 +42,10 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
 
 
 def forgotten_log(workdir: Path) -> list[dict]:
-    """What each memory forgot (monim.forgotten), one row per forget; a manifest that cannot be read is fsck's problem."""
-    from monim.forgotten import summary
-    from monim.manifest import ManifestError, read_manifest
-    from monim.workdirs import memories
+    """What each memory forgot (monim.storage.forgotten), one row per forget; a manifest that cannot be read is fsck's problem."""
+    from monim.storage.forgotten import summary
+    from monim.core.manifest import ManifestError, read_manifest
+    from monim.storage.workdirs import memories
 
     rows = []
     for root in memories(workdir):
@@ -63,7 +62,7 @@ def gc(workdir: Path = WORKDIR,
                                               "many GB."),
        as_json: bool = AS_JSON) -> None:
     """Clean the work directory's feature store (memories are never touched)."""
-    from monim.features import gc as clean
+    from monim.lm.features import gc as clean
 
     if keep_days is None and max_gb is None:
         raise fail("give --keep-days N and/or --max-gb X")
@@ -87,9 +86,9 @@ def forget(workdir: Path = WORKDIR,
     memory's state again, the champion moving to it where it held what was forgotten (a running
     `monim serve-model` follows within its --follow-seconds). The feed still holds the articles, and
     the registry's older versions that held them are refused at load."""
-    from monim.datastore import Datastore
-    from monim.memory import Memory
-    from monim.workdirs import memories, write_view
+    from monim.storage.datastore import Datastore
+    from monim.theta.memory import Memory
+    from monim.storage.workdirs import memories, write_view
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
@@ -118,10 +117,10 @@ def forget(workdir: Path = WORKDIR,
 
 
 def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optional[str] = None) -> dict | None:
-    """A memory's state registered again (tasks.registry.register_state); None where it has no registered model."""
+    """A memory's state registered again (tasks.tracking.registry.register_state); None where it has no registered model."""
     use_workdir(workdir, api=False)
-    from tasks.registry import register_state, registered_model
-    from tasks.store import tracking_uri
+    from tasks.tracking.registry import register_state, registered_model
+    from tasks.tracking.store import tracking_uri
 
     uri = tracking_uri(str(workdir), tracking)
     if registered_model(uri, root) is None:  # learned without MLflow: nothing registered to follow
@@ -153,10 +152,10 @@ def register(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
 
 def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn, *args) -> dict:
-    """A tasks.registry function on the memory's registered model, or a clear error."""
+    """A tasks.tracking.registry function on the memory's registered model, or a clear error."""
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
-    from tasks.store import tracking_uri
+    from tasks.tracking.store import tracking_uri
 
     with clear_errors(ValueError):
         return fn(tracking_uri(str(workdir), tracking), root, *args)
@@ -166,7 +165,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
             version: Optional[str] = typer.Option(None, "--version", help="The version to serve (default: the newest)."),
             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Point the registered model's `champion` alias at a version by hand (`previous` keeps the old one)."""
-    from tasks.registry import promote as promote_version
+    from tasks.tracking.registry import promote as promote_version
 
     result = _registry_call(workdir, policy, tracking_uri, promote_version, version)
     console.print(f"{result['model']}: champion is version {result['champion']} (previous: {result['previous']})")
@@ -176,7 +175,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 def rollback(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, tracking_uri: Optional[str] = TRACKING,
              as_json: bool = AS_JSON) -> None:
     """Move `champion` back to the `previous` version."""
-    from tasks.registry import rollback as rollback_version
+    from tasks.tracking.registry import rollback as rollback_version
 
     result = _registry_call(workdir, policy, tracking_uri, rollback_version)
     console.print(f"{result['model']}: champion is version {result['champion']} again")

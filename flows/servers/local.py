@@ -1,0 +1,163 @@
+"""The local servers monim starts: the Prefect API of one command, and the Prefect and MLflow
+servers of `monim serve` and `monim ui`. Each is tied to the monim process that started it: it is
+stopped when monim exits, and on Linux the kernel stops it if monim dies (even by kill -9)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from monim.core.atomic import sqlite_damage
+from monim.core.lock import hold
+
+BIN = Path(sys.executable).parent
+
+
+def free_port(preferred: int | None = None) -> int:
+    """The preferred port if nothing listens there, else any free one."""
+    if preferred:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", preferred)) != 0:
+                return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dies_with(parent: int):
+    """A child's preexec: the kernel sends it SIGTERM when `parent` dies (Linux PR_SET_PDEATHSIG)."""
+
+    def preexec() -> None:
+        if sys.platform == "linux":
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl
+                os._exit(0)
+
+    return preexec
+
+
+def start(cmd: list[str], health: str, timeout: float = 120, env: dict | None = None) -> subprocess.Popen:
+    """Start a server in its own session (Ctrl-C reaches monim, which stops it) that dies with this
+    process, and wait until it answers."""
+    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"} | (env or {})
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{Path(cmd[0]).name} exited with status {proc.returncode}")
+        try:
+            urllib.request.urlopen(health, timeout=2)
+            return proc
+        except OSError:
+            time.sleep(1)
+    stop([proc])
+    raise RuntimeError(f"{health} did not answer within {timeout:.0f} s")
+
+
+def prefect_server(port: int) -> subprocess.Popen:
+    """A Prefect server (API and UI) on 127.0.0.1:port, once it answers."""
+    api = f"http://127.0.0.1:{port}/api"  # the UI's own: else it calls the default port's API
+    return start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 f"{api}/health", env={"PREFECT_UI_API_URL": api})
+
+
+def prefect_api(attempts: int = 3) -> str:
+    """A Prefect API for this process alone (what Prefect's temporary server is, without its UI),
+    stopped when this process exits or dies; its URL. Two commands on one work directory share its
+    database: they start their APIs one after the other (the first creates the schema)."""
+    env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    home = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
+    if (db := home / "prefect.db").exists() and (damage := sqlite_damage(db)):
+        raise RuntimeError(f"{db}: Prefect's database is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
+                           "the memories and MLflow do not depend on it")
+    with hold(home / ".api-start.lock"):
+        for attempt in range(attempts):
+            port = free_port()
+            try:
+                proc = start([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                             f"http://127.0.0.1:{port}/api/health", env=env)
+                break
+            except RuntimeError:  # e.g. the port was taken meanwhile
+                if attempt == attempts - 1:
+                    raise
+    atexit.register(stop, [proc])
+    return f"http://127.0.0.1:{port}/api"
+
+
+def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
+    """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
+    from tasks.tracking.store import ensure_store  # not at the top: MLflow loads where a server starts
+
+    store = f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
+    ensure_store(store)
+    return start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                  "--backend-store-uri", store,
+                  "--artifacts-destination", str((workdir / "mlartifacts").resolve())],
+                 f"http://127.0.0.1:{port}/health")
+
+
+GRACE = 8.0  # seconds a stop may take before the process ends itself (commits are atomic: nothing is lost)
+
+
+def interruptible() -> None:
+    """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped;
+    whatever swallows it, the process ends GRACE seconds after the signal."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
+
+
+def _stop(signum: int, frame) -> None:
+    _end_soon(signum)
+    raise KeyboardInterrupt
+
+
+def _end_soon(signum: int) -> None:
+    """End the process GRACE seconds from now (once), unless it has ended by then: a stop that code on
+    the way swallowed (a signal delivered inside a finalizer or a callback) still stops."""
+    global _ending
+    if _ending is None:
+        _ending = threading.Timer(GRACE, os._exit, (128 + signum,))  # its children die with it (PR_SET_PDEATHSIG)
+        _ending.daemon = True
+        _ending.start()
+
+
+_ending: threading.Timer | None = None
+
+
+def guard_prefect_stops() -> None:
+    """While a flow runs, Prefect's own SIGTERM handler is installed (it raises TerminationSignal,
+    which can be swallowed: a run went on to its end): it is made to set the same deadline first."""
+    from prefect.utilities import engine
+
+    original = engine._prefect_sigterm_handler
+    if getattr(original, "ends_soon", False):
+        return
+
+    def handler(signum: int, *args: object):
+        _end_soon(signum)
+        original(signum, *args)
+
+    handler.ends_soon = True
+    engine._prefect_sigterm_handler = handler
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGINT, then a kill after 20 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()

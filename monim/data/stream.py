@@ -1,0 +1,371 @@
+"""News streams: a source's records, day by day, each day split 98/1/1 into train, validation and test.
+
+A stream refuses (or, with on_error="skip", skips and counts) what it cannot trust: a bad record, an
+id met twice, a record dated after today. A late record (one out of date order, dated before a record
+above it) is no error: it is counted and named in the day it is read with, never learned, and never
+blocks a run. A feed with no article for the day to learn, past a lag, has stalled (FeedStalled).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Mapping
+
+from monim.data import dedup
+from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
+from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class Day:
+    """One streaming day, split into train / validation / test documents."""
+
+    date: dt.date
+    train: list[Document]
+    validation: list[Document]
+    test: list[Document]
+    skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
+    duplicates: int = 0  # documents dropped because an earlier one that day had the same text
+    groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
+    capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
+    truncated: int = 0  # articles cut to a cap on tokens an article
+    titles_cut: int = 0  # headlines cut to monim.data.sources.TITLE_CAP characters at ingest
+    texts_cut: int = 0  # articles cut to monim.data.sources.TEXT_CAP characters at ingest
+    late: list[tuple[str, str]] = field(default_factory=list)  # (id, date) of late records read with the day, not learned
+    ids: tuple[str, ...] = ()  # every article's id the day read (repeats and capped ones too): what a memory knows
+
+    @property
+    def twin_groups(self) -> int:
+        """Near-duplicate groups of two or more articles this day (monim.data.dedup)."""
+        return sum(n > 1 for n in Counter(self.groups.values()).values())
+
+    def capped(self, max_docs: int | None) -> Day:
+        """The day with its first `max_docs` training articles only (None: all); the rest are counted in `capped`."""
+        if max_docs is None or len(self.train) <= max_docs:
+            return self
+        return replace(self, train=self.train[:max_docs], capped_out=self.capped_out + len(self.train) - max_docs)
+
+    def truncate(self, max_tokens: int | None, cut: Callable[[str, int], str]) -> Day:
+        """The day with every article longer than `max_tokens` tokens cut to them (`cut(text, n)`: its
+        first n tokens), counted in `truncated`."""
+        if max_tokens is None:
+            return self
+        long = {d.id for split in SPLITS for d in self.split(split) if len(d.text) > max_tokens}  # a token has a character
+        cuts = {d.id: cut(d.text, max_tokens) for split in SPLITS for d in self.split(split) if d.id in long}
+        cuts = {i: text for i, text in cuts.items() if text is not None}
+
+        def shorter(docs: list[Document]) -> list[Document]:
+            return [replace(d, text=cuts[d.id]) if d.id in cuts else d for d in docs]
+
+        return replace(self, train=shorter(self.train), validation=shorter(self.validation), test=shorter(self.test),
+                       truncated=self.truncated + len(cuts))
+
+    def split(self, name: str) -> list[Document]:
+        """The documents of one split by name."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
+        return getattr(self, name)
+
+    def __len__(self) -> int:
+        return len(self.train) + len(self.validation) + len(self.test)
+
+    def counts(self) -> dict[str, int]:
+        """Articles per split, what reading the day dropped, skipped or grouped, and the records it read
+        (`records`: each in exactly one of the counts named in COUNTED)."""
+        counts = {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
+                  "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
+                  "capped": self.capped_out, "truncated": self.truncated, "titles_cut": self.titles_cut,
+                  "texts_cut": self.texts_cut, "late": len(self.late)}
+        return counts | {"records": records(counts)}
+
+
+def _rank(seed: int, doc_id: str) -> bytes:
+    return hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()
+
+
+def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
+              groups: list[int] | None = None) -> tuple[list, list, list]:
+    """Train / validation / test: the groups whose hash of (seed, first doc's id) ranks lowest are
+    held out, a near-duplicate group (`groups`: a label per doc) always whole in one split.
+
+    Each held-out split takes `heldout` of the day (1%), and at least one document when the day
+    has three or more (a group that does not fit goes to train, unless the split is still empty);
+    documents keep their source order within a split.
+    """
+    k = max(1, round(heldout * len(docs))) if len(docs) >= 3 else 0
+    labels = list(range(len(docs))) if groups is None else groups
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(labels):
+        members.setdefault(g, []).append(i)
+    ranked = sorted(members.values(), key=lambda m: _rank(seed, docs[m[0]].id))
+    role, room = {}, {"validation": k, "test": k}
+    for group in ranked:
+        split = next((s for s, r in room.items() if r > 0 and (len(group) <= r or r == k)), None)
+        if split is None:
+            continue
+        room[split] -= len(group)
+        role |= {i: split for i in group}
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    for i, doc in enumerate(docs):
+        out[role.get(i, "train")].append(doc)
+    return out["train"], out["validation"], out["test"]
+
+
+def _make_day(gathered: Gathered, seed: int) -> Day:
+    """A day from its documents: exact repeats of a text dropped, near-duplicates grouped (and kept
+    in one split, else a copy of a test article could be memorized), the caps met at ingest counted."""
+    docs, seen, unique = gathered.docs, set(), []
+    for doc in docs:
+        digest = hashlib.sha256(doc.text.strip().encode()).digest()
+        if digest not in seen:
+            seen.add(digest)
+            unique.append(doc)
+    labels = dedup.twin_groups([d.text for d in unique])
+    groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
+    cut = Counter(name for d in docs for name in d.cut)
+    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped,
+               duplicates=len(docs) - len(unique), groups=groups, titles_cut=cut["title"], texts_cut=cut["text"],
+               late=gathered.late, ids=tuple(d.id for d in docs))
+
+
+FUTURE_DAYS = 1  # a record dated more than this many days after today (by the clock) is a mis-dated one
+
+
+def latest_date() -> dt.date:
+    """The last date a record may have: today, with FUTURE_DAYS for time zones and late clocks."""
+    return dt.date.today() + dt.timedelta(days=FUTURE_DAYS)
+
+
+Known = Mapping[str, tuple[str, str]]  # doc id -> (the day a memory read it, what it did: "<memory> learned")
+
+
+@dataclass
+class Gathered:
+    """The records a day counts: its documents, its bad records skipped, its late records (id, date)."""
+
+    date: dt.date
+    docs: list[Document] = field(default_factory=list)
+    skipped: int = 0
+    late: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        """The records the day counts: its documents, bad records and late ones."""
+        return len(self.docs) + self.skipped + len(self.late)
+
+    def after(self, read: int, late: int) -> list[tuple[str, str]]:
+        """(id, date) of the records past the first `read` articles and `late` late records: what the day
+        got after it was learned with those (a feed is appended to at its end)."""
+        return [(d.id, d.date.isoformat()) for d in self.docs[read:]] + self.late[late:]
+
+    def fold(self, earlier: Gathered) -> None:
+        """Count a day without articles (bad or late records only) with this one, the next day learned."""
+        self.skipped += earlier.skipped
+        self.late = earlier.late + self.late
+
+
+def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
+                   known: Known | None = None) -> Iterator[Gathered]:
+    """What each day from start to end counts, in date order, every record of the range in exactly one
+    day (read whole or day by day through the day index alike):
+
+    - a record with a readable date counts for that day, good or bad; one dated before a record above
+      it (late) counts for the day being read, named in its `late` if good (never learned, no error);
+    - a record without a readable date (malformed, or dated after today) counts for the day of the
+      next dated record, at the source's end for the last day: so the day index, which starts a day
+      right after the previous dated line, begins each day's range with them.
+
+    Bad records: an unreadable record, a record dated after today, an id met a second time, and an id
+    that `known` holds from another day (a memory's: learned or forgotten there). They raise
+    StreamError once counted for a day in the range, or with on_error="skip" count in its `skipped`;
+    a bad record beyond `end` refuses nothing. A day may have no documents (only bad or late records)."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    day: Gathered | None = None
+    pending: list[BadRecord] = []  # records without a readable date, for the next dated record's day
+    last: dt.date | None = None  # the latest date met
+    first_at: dict[str, str] = {}  # id -> where it was met first
+    known = known or {}
+
+    def count(bad: list[BadRecord]) -> None:
+        if bad and on_error == "raise":
+            raise StreamError(str(bad[0]))
+        day.skipped += len(bad)
+
+    for rec in source.records(start):
+        if not isinstance(rec, BadRecord) and rec[1].date > latest_date():
+            rec = BadRecord(rec[0], "date", f"{rec[1].date} is after today ({dt.date.today()}): a mis-dated record")
+        date = rec.date if isinstance(rec, BadRecord) else rec[1].date
+        if date is None:
+            pending.append(rec)
+            continue
+        if last is not None and date < last:  # out of date order: the day being read counts it
+            if day is None:  # before `start`: another day's
+                pending = []
+                continue
+            count(pending)
+            pending = []
+            rec = _repeated(rec, first_at, {})
+            if isinstance(rec, BadRecord):
+                count([rec])
+            else:
+                day.late.append((rec[1].id, rec[1].date.isoformat()))
+            continue
+        last = date
+        if start is not None and date < start:
+            pending = []
+            continue
+        if end is not None and date > end:
+            break  # the next day's, and the records without a date before it
+        if day is None or date != day.date:
+            if day is not None:
+                yield day
+            day = Gathered(date)
+        count(pending)
+        pending = []
+        rec = _repeated(rec, first_at, known)
+        if isinstance(rec, BadRecord):
+            count([rec])
+        else:
+            day.docs.append(rec[1])
+    else:  # the source's end: what has no date yet is the last day's (refused, where no day takes it)
+        if day is not None:
+            count(pending)
+        elif pending and on_error == "raise":
+            raise StreamError(str(pending[0]))
+    if day is not None:
+        yield day
+
+
+def _repeated(rec: Record, first_at: dict[str, str], known: Known) -> Record:
+    """The record, or a BadRecord where its id was met before in this read or a memory holds it from
+    another day (its date kept: it counts for its day)."""
+    if isinstance(rec, BadRecord):
+        return rec
+    where, doc = rec
+    if doc.id in first_at and first_at[doc.id] != where:
+        return BadRecord(where, "id", f"{doc.id!r} again: {first_at[doc.id]} has the same id", doc.date)
+    held = known.get(doc.id)
+    if held is not None and held[0] != doc.date.isoformat():
+        return BadRecord(where, "id", f"{doc.id!r} again: {held[1]} an article of {held[0]} with this id (an id names "
+                                      "one article)", doc.date)
+    first_at.setdefault(doc.id, where)
+    return rec
+
+
+def _articled(days: Iterator[Gathered]) -> Iterator[Gathered]:
+    """The days with articles, each counting the days without any just before it (folded into it)."""
+    carry = None
+    for gathered in days:
+        if carry is not None:
+            gathered.fold(carry)
+        carry = None if gathered.docs else gathered
+        if gathered.docs:
+            yield gathered
+
+
+def iter_days(
+    source: Source,
+    start: dt.date | None = None,
+    end: dt.date | None = None,
+    seed: int = 0,
+    on_error: Literal["raise", "skip"] = "raise",
+    known: Known | None = None,
+) -> Iterator[Day]:
+    """The source's days with articles from `start` to `end` (inclusive), in date order, one day in memory.
+
+    A bad record raises StreamError, or with on_error="skip" is skipped and counted in the `skipped`
+    of its day (monim.data.stream._day_documents says which); a day without articles counts with the next
+    day that has some. A late record (out of date order) is no error: it is named in the `late` of the
+    day whose records it follows, not learned. An id `known` to a memory from another day is a bad
+    record. A text repeated within a day is kept once (counted in `duplicates`); near-duplicates are
+    grouped (`groups`).
+    """
+    for gathered in _articled(_day_documents(source, start, end, on_error, known)):
+        yield _make_day(gathered, seed)
+
+
+def read_range(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+               on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None,
+               known: Known | None = None) -> Iterator[Gathered]:
+    """Every record from start to end, read once, a day with articles at a time (StreamError at the
+    first bad one, naming its file, line and field, unless skipped)."""
+    list_dates(source, start, end, on_error, fields)  # days after today refused by the day index, before reading
+    return _articled(_day_documents(open_source(source, fields), start, end, on_error, known))
+
+
+def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+                  on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None,
+                  known: Known | None = None) -> list[dt.date]:
+    """Read every record from start to end before any work (read_range); the dates with articles."""
+    return [g.date for g in read_range(source, start, end, on_error, fields, known)]
+
+
+def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
+             fields: Fields | None = None, since: dt.date | None = None, known: Known | None = None) -> Day | None:
+    """One day of a source, or None when it has no articles that day. `since`: the first day after the
+    run's previous day with articles, whose records (bad or late only) this day counts too."""
+    days = iter_days(open_source(source, fields), since or date, date, seed, on_error, known)
+    return next((d for d in days if d.date == date), None)
+
+
+def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
+               on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[dt.date]:
+    """The dates between start and end (inclusive) on which the source has articles. Dates after
+    today are refused (StreamError), or with on_error="skip" left out."""
+    src = open_source(source, fields)
+    indexed = src.dates()
+    if indexed is None:  # no day index: read through (a record dated after today is a bad record there)
+        return [g.date for g in _articled(_day_documents(src, start, end, on_error))]
+    future = [d for d in indexed if d > latest_date() and (end is None or d <= end)]
+    if future and on_error == "raise":
+        raise StreamError(f"{source}: field 'date': {len(future)} day(s) after today ({dt.date.today()}), from "
+                          f"{future[0]}: mis-dated records (skip them: on_error=\"skip\", `--on-error skip`)")
+    return [d for d in indexed if (start is None or d >= start) and (end is None or d <= end) and d <= latest_date()]
+
+
+class FeedStalled(RuntimeError):
+    """The feed has no article for the day the daily run should learn, nor for the lag allowed before it."""
+
+
+def check_feed(source: str | Path, day: dt.date, max_lag: int, on_error: Literal["raise", "skip"] = "raise",
+               fields: Fields | None = None) -> dt.date:
+    """The feed's last date with articles, at most `max_lag` days before `day` (the day to learn); else
+    FeedStalled naming the feed, its last date and how many days it lags."""
+    dates = list_dates(source, None, None, on_error, fields)
+    if not dates:
+        raise FeedStalled(f"{source}: the feed has no articles at all (the day to learn is {day})")
+    lag = (day - dates[-1]).days
+    if lag > max_lag:
+        raise FeedStalled(f"{source}: the feed has stalled: its last article is dated {dates[-1]}, {lag} days before "
+                          f"{day}, the day to learn (max_feed_lag {max_lag})")
+    return dates[-1]
+
+
+READ = ("train", "validation", "test", "duplicates", "capped")  # the counts that add up to a day's articles in the feed
+COUNTED = (*READ, "skipped", "late")  # the counts that add up to every record a day read, each in one
+
+
+def records(counts: dict, prefix: str = "") -> int:
+    """How many records a day read, from its counts (or a run's row: keys with `prefix`)."""
+    return sum(counts.get(prefix + k, 0) for k in COUNTED)
+
+
+def articles(counts: dict, prefix: str = "") -> int:
+    """How many articles a day had in the feed, from its counts() (or a run's row: keys with `prefix`)."""
+    return sum(counts.get(prefix + k, 0) for k in READ)
+
+
+def arrived_after(source: str | Path, date: dt.date, read: int, late: int, on_error: Literal["raise", "skip"] = "raise",
+                  fields: Fields | None = None) -> list[tuple[str, str]]:
+    """(id, date) of a learned day's records that came after it was learned, when it had `read` articles
+    and `late` late records: those past them in the feed's order (a feed is appended to at its end)."""
+    for gathered in _day_documents(open_source(source, fields), date, date, on_error):
+        return gathered.after(read, late)
+    return []

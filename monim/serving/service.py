@@ -1,0 +1,314 @@
+"""Serving Θ to many callers: requests checked against documented limits (each refusal names the
+field and the limit), one worker thread that alone runs Θ (concurrent texts are scored together in
+one LM pass, concurrent prompts decoded together, a token of each a step), and work bounded in time:
+a request that waits or runs past its budget, or whose caller is gone, stops and says so. Another Θ,
+loaded whole elsewhere, is swapped in by the worker between requests: every request is answered by one Θ.
+
+A request is MLflow's scoring format: {"dataframe_records": [{"text": ...} | {"prompt": ...}, ...],
+"params": {"max_new_tokens", "temperature", "top_p", "seed", "sources"}}. A `text` row gets Θ's
+perplexity (and the LM's alone), a `prompt` row a continuation with λ per token and sources.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
+
+from monim.evaluation.evaluate import score_texts
+from monim.serving.generate import Decoder, GenerateConfig, Row
+from monim.theta.memory import Memory
+from monim.data.sources import Document
+
+log = logging.getLogger(__name__)
+ROW_FIELDS = ("text", "prompt")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (the server's defaults, documented in the README)."""
+
+    max_rows: int = 32  # rows per request
+    max_chars: int = 20_000  # characters per text or prompt
+    max_new_tokens: int = 256  # tokens a prompt may ask for
+    seconds: float = 60.0  # per request, waiting included: a continuation stops there and answers with what it wrote
+
+
+class BadRequest(ValueError):
+    """A request monim will not answer: the message names the field (and the limit)."""
+
+
+class Busy(RuntimeError):
+    """The request waited past its time budget before Θ was free (answered 503: try again)."""
+
+
+@dataclass
+class Request:
+    """A checked request: its rows as (field, value) and how prompts are continued."""
+
+    rows: list[tuple[str, str]]
+    generation: GenerateConfig
+    retrieve: frozenset[int] = frozenset()  # the prompt rows asking for the best article before them ("retrieve": true)
+
+
+def _param(name: str, value, kind: type):
+    """A param of the right type, or a BadRequest naming it (a bool is no number; sources takes either)."""
+    if name == "sources" and isinstance(value, bool):
+        return 3 if value else 0
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
+    if not ok:
+        raise BadRequest(f"params.{name}: expected {'a whole number' if kind is int else 'a number'}"
+                         f"{' or true/false' if name == 'sources' else ''}, got {value!r}")
+    return kind(value)
+
+
+def parse(body: object, limits: Limits) -> Request:
+    """A request body checked against the limits; unknown fields and params are refused by name."""
+    if not isinstance(body, dict):
+        raise BadRequest("send a JSON object: {\"dataframe_records\": [{\"text\": ...} or {\"prompt\": ...}], \"params\": {...}}")
+    unknown = sorted(set(body) - {"dataframe_records", "params"})
+    if unknown:
+        raise BadRequest(f"unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: send "
+                         "'dataframe_records' (and optionally 'params')")
+    records = body.get("dataframe_records")
+    if not isinstance(records, list) or not records:
+        raise BadRequest("dataframe_records: send a list of one or more rows, each {\"text\": ...} (to score) or "
+                         "{\"prompt\": ...} (to continue)")
+    if len(records) > limits.max_rows:
+        raise BadRequest(f"dataframe_records: {len(records)} rows; at most {limits.max_rows} a request")
+    rows = [_row(i, r, limits) for i, r in enumerate(records)]
+    retrieve = frozenset(i for i, r in enumerate(records) if r.get("retrieve"))
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"params: expected an object, got {type(params).__name__}")
+    kinds = {f.name: f.type for f in fields(GenerateConfig) if f.name not in ("keep_distributions", "retrieve")}
+    unknown = sorted(set(params) - set(kinds))
+    if unknown:
+        raise BadRequest(f"params: unknown {', '.join(map(repr, unknown))}; known: {', '.join(kinds)}")
+    values = {k: _param(k, v, float if kinds[k] in ("float", float) else int) for k, v in params.items()}
+    if values.get("max_new_tokens", 0) > limits.max_new_tokens:
+        raise BadRequest(f"params.max_new_tokens: {values['max_new_tokens']}; at most {limits.max_new_tokens}")
+    try:
+        return Request(rows, GenerateConfig(**values), retrieve)
+    except ValueError as e:
+        raise BadRequest(f"params: {e}") from None
+
+
+def _row(i: int, row: object, limits: Limits) -> tuple[str, str]:
+    if not isinstance(row, dict):
+        raise BadRequest(f"dataframe_records[{i}]: expected an object with 'text' or 'prompt', got {type(row).__name__}")
+    given = {k: v for k, v in row.items() if v is not None and k != "retrieve"}
+    if not isinstance(row.get("retrieve", False), bool) or row.get("retrieve") and "prompt" not in given:
+        raise BadRequest(f"dataframe_records[{i}].retrieve: true or false, on a 'prompt' row (a text is scored as the "
+                         f"model reads it), got {row.get('retrieve')!r}")
+    unknown = sorted(set(given) - set(ROW_FIELDS))
+    if unknown or len(given) != 1:
+        what = f"unknown field {', '.join(map(repr, unknown))}" if unknown else f"got {sorted(given) or 'nothing'}"
+        raise BadRequest(f"dataframe_records[{i}]: give exactly one of 'text' (to score) or 'prompt' (to continue); {what}")
+    (name, value), = given.items()
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"dataframe_records[{i}].{name}: expected non-empty text, got {value!r}"[:200])
+    if len(value) > limits.max_chars:
+        raise BadRequest(f"dataframe_records[{i}].{name}: {len(value)} characters; at most {limits.max_chars}")
+    return name, value
+
+
+@dataclass
+class _Job:
+    """One request waiting for Θ: its rows, when it must be done, and whether its caller is still there."""
+
+    request: Request
+    deadline: float
+    cancelled: Callable[[], bool]
+    answers: list = field(default_factory=list)
+    rows: list[tuple[int, Row]] = field(default_factory=list)  # (row index, its continuation)
+    error: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_WAKE = object()  # queued by a swap: the worker installs the new Θ even when no request comes
+
+
+def now() -> str:
+    """The wall-clock time, as /health shows it."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Service:
+    """Θ (one memory as of a day) answering requests from any number of threads, on one worker;
+    `about` says what is served (shown by /health, with since when)."""
+
+    def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic,
+                 about: dict | None = None):
+        self.memory, self.limits, self.clock = memory, limits or Limits(), clock
+        self.about = dict(about or {}) | {"served_since": now()}
+        self.failing: str | None = None  # the last request's failure, until one is answered again
+        self._next: tuple[Memory, dict] | None = None
+        self._swapping = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="monim-theta", daemon=True)
+        self._stopping = False
+        self._worker.start()
+
+    def swap(self, memory: Memory, about: dict) -> None:
+        """Answer new requests with `memory` (already loaded whole); the continuations in flight end on the Θ they began with."""
+        with self._swapping:
+            self._next = (memory, about)
+        self._queue.put(_WAKE)
+
+    def _install(self) -> bool:
+        """Make the Θ handed to swap() the one that answers new requests; whether there was one."""
+        with self._swapping:
+            nxt, self._next = self._next, None
+        if nxt is None:
+            return False
+        self.memory, self.about, self.failing = nxt[0], dict(nxt[1]) | {"served_since": now()}, None
+        log.warning("now serving %s", ", ".join(f"{k} {v}" for k, v in nxt[1].items()))
+        return True
+
+    def answer(self, body: object, cancelled: Callable[[], bool] = lambda: False) -> list[dict]:
+        """The answers to a request body, in row order (BadRequest, Busy, or the failure, raised)."""
+        request = parse(body, self.limits)
+        if self._stopping:
+            raise Busy("the server is stopping")
+        job = _Job(request, self.clock() + self.limits.seconds, cancelled)
+        self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.answers
+
+    def stop(self) -> None:
+        """From now on: in-flight continuations stop at their next token, new and waiting requests are refused."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Stop, and end the worker."""
+        self.stop()
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        """The worker: between decoding steps it takes the requests that arrived (their texts scored
+        together, their prompts joining the continuations in flight), then advances every continuation
+        by one token and answers the requests whose rows are all done. A new Θ answers the requests
+        that arrive after its swap on a decoder of its own, while the continuations in flight end on
+        the old one's: every request is answered by one Θ, and none waits for a swap."""
+        decoders, running, closing = [Decoder(self.memory.lm, self.memory)], [], False  # running: (job, its decoder)
+        while not (closing and not running):
+            taken = [self._queue.get()] if not running else []
+            while not self._queue.empty():
+                taken.append(self._queue.get())
+            closing |= None in taken
+            jobs = [j for j in taken if isinstance(j, _Job)]
+            if self._install():
+                decoders.append(Decoder(self.memory.lm, self.memory))
+            if closing:
+                for j in jobs:
+                    self._finish(j, self._busy("server stopping"))
+            else:
+                running += [(j, decoders[-1]) for j in self._start(jobs, decoders[-1])]
+            for j, _ in [(j, d) for j, d in running if all(r.result for _, r in j.rows)]:
+                self._answer(j)
+            running = [(j, d) for j, d in running if not j.done.is_set()]
+            decoders = [d for d in decoders[:-1] if len(d)] + decoders[-1:]  # an old Θ's decoder, once drained, goes
+            for n, decoder in enumerate(decoders):
+                try:
+                    decoder.step()
+                except Exception as e:  # noqa: BLE001 (every continuation of this decoder failed with it)
+                    log.exception("generation failed")
+                    for j, d in running:
+                        if d is decoder:
+                            self._finish(j, e)
+                    running = [(j, d) for j, d in running if d is not decoder]
+                    decoders[n] = Decoder(decoder.lm, decoder.memory)
+
+    def _start(self, jobs: list[_Job], decoder: Decoder) -> list[_Job]:
+        """The requests still wanted and within their budget, their texts scored in one pass and their
+        prompts added to the decoder; the others refused."""
+        live = []
+        for j in jobs:
+            if j.cancelled():
+                log.warning("a request was dropped before it ran: the caller is gone")
+                self._finish(j, self._busy("caller gone"))
+            elif self._stopping:
+                self._finish(j, self._busy("server stopping"))
+            elif self.clock() > j.deadline:
+                self._finish(j, self._busy("time limit"))
+            else:
+                live.append(j)
+        try:
+            self._score(live)
+        except Exception as e:  # noqa: BLE001 (the trace is logged; the callers get the message)
+            log.exception("scoring failed")
+            for j in live:
+                self._finish(j, e)
+            return []
+        for j in live:
+            self._continue(j, decoder)
+        return live
+
+    def _score(self, jobs: list[_Job]) -> None:
+        """Every text row of these requests, scored in one pass of the LM."""
+        docs = {(n, i): Document(f"{n}/{i}", dt.date.min, value) for n, j in enumerate(jobs)
+                for i, (kind, value) in enumerate(j.request.rows) if kind == "text"}
+        scores = score_texts(self.memory.lm, list(docs.values()), self.memory) if docs else {}
+        for n, j in enumerate(jobs):
+            j.answers = [None] * len(j.request.rows)
+            for i, (kind, _) in enumerate(j.request.rows):
+                if kind == "text":
+                    r = scores[f"{n}/{i}"]
+                    if not r["tokens"]:
+                        j.error = BadRequest(f"dataframe_records[{i}].text: a single token; a perplexity needs two")
+                    j.answers[i] = {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
+
+    def _continue(self, job: _Job, decoder: Decoder) -> None:
+        """The request's prompts join the continuations in flight; each stops at the request's deadline,
+        when its caller leaves, or when another of its prompts was refused."""
+        def stop() -> str | None:
+            if job.error is not None:
+                return "request refused"
+            if self._stopping:
+                return "server stopping"
+            if job.cancelled():
+                return "caller gone"
+            return f"time limit ({self.limits.seconds:g} s)" if self.clock() > job.deadline else None
+
+        for i, (kind, value) in enumerate(job.request.rows):
+            if kind == "prompt" and job.error is None:
+                try:
+                    cfg = replace(job.request.generation, retrieve=True) if i in job.request.retrieve else job.request.generation
+                    job.rows.append((i, decoder.add(value, cfg, stop)))
+                except ValueError as e:
+                    job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
+                except Exception as e:  # noqa: BLE001
+                    log.exception("generation failed")
+                    job.error = e
+
+    def _busy(self, reason: str) -> Busy:
+        """The refusal (503) of a request that never ran, by why it stopped."""
+        return Busy({"caller gone": "the caller is gone", "server stopping": "the server is stopping"}.get(
+            reason, f"Θ was busy for the request's whole budget ({self.limits.seconds:g} s): try again"))
+
+    def _answer(self, job: _Job) -> None:
+        """A request whose continuations all ended: its answers, or its error (a refusal where they all
+        stopped before their first token, still waiting for room in the batch)."""
+        if job.error is None and job.rows and not any(row.result.tokens for _, row in job.rows):
+            job.error = self._busy(job.rows[0][1].result.stopped)
+        for i, row in job.rows:
+            if row.result.stopped not in ("max_new_tokens", "eos", "request refused"):
+                log.warning("a continuation stopped after %d tokens: %s", len(row.result.tokens), row.result.stopped)
+            job.answers[i] = row.result.as_dict()
+        self._finish(job, job.error)
+
+    def _finish(self, job: _Job, error: Exception | None) -> None:
+        if error is None:
+            self.failing = None
+        elif not isinstance(error, (BadRequest, Busy)):
+            self.failing = f"{type(error).__name__}: {error}"
+        job.error = error
+        job.done.set()

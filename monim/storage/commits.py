@@ -1,0 +1,182 @@
+"""A datastore's writes, each published by one manifest rename: a day committed atomically
+(idempotent), a forget (for good: monim.storage.forgotten), a relearn, and the garbage a crash
+left removed. Datastore is one; its caller holds the memory's lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from monim.storage import articles, forgotten
+from monim.core.atomic import checksum, replacing, write_json
+from monim.storage.entries import DTYPES, Entries
+from monim.storage.shards import WEIGHTS
+from monim.core.manifest import DayRecord
+
+
+class Commits:
+    """A datastore's writes, each published by one manifest rename."""
+
+    root: Path
+    manifest: dict
+
+    def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
+                   params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None,
+                   titles: dict[str, str] | None = None, weights: np.ndarray | None = None,
+                   merged: np.ndarray | None = None, searched: int = 0) -> bool:
+        """Append one day's entries atomically; False (no change) if the day is already committed.
+
+        With force, a committed day is replaced, but only if it is the last one. `text`: arrays
+        describing the day's training text (monim.storage.lexical.day_counts), kept in the day's shard;
+        `titles`: the documents' headlines (doc id -> title), shown as sources. Greedy Merging:
+        `weights` of the entries, and the ids of older entries they absorbed (`merged`), removed
+        from their shards in the same commit. `searched`: training tokens the day's decision searched.
+        A day the memory forgot is refused (monim.storage.forgotten.ForgottenDay) until relearned by name.
+        """
+        date = str(date)
+        days = list(self.manifest["days"])
+        if self.committed(date):
+            if not force:
+                return False
+            if days[-1]["date"] != date:
+                raise ValueError(f"day {date} is committed and is not the last day ({days[-1]['date']}): "
+                                 "only the last day can be replaced")
+            days.pop()
+        else:
+            self.appendable(date)
+        if len(entries) and entries.keys.shape[1] != self.identity["hidden_size"]:
+            raise ValueError(f"keys have {entries.keys.shape[1]} dims, memory has {self.identity['hidden_size']}")
+
+        next_id = self.manifest["next_id"]
+        docs = sorted(set(entries.doc_ids))
+        doc_index = {d: i for i, d in enumerate(docs)}
+        arrays = {
+            "keys": entries.keys,
+            "values": entries.values,
+            "ids": np.arange(next_id, next_id + len(entries)),
+            "docs": np.array([doc_index[d] for d in entries.doc_ids]),
+            "positions": entries.positions,
+        }
+        arrays = {a: np.ascontiguousarray(arr, dtype=DTYPES[a]) for a, arr in arrays.items()} | (text or {})
+        if weights is not None:
+            arrays[WEIGHTS] = np.ascontiguousarray(weights, dtype=np.int32)
+        if merged is not None and len(merged):
+            days = [self._without(rec, merged) for rec in days]
+        name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
+        sums = self._write_shard(name, arrays, docs, [titles.get(d, "") for d in docs] if titles else None)
+        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {},
+                              searched=int(searched), checksums=sums).__dict__)
+        self._publish(days, next_id=next_id + len(entries))
+        return True
+
+    def appendable(self, date: str) -> None:
+        """Refuse a day the memory cannot add: one before its last day, or one it forgot (ForgottenDay)."""
+        if self.manifest["days"] and date < self.manifest["days"][-1]["date"]:
+            raise ValueError(f"day {date} comes before the last committed day {self.manifest['days'][-1]['date']}")
+        forgotten.refuse(self.manifest, date)
+
+    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+               reason: str | None = None) -> int:
+        """Remove the entries of these documents and/or days; returns how many were removed. The last
+        committed day, named, is uncommitted: the memory returns to its state before the day (its
+        entries, evaluation and calibration gone). Whatever a forget changes is logged in the manifest
+        (monim.storage.forgotten, with `reason`): a forgotten day is never learned again unless relearned by name."""
+        drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()} - set(forgotten.forgotten_days(self.manifest))
+        last = self.manifest["days"][-1]["date"] if self.manifest["days"] else None
+        removed, new_days, gone, held = 0, [], {}, {}
+        for rec in map(dict, self.manifest["days"]):
+            if rec["date"] in drop_days:
+                removed, gone[rec["date"]] = removed + rec["entries"], self.shard_seen(rec["shard"])
+                if rec["date"] == last:  # uncommitted (its ids are not used again: ids stay stable)
+                    continue
+                rec.update(entries=0, forgotten=rec["forgotten"] + rec["entries"], **self._rewrite(rec, None))
+            elif drop_docs:
+                docs, names = np.asarray(self.shard(rec["shard"], "docs")), self.shard_docs(rec["shard"])
+                keep = ~np.isin(docs, [i for i, d in enumerate(names) if d in drop_docs])  # (a forgotten one keeps its name)
+                in_articles = {a[0] for a in self.shard_articles(rec["shard"])} & drop_docs
+                if not keep.all() or in_articles:
+                    removed += int((~keep).sum())
+                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys(in_articles, rec["date"])
+                    rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),
+                               **self._rewrite(rec, keep, drop_docs))
+            new_days.append(rec)
+        if gone or held:
+            thetas = [t for t in self.manifest["thetas"] if last not in gone or t["date"] != last]
+            event = forgotten.forget_event(gone, held, reason)
+            self.manifest = dict(self.manifest, thetas=thetas, forgotten=[*forgotten.log(self.manifest), event])
+            self._publish(new_days, next_id=self.manifest["next_id"])
+        return removed
+
+    def relearn(self, date: str) -> None:
+        """Let a day be learned again, asked by name: the last committed day is uncommitted (its entries,
+        evaluation and calibration gone), a forgotten one after it no longer refused; logged."""
+        forgotten.check_relearn(self.manifest, date)
+        days = self.manifest["days"]
+        kept = days[:-1] if days and days[-1]["date"] == date else days
+        self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != date],
+                             forgotten=[*forgotten.log(self.manifest), forgotten.relearn_event(date)])
+        self._publish(kept, next_id=self.manifest["next_id"], bump=len(kept) != len(days))
+
+    def _without(self, rec: dict, merged: np.ndarray) -> dict:
+        """A day's record with the merged entry ids removed from its shard (rewritten if any was there)."""
+        if not rec["entries"]:
+            return rec
+        keep = ~np.isin(self.shard(rec["shard"], "ids"), merged)
+        if keep.all():
+            return rec
+        rec = dict(rec, merged=rec.get("merged", 0) + int((~keep).sum()), entries=int(keep.sum()))
+        return rec | self._rewrite(rec, keep)
+
+    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] = frozenset()) -> dict:
+        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text) and its
+        articles but `drop_docs`': its name and checksums."""
+        old = rec["shard"]
+        n = len(self.shard(old, "values"))
+        text = {} if keep is None else articles.without({p.stem: np.load(p) for p in (self.root / "shards" / old).glob(
+            "*.npy") if p.stem not in DTYPES and p.stem != WEIGHTS}, drop_docs)
+        keep = np.zeros(n, bool) if keep is None else keep
+        per_entry = [*DTYPES, WEIGHTS] if self.has_array(old, WEIGHTS) else list(DTYPES)
+        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in per_entry} | text
+        name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
+        return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old), self.shard_titles(old))}
+
+    def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str],
+                     titles: list[str] | None = None) -> dict[str, str]:
+        """Write a shard folder atomically; the sha256 of each of its files."""
+        with replacing(self.root / "shards" / name) as tmp:
+            tmp.mkdir()
+            for key, arr in arrays.items():
+                np.save(tmp / f"{key}.npy", arr)
+            (tmp / "docs.json").write_text(json.dumps(docs))
+            if titles is not None:
+                (tmp / "titles.json").write_text(json.dumps(titles))
+            return {p.name: checksum(p) for p in sorted(tmp.iterdir())}
+
+    def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True) -> None:
+        """Commit: the manifest rename is the single step that makes a change visible.
+
+        The version counts changes to the entries (what the index must follow).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        manifest = dict(self.manifest, days=days, next_id=next_id, version=self.version + bump,
+                        entries=sum(d["entries"] for d in days))
+        if theta is not None:
+            manifest["thetas"] = [t for t in manifest["thetas"] if t["date"] != theta["date"]] + [theta]
+        write_json(self.root / "manifest.json", manifest)
+        self.manifest = manifest
+        self._values = self._weights = None
+        self._collect_garbage()
+
+    def _collect_garbage(self) -> None:
+        """Remove the shard and calibration folders the manifest no longer names (replaced, uncommitted,
+        or left by a crash)."""
+        live = {d["shard"] for d in self.manifest["days"]} | {t["dir"] for t in self.manifest["thetas"] if "dir" in t}
+        for path in [*(self.root / "shards").glob("*"), *(self.root / "theta").glob("*")]:
+            if f"{path.parent.name}/{path.name}" not in live and path.name not in live:
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,175 @@
+"""The semiparametric memory Θ reads: datastore + index + calibrator, opened one way by every reader."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import functools
+import threading
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from monim.theta.calibrator import Calibrator
+from monim.storage.datastore import Datastore
+from monim.core.manifest import recorded
+from monim.data.dedup import Signatures, TwinIndex
+from monim.lm.features import Features
+from monim.storage.index import MemoryIndex
+from monim.storage.lexical import LexicalCounts
+from monim.lm.model import LM, cached_lm
+from monim.core.lock import hold
+from monim.core.recency import Recency
+from monim.lm.scoring import TokenScores, score
+from monim.data.sources import Document
+from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
+from monim.theta.rule import ThetaRule
+from monim.theta.searcher import Searcher
+
+
+class Memory(Searcher, ThetaRule):
+    """A memory directory: its datastore, FAISS index, lexical counts and calibrator, searched
+    (monim.theta.searcher.Searcher) and read by Θ's rule (monim.theta.rule.ThetaRule).
+
+    Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
+    per-token λ (`settings.calibrated`) or the constant λ, both trained daily by
+    `monim.learning.recalibration.calibrate` (or the LM alone, on a day whose Θ did worse than the LM on held-out
+    tokens: `fallback`). With `as_of` (a date), the memory is read as it stood after that day (time
+    travel, read-only): the days up to it, the calibration made that day and an index search limited
+    to their entries.
+
+    `Memory(root, lm, settings)` opens (or starts) a memory to learn into: its first commit records the
+    settings (monim.storage.memory_settings), and a memory learned with other settings is refused, naming them.
+    Readers open it as it describes itself: `Memory.open(root, as_of=..., **overrides)`.
+    """
+
+    def __init__(self, root: Path | str, lm: LM, settings: Settings | None = None,
+                 as_of: dt.date | str | None = None, may_differ: set[str] = THROUGHPUT):
+        self.lm = lm
+        self.ds = Datastore.for_lm(root, lm)
+        settings = settings or Settings()
+        refuse_other(self.ds.manifest, lm.name, settings, may_differ, self.ds.root)
+        self.ds.manifest.setdefault("settings", settings.as_dict())  # recorded by the next commit
+        self.ds.manifest["settings"].setdefault("policy", settings.as_dict()["policy"])  # one recorded before them
+        self.settings = settings
+        self.index = MemoryIndex(root, lm.hidden_size, settings.index)
+        self._lock = threading.Lock()  # fills the caches below once when many threads read at once
+        self._loaded: dict[str, Calibrator | None] = {}
+        self._lexical: LexicalCounts | None = None
+        self._twins: tuple[list[str], TwinIndex] | None = None
+        self.as_of = None if as_of is None else str(as_of)
+
+    @classmethod
+    def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None, **overrides) -> Memory:
+        """Θ as the memory at `root` describes itself: its LM (the model and dtype it was learned with,
+        loaded once per process unless given), window, index, calibrator and recency, as of a day.
+        `overrides` change how it is read (monim.storage.memory_settings.READ: k, nprobe, calibrated, skip_threshold,
+        half_life, max_age, ...); one that would change what was learned is refused, naming the field."""
+        ds = Datastore.read(root)
+        settings = Settings.from_dict(recorded(ds.manifest)).read_with(**overrides)
+        lm = lm or cached_lm(ds.manifest["model"], settings.dtype)
+        return cls(root, lm, settings, as_of, may_differ=READ)
+
+    @property
+    def calibrator_cfg(self):
+        return self.settings.calibrator
+
+    @property
+    def recency(self) -> Recency:
+        return self.settings.recency
+
+    def features(self, store: Path | str | None = None, max_bytes: int | None = None) -> Features:
+        """How Θ sees documents: the LM's features under the memory's window (from a feature store, if given)."""
+        return Features(self.lm, self.settings.window, None if store is None else Path(store), max_bytes)
+
+    def at(self, as_of: dt.date | str) -> Memory:
+        """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
+        view = copy.copy(self)
+        view.as_of, view._lexical, view._twins = str(as_of), None, None
+        view.__dict__.pop("_below", None)
+        return view
+
+    def recent(self, recency: Recency) -> Memory:
+        """This memory read with a recency rule (monim.core.recency): a view sharing its datastore and index."""
+        view = copy.copy(self)
+        view.settings = replace(self.settings, recency=recency)
+        return view
+
+    def __len__(self) -> int:
+        return len(self.ds) if self.as_of is None else sum(d.entries for d in self.days)
+
+    def lexical(self) -> LexicalCounts:
+        """Token counts and distinct successors over the memorized training text."""
+        shards = [d.shard for d in self.days]
+        with self._lock:
+            if self._lexical is None or self._lexical.shards != shards:
+                self._lexical = LexicalCounts.of(self.ds, shards)
+            return self._lexical
+
+    def has_twin(self, docs: list[Document]) -> np.ndarray:
+        """bool per document: whether an article this memory learned (up to `as_of`) is its near-duplicate."""
+        shards = [d.shard for d in self.days]
+        with self._lock:
+            if self._twins is None or self._twins[0] != shards:
+                learned = [Signatures(np.asarray(self.ds.shard(s, "twin_hashes")), np.asarray(self.ds.shard(s, "twin_sizes")))
+                           for s in shards if self.ds.has_array(s, "twin_hashes")]
+                self._twins = (shards, TwinIndex(Signatures.concat(learned)))
+            twins = self._twins[1]
+        return twins.has_twin(Signatures.of([d.text for d in docs]))
+
+    @contextmanager
+    def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
+        """Hold this memory's write lock (re-entrant; `monim.core.lock.hold`), the manifest re-read under it."""
+        self.writable()
+        with hold(self.ds.lock, wait, say):
+            if self.ds.reload():
+                self._lexical, self._twins = None, None
+                self._loaded.clear()
+            yield
+
+    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None) -> list[TokenScores]:
+        """Score documents with the LM (the memory's window) and, where Θ searches the memory (or
+        `retrieve`), their neighbours, searched while the LM scores."""
+        self.sync()
+        retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
+        return list(score(self.lm, docs, self.settings.window, functools.partial(self.search, skip=skip) if retrieve else None))
+
+    def writable(self) -> None:
+        """Refuse to change a memory read as of a past day."""
+        if self.as_of is not None:
+            raise ValueError(f"{self.ds.root} read as of {self.as_of} is read-only")
+
+    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+               reason: str | None = None) -> int:
+        """Remove documents' or days' entries from the datastore (for good: monim.storage.forgotten), then from the index."""
+        with self.writing():
+            removed = self.ds.forget(doc_ids, days, reason)
+            self.sync()
+        return removed
+
+    def relearn(self, date: str) -> None:
+        """Let a day be learned again, asked by name (Datastore.relearn); the index follows."""
+        with self.writing():
+            self.ds.relearn(date)
+            self.sync()
+
+    def pin(self) -> Memory:
+        """Read now everything Θ reads to answer (shards mapped, index, calibrator, counts), so that a
+        long-lived reader (a server) keeps answering from this state after a forget rewrites the memory."""
+        self.ds.pin()
+        self.sync()
+        self.calibrator()
+        self.ds.values_by_id(), self.ds.weights_by_id()
+        if self.rule == "calibrator":
+            self.lexical()
+        return self
+
+    def checksum(self) -> str:
+        """The state of what Θ reads as of `as_of` (Datastore.checksum): one identity for every cache and the registry."""
+        return self.ds.checksum(self.as_of)
+
+    def bytes_on_disk(self) -> int:
+        return self.ds.bytes_on_disk() + self.index.bytes_on_disk()

@@ -1,0 +1,149 @@
+"""A memory's entries searched as Θ reads them: up to its day (`as_of`), within the recency
+rule's maximum age, through its FAISS index (brought up to the committed entries) or exactly from
+the stored keys; each neighbour's value, age and prior weight. Memory is one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+
+import faiss
+import numpy as np
+
+from monim.storage.datastore import Datastore
+from monim.core.manifest import DayRecord
+from monim.storage.index import MemoryIndex
+from monim.core.lock import Locked, hold
+from monim.core.recency import Recency
+
+
+class Searcher:
+    """The entries of a memory, searched as Θ reads them."""
+
+    ds: Datastore
+    index: MemoryIndex
+    as_of: str | None
+    recency: Recency
+
+    def sync(self, retrain: bool = False) -> dict:
+        """Bring the index up to the committed entries (detects a stale or missing index). It is
+        saved unless another process is writing this memory (a reader never waits). A current
+        index takes no lock: readers score with it many times a day."""
+        if self.index.current(self.ds) and not retrain:
+            return self.index.sync(self.ds)
+        if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
+            return self.index.sync(self.ds, retrain, save=False)
+        try:
+            with hold(self.ds.lock, wait=False):
+                return self.index.sync(self.ds, retrain)
+        except Locked:
+            return self.index.sync(self.ds, retrain, save=False)
+
+    @property
+    def days(self) -> list[DayRecord]:
+        """The committed days this memory holds (up to `as_of`)."""
+        return [d for d in self.ds.days if self.as_of is None or d.date <= self.as_of]
+
+    @functools.cached_property
+    def _below(self) -> int | None:
+        """With `as_of` before the last day: the first entry id learned after it (ids grow by day)."""
+        days = self.days
+        if len(days) == len(self.ds.days):
+            return None
+        ids = [int(self.ds.shard(d.shard, "ids")[-1]) for d in days if d.entries]
+        return max(ids) + 1 if ids else 0
+
+    @property
+    def today(self) -> dt.date | None:
+        """The memory's last day (as of `as_of`): where the ages of its entries are counted from."""
+        days = self.days
+        return dt.date.fromisoformat(days[-1].date) if days else None
+
+    def _recent_days(self) -> list | None:
+        """The days (with entries) within the recency rule's maximum age; None: every day."""
+        oldest = self.recency.oldest(self.today) if self.days else None
+        return None if oldest is None else [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
+
+    def _above(self) -> int:
+        """The first entry id the recency rule lets Θ search (0: all)."""
+        kept = self._recent_days()
+        if kept is None:
+            return 0
+        return int(self.ds.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
+
+    def _search_recent(self, keys: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search over the entries within the maximum age, from their stored keys: an IVF-PQ
+        index probes its nprobe lists, where a narrow window may hold few of them or none."""
+        kept = self._recent_days()
+        ids = np.concatenate([self.ds.shard(d.shard, "ids") for d in kept] or [np.zeros(0, np.int64)])
+        keep = np.ones(len(ids), bool) if below is None else ids < below
+        if exclude is not None:
+            keep &= ~np.isin(ids, exclude)
+        dist, found = np.full((len(keys), k), np.inf, np.float32), np.full((len(keys), k), -1, np.int64)
+        if keep.any():
+            xb = np.concatenate([self.ds.shard(d.shard, "keys") for d in kept])[keep].astype(np.float32)
+            n = min(k, len(xb))
+            dist[:, :n], rows = faiss.knn(np.ascontiguousarray(keys, dtype=np.float32), xb, n)
+            found[:, :n] = ids[keep][rows]
+        return dist, found
+
+    def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and ids of each key's k nearest entries (id -1: none), among the entries
+        up to `as_of` (or with id < `below`), within the recency rule's maximum age and not in
+        `exclude`. With `exact`, IVF-PQ's candidates are re-ranked with the stored keys (its
+        distances are approximate: a memorized context does not sit at 0)."""
+        if not self.index.current(self.ds):  # an exact index is built in RAM on first use
+            self.sync()
+        limits = [b for b in (below, self._below) if b is not None]
+        below = min(limits) if limits else None
+        above = self._above()
+        if above and self.index.meta.get("kind") == "ivfpq" and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below:
+            dist, ids = self._search_recent(keys, k or self.index.cfg.k, below, exclude)
+        else:
+            dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=above)
+        pq = self.index.meta.get("kind") == "ivfpq"
+        if exact or not pq:  # IVF-PQ's approximate distances: with `exact`, every candidate re-ranked
+            self._exact_head(np.asarray(keys, np.float32), dist, ids, ids.shape[1] if pq else 16)
+        return dist, ids
+
+    def _exact_head(self, keys: np.ndarray, dist: np.ndarray, ids: np.ndarray, m: int, rows: int = 1024) -> None:
+        """FAISS's exact search computes |q|^2 + |x|^2 - 2 q.x, which loses a near neighbour's small
+        distance to cancellation, differently for each batch size (a text scored beside others got
+        another λ): the m nearest (16: the calibrator reads the top 10) are recomputed from the stored
+        keys as |q - x|^2 and re-sorted, ties by id, in place, so that a query's nearest neighbours
+        do not depend on what it is searched with."""
+        m = min(m, ids.shape[1])
+        for lo in range(0, len(keys), rows):
+            head = ids[lo : lo + rows, :m]
+            d = np.where(head >= 0, ((self.ds.keys_of(head.clip(min=0)) - keys[lo : lo + rows, None]) ** 2).sum(-1), np.inf)
+            order = np.lexsort((head, d), axis=1)
+            dist[lo : lo + rows, :m], ids[lo : lo + rows, :m] = np.take_along_axis(d, order, 1), np.take_along_axis(head, order, 1)
+
+    def values_of(self, ids: np.ndarray) -> np.ndarray:
+        """The value (next token) of each entry id; -1 for -1."""
+        return np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
+
+    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and values (-1: none) of each key's k nearest entries (see `nearest`)."""
+        dist, ids = self.nearest(keys, k, below, exclude, exact)
+        return dist, self.values_of(ids)
+
+    def ages(self, ids: np.ndarray) -> np.ndarray:
+        """Days between each entry's day and the memory's last day (0 for -1)."""
+        day, _ = self.ds.locate(ids)
+        ordinals = np.array([dt.date.fromisoformat(d.date).toordinal() for d in self.ds.days] + [0], np.int64)
+        today = self.today.toordinal() if self.days else 0
+        return np.where(day >= 0, today - ordinals[day], 0)
+
+    def prior(self, ids: np.ndarray) -> np.ndarray | None:
+        """Each neighbour's log prior weight, added to -d/T: log(weight) of merged entries (Greedy
+        Merging) plus the recency rule's; None where neither applies."""
+        weights = self.ds.weights_by_id()
+        parts = [np.log(np.where(ids >= 0, weights[ids.clip(min=0)], 1)).astype(np.float32) if weights is not None else None,
+                 self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None]
+        parts = [p for p in parts if p is not None]
+        return sum(parts[1:], parts[0]) if parts else None
