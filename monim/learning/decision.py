@@ -6,7 +6,7 @@ one in PROBE_EVERY of those searched all the same, to measure the error)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -14,9 +14,20 @@ from monim.core.config import PROBE_EVERY
 from monim.storage.lexical import LexicalCounts, context_grams
 
 if TYPE_CHECKING:
-    from monim.learning.policies import MoNIM
     from monim.lm.scoring import TokenScores
     from monim.theta.memory import Memory
+
+
+class Rule(Protocol):
+    """What a searching decision asks its policy (monim.learning.policies.MoNIM)."""
+
+    search_context: bool
+
+    def certain(self, logp: np.ndarray, max_logp: np.ndarray, lam_max: float) -> np.ndarray: ...
+
+    def settled(self, logp: np.ndarray, max_logp: np.ndarray, seen: np.ndarray) -> np.ndarray: ...
+
+    def lm_stores(self, logp: np.ndarray, max_logp: np.ndarray) -> np.ndarray: ...
 
 
 class Decision:
@@ -55,7 +66,7 @@ class Searching(Decision):
     can change and the policy does not leave to the LM alone, the others decided by the LM alone
     (exactly as Θ would decide the certain ones)."""
 
-    def __init__(self, policy: MoNIM, memory: Memory, docs: list, tokens: list[list[int]], search: Callable, skip: bool):
+    def __init__(self, policy: Rule, memory: Memory, docs: list, tokens: list[list[int]], search: Callable, skip: bool):
         self.policy, self.skip = policy, skip
         self.contexts = Contexts(docs, tokens, memory.lexical() if policy.search_context else None) if skip else None
         lam_max = memory.lam_max
