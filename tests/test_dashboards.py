@@ -58,20 +58,22 @@ def test_the_experiment_reads_like_the_papers_tables(compared):
     assert set(runs) == {"fullmem", "monim-amt", "comparison (report)"}
     for name in ("fullmem", "monim-amt"):
         metrics = runs[name].data.metrics
-        assert {"1_results/ppl_so_far", "1_results/memrate", "3_quality/ppl", "3_quality/ppl_lm"} <= set(metrics)
+        assert {"1_results/ppl_so_far", "1_results/memrate_percent", "1_results/memory_mb", "3_quality/ppl",
+                "3_quality/ppl_lm"} <= set(metrics)
         assert all("/" in k for k in metrics) and not any(k.endswith("/step") or k == "step" for k in metrics)
         assert runs[name].info.status == "FINISHED" and runs[name].info.end_time
     report = {a.path for a in client.list_artifacts(runs["comparison (report)"].info.run_id, "report")}
     assert {"report/report.md", "report/memory_growth.png"} <= report
 
 
-def terminal_ppl(output: str) -> dict[str, float]:
-    """Each policy's test PPL over all its days, as `monim compare` printed it in its table."""
+def terminal_ppl(output: str, cell: int = 5) -> dict[str, float]:
+    """Each policy's test PPL over all its days (or another cell of its row: 3, MemRate in percent), as
+    `monim compare` printed it in its table."""
     out = {}
     for line in output.splitlines():
         cells = line.split()
-        if cells and cells[0] in ("fullmem", "monim-amt") and len(cells) > 5:
-            out[cells[0]] = float(cells[5].replace(",", ""))  # policy, days, entries, memrate, ppl_lm, ppl
+        if cells and cells[0] in ("fullmem", "monim-amt") and len(cells) > 5 and cells[3].endswith("%"):
+            out[cells[0]] = float(cells[cell].replace(",", "").removesuffix("%"))  # policy, days, entries, memrate, ppl_lm, ppl
     assert set(out) == {"fullmem", "monim-amt"}, output
     return out
 
@@ -128,7 +130,8 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
                 page.wait_for_timeout(500)
                 columns, order = results_columns()
             page.screenshot(path=shots / "mlflow-runs.png")
-            assert {"Duration", "1_results/ppl_so_far", "1_results/ppl_novel_so_far", "1_results/memrate"} <= set(columns), columns
+            assert {"Duration", "1_results/ppl_so_far", "1_results/ppl_novel_so_far", "1_results/memrate_percent",
+                    "1_results/memory_mb"} <= set(columns), columns
             # the saved view's columns: the results section's, and no other section's (MLflow 3.17 applies
             # their order on some loads only, so the order is not asserted)
             assert not [c for c in columns if "/" in c and not c.startswith("1_results/")], columns
@@ -139,9 +142,11 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
                     "els => els.map(e => [e.getAttribute('row-index'), e.innerText])"):
                 parts.setdefault(index, []).append(text)
             whole = ["\n".join(p) for p in parts.values()]
-            for name, ppl in terminal_ppl(compared[1].stdout + compared[1].stderr).items():
+            printed = compared[1].stdout + compared[1].stderr
+            for name, ppl in terminal_ppl(printed).items():
                 row = next(r for r in whole if re.search(rf"(^|\s){re.escape(name)}(\s|$)", r))
-                assert ppl in {float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", row)}, (name, ppl, row)
+                numbers = {float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", row)}
+                assert ppl in numbers and terminal_ppl(printed, 3)[name] in numbers, (name, ppl, row)  # PPL, MemRate %
 
             page.goto(links[f"MLflow report run of {experiment}"])  # the comparison's run: the same table
             page.get_by_text("side by side", exact=False).first.wait_for(timeout=60_000)
@@ -158,7 +163,7 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
             titles = page.locator("h4[title]").evaluate_all("els => els.map(e => e.title)")
             first = [t for t in titles[: next((i for i, t in enumerate(titles) if "/" in t and not t.startswith("1_results/")),
                                               len(titles))] if "/" in t]
-            assert first[0].startswith("1_results/") and {"1_results/ppl_so_far", "1_results/memrate"} <= set(first), titles
+            assert first[0].startswith("1_results/") and {"1_results/ppl_so_far", "1_results/memrate_percent"} <= set(first), titles
             text = page.inner_text("body")
             assert "Time" in text  # charts over the stream's days
             sections = [s for s in ("1_results", "2_learned", "5_calibration", "8_data") if s in text]

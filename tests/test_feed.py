@@ -1,15 +1,13 @@
 """The daily flow on a feed that stalls, thins out and sends news late (Prefect's test harness, MLflow
-on SQLite, a tiny model); and the README's automation for a failed daily run, created on the server."""
+on SQLite, a tiny model); the alarms themselves are tests/test_alarms.py's."""
 
 import datetime as dt
 import json
 import logging
-import re
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 from monim.core.config import RunConfig
@@ -93,18 +91,3 @@ def test_late_news_and_a_thin_day_are_named_in_the_log_and_mlflow(stalled):
     assert [(m.step, m.value) for m in after] == [(rows[day(7)]["step"], 1)]
     assert any(f"{day(7)}: 1 late article(s) came after the day was learned, not learned: wire" in w for w in warnings)
     assert any(f"{day(6)}: a thin day: 3 articles" in w for w in warnings)
-
-
-def test_the_readme_automation_for_a_failed_daily_run_is_created(prefect):
-    from prefect.blocks.notifications import SlackWebhook
-    from prefect.client.orchestration import get_client
-    from prefect.events.schemas.automations import AutomationCore
-
-    block = re.search(r"<!-- automation-example -->\s*```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
-    block_id = SlackWebhook(url="https://hooks.slack.com/services/T0/B0/x").save("monim-alerts", overwrite=True)
-    spec = AutomationCore.model_validate(yaml.safe_load(block.replace("BLOCK-ID", str(block_id))))
-    with get_client(sync_client=True) as client:
-        made = client.read_automation(client.create_automation(spec))
-    assert made.enabled and made.trigger.expect == {"prefect.flow-run.Failed"}
-    assert made.trigger.match_related.model_dump() == {"prefect.resource.role": "flow", "prefect.resource.name": "monim-yesterday"}
-    assert made.actions[0].block_document_id == block_id and "flow_run.state.message" in made.actions[0].body

@@ -100,7 +100,7 @@ def test_stream_logs_to_an_mlflow_server_over_http(prefect, tiny_model_dir, tmp_
         learn_stream(run, "1987-03-02", "1987-03-03", tracking_uri=uri, experiment="over-http")
         client = MlflowClient(uri)
         (run_info,) = client.search_runs([client.get_experiment_by_name("over-http").experiment_id])
-        assert [m.step for m in client.get_metric_history(run_info.info.run_id, "1_results/memrate")] == [0, 1]
+        assert [m.step for m in client.get_metric_history(run_info.info.run_id, "2_learned/memrate")] == [0, 1]
         assert "days.csv" in {a.path for a in client.list_artifacts(run_info.info.run_id)}
     assert not (tmp_path / "work" / "mlflow.db").exists()  # nothing went to the local default
 

@@ -24,6 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from flows.servers import schema
+from monim import __version__
 from monim.theta.memory import Memory
 from monim.serving.service import BadRequest, Busy, Service, now
 
@@ -107,19 +109,26 @@ def health_of(service: Service, follower: Follower | None) -> dict:
             | {"limits": service.limits.__dict__})
 
 
-def app_for(service: Service, follower: Follower | None = None) -> FastAPI:
-    """The HTTP face of a Service (and of the Follower that keeps it on the champion, if any)."""
-    app = FastAPI(title="monim", docs_url=None, redoc_url=None, openapi_url=None)
+def app_for(service: Service | None, follower: Follower | None = None) -> FastAPI:
+    """The HTTP face of a Service (and of the Follower that keeps it on the champion, if any); its
+    schema at /openapi.json (the body is checked by the service, which names the field it refuses)."""
+    app = FastAPI(title="monim: the up-to-date model", version=__version__, docs_url=None, redoc_url=None,
+                  description="Θ (the LM, its memory and calibrator) as of a registered day, answering MLflow's scoring format.")
 
-    @app.get("/ping")
+    @app.get("/ping", summary="Ready: 200 once the model is loaded")
     def ping() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/health")
+    @app.get("/health", summary="What is served, since when, the champion last seen, the limits",
+             responses={200: {"model": schema.Health}})
     def health() -> JSONResponse:
         return JSONResponse(health_of(service, follower))
 
-    @app.post("/invocations")
+    @app.post("/invocations", summary="Score texts and continue prompts with Θ",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": "#/components/schemas/Invocation"}}}}},
+              responses={200: {"model": schema.Predictions}, 400: {"model": schema.Error}, 500: {"model": schema.Error},
+                         503: {"model": schema.Error}})
     async def invocations(request: Request) -> JSONResponse:
         try:
             body = await request.json()
@@ -140,7 +149,23 @@ def app_for(service: Service, follower: Follower | None = None) -> FastAPI:
             watcher.cancel()
         return JSONResponse({"predictions": answers})
 
+    app.openapi = lambda: _documented(app)
     return app
+
+
+def _documented(app: FastAPI) -> dict:
+    """FastAPI's schema of the app, with the request body it documents (read by the service itself)."""
+    if app.openapi_schema is None:
+        spec = FastAPI.openapi(app)
+        body = schema.Invocation.model_json_schema(ref_template="#/components/schemas/{model}")
+        spec.setdefault("components", {}).setdefault("schemas", {}).update(body.pop("$defs") | {"Invocation": body})
+        app.openapi_schema = spec
+    return app.openapi_schema
+
+
+def openapi() -> dict:
+    """The served model's OpenAPI schema (no model loaded), for the documentation."""
+    return app_for(None).openapi()
 
 
 async def _watch(request: Request, gone: threading.Event) -> None:

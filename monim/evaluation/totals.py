@@ -36,4 +36,5 @@ def summarize(rows: list[dict]) -> dict:
 def so_far(rows: list[dict]) -> dict:
     """The run's totals over these days, as the runs table shows them (at the terminal's digits)."""
     s = summarize(rows)
-    return {f"{k}_so_far": rounded(s[k]) for k in SO_FAR}
+    shown = {"memrate_percent": round(100 * s["memrate"], 1), "memory_mb": rounded(s["bytes"] / 2**20)}  # 55.0%, 19.65 MB
+    return {f"{k}_so_far": rounded(s[k]) for k in SO_FAR} | shown

@@ -1,7 +1,8 @@
 """How monim's runs look in MLflow: a day's metrics named in sections (MLflow charts a run's metrics
 by the prefix before "/", the sections in alphabetical order, so the numbers a comparison is read by
 come first: `1_results` holds what each run achieved so far (PPL over all its test tokens and on novel
-articles, QA, MemRate, bytes, learning and scoring seconds), the day's own PPL is in `3_quality`), and the
+articles, QA, MemRate in percent and the memory's MB as the terminal shows them, learning and
+scoring seconds), the day's own PPL is in `3_quality`), and the
 experiment's saved view (its runs table shows those columns, its charts the stream's dates). Runs
 records and the report keep the plain names (`ppl`); names logged before sections (plain ones) are
 read back as they are."""
@@ -13,9 +14,9 @@ import time
 
 SECTIONS = (  # a name ending in "_" or "/" takes every metric that starts with it
     # what each run achieved over its days so far (monim.evaluation.totals.so_far; QA from the evaluation suite)
-    ("1_results", ("ppl_so_far", "ppl_novel_so_far", "qa_accuracy_0shot", "memrate", "memory_bytes",
+    ("1_results", ("ppl_so_far", "ppl_novel_so_far", "qa_accuracy_0shot", "memrate_percent", "memory_mb",
                    "seconds_learn_so_far", "seconds_score_per_1k_so_far", "lm_tokens_per_token_so_far", "accuracy_so_far")),
-    ("2_learned", ("entries", "memrate_day", "entries_stored", "tokens_seen", "index_recall", "tokens_trained",
+    ("2_learned", ("entries", "memrate", "memory_bytes", "memrate_day", "entries_stored", "tokens_seen", "index_recall", "tokens_trained",
                    "review_tokens", "steps", "train_loss")),
     ("3_quality", ("ppl", "ppl_lm", "accuracy", "accuracy_lm", "ppl_novel", "ppl_lm_novel", "twin_share", "skipped",
                    "tokens")),

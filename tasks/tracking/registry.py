@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
 CHAMPION, PREVIOUS = "champion", "previous"
+CHAMPION_MOVED = "monim.champion.moved"  # the Prefect event each move of `champion` emits
 SIGNATURE = ModelSignature(
     inputs=Schema([ColSpec("string", "text", required=False), ColSpec("string", "prompt", required=False)]),
     params=ParamSchema([ParamSpec("max_new_tokens", "long", 64), ParamSpec("temperature", "double", 0.0),
@@ -114,13 +115,28 @@ def aliased(c, name: str, alias: str):
         raise
 
 
-def move_champion(c, name: str, version: str) -> dict:
-    """Point `champion` at a version, and `previous` at the champion it replaces."""
+def point_champion(c, name: str, version: str, reason: str) -> None:
+    """Point `champion` at a version and say so: a Prefect event, `monim.champion.moved` (resource
+    `monim.model.<name>`; payload model, version, day, reason), that automations can trigger on
+    where a Prefect API is configured (a daily deployment's server; a command's own API has no listener)."""
+    c.set_registered_model_alias(name, CHAMPION, str(version))
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        from prefect.events import emit_event
+
+        day = c.get_model_version(name, str(version)).tags.get("monim.as_of")
+        emit_event(CHAMPION_MOVED, resource={"prefect.resource.id": f"monim.model.{name}", "prefect.resource.name": name},
+                   payload={"model": name, "version": str(version), "day": day, "reason": reason})
+
+
+def move_champion(c, name: str, version: str, reason: str) -> dict:
+    """Point `champion` at a version (`reason`: new day, promote), and `previous` at the champion it replaces."""
     old = aliased(c, name, CHAMPION)
     old = None if old is None else str(old.version)  # (this MLflow returns it as an int)
     if old is not None and old != str(version):
         c.set_registered_model_alias(name, PREVIOUS, old)
-    c.set_registered_model_alias(name, CHAMPION, str(version))
+    point_champion(c, name, version, reason)
     kept = aliased(c, name, PREVIOUS)
     return {"champion": str(version), "previous": None if kept is None else str(kept.version)}
 
@@ -166,7 +182,7 @@ def settle(name: str, version: str, champion: str | None, gate: dict, uri: str) 
     if (None if now is None else str(now.version)) != champion:
         return False
     if champion is None or gate.get("gate_tokens") and not gate["gate_ppl"] > gate["gate_ppl_champion"]:
-        move_champion(c, name, version)
+        move_champion(c, name, version, "new day")
         return True
     return False  # worse, or nothing to compare on (a day without validation articles): the champion stays
 
@@ -225,7 +241,7 @@ def promote(uri: str, memory: Path, version: str | None = None) -> dict:
     if version not in versions:
         raise ValueError(f"{name} has no version {version}; it has {', '.join(versions)}")
     _loadable(name, versions[version], memory)
-    return {"model": name} | move_champion(c, name, version)
+    return {"model": name} | move_champion(c, name, version, "promote")
 
 
 @one_at_a_time
@@ -236,7 +252,7 @@ def rollback(uri: str, memory: Path) -> dict:
     if back is None:
         raise ValueError(f"{name} has no 'previous' version to roll back to")
     _loadable(name, back, memory)
-    c.set_registered_model_alias(name, CHAMPION, str(back.version))
+    point_champion(c, name, str(back.version), "rollback")
     c.delete_registered_model_alias(name, PREVIOUS)
     return {"model": name, "champion": str(back.version), "previous": None}
 
@@ -297,6 +313,6 @@ def _replace_champion(uri: str, name: str, expected: str, version: str) -> str |
     c = client(uri)
     now = aliased(c, name, CHAMPION)
     if now is not None and str(now.version) == str(expected):
-        c.set_registered_model_alias(name, CHAMPION, str(version))
+        point_champion(c, name, version, "forget")
         return str(version)
     return None if now is None else str(now.version)
