@@ -47,7 +47,7 @@ def memory(workdir: Path) -> Datastore:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model_dir, shared_prefect) -> Path:
+def model(tiny_model_dir, monim) -> Path:
     return tiny_model_dir("llama")
 
 

@@ -324,7 +324,7 @@ def test_fsck_clean_then_a_flipped_byte(monim, learned, tmp_path):
     data[-1] ^= 0x80
     keys.write_bytes(bytes(data))
     proc = monim("fsck", "--workdir", copy, "--repair", "--json", check=False)
-    problems = monim.last_json(proc)["problems"]
+    problems = monim.last_json(proc, succeeded=False)["problems"]
     (problem,) = [p for p in problems if not p.get("warning")]  # (the copy has no MLflow store: a warning)
     assert proc.returncode == 1 and "keys.npy corrupt" in problem["what"] and "day 1987-03-03" in problem["what"]
     assert [p["what"] for p in problems if p.get("warning")] == ["no MLflow store: the runs' days are not logged here"]

@@ -18,9 +18,6 @@ NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
 pytestmark = pytest.mark.slow  # starts `monim compare`, the UIs and Chromium
 
 
-def fresh_env() -> dict:
-    """A fresh shell's environment: no Prefect home or server of the test session."""
-    return {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +27,7 @@ def compared(monim, tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dashboards")
     proc = subprocess.run([monim.script, "compare", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-04",
                            "--policies", "fullmem,monim-amt", "--workdir", str(workdir), "--model", tiny_model_dir("gpt2"),
-                           "--max-docs", "2"], capture_output=True, text=True, timeout=900, env=fresh_env())
+                           "--max-docs", "2"], capture_output=True, text=True, timeout=900, env=monim.env(own_api=True))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return workdir, proc
 
@@ -43,7 +40,7 @@ def test_the_terminal_is_quiet(monim, compared, tiny_model_dir):
     assert re.search(r"LM features 1987-03-02 train: 100% \(", out)
     assert out.count("flow runs are kept in") == 1  # where the records are, said once
     gen = subprocess.run([monim.script, "generate", "--workdir", str(workdir), "--policy", "monim-amt", "--prompt", "The dollar",
-                          "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=fresh_env())
+                          "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=monim.env(own_api=True))
     assert gen.returncode == 0 and not NOISE.findall(gen.stderr), gen.stderr[-3000:]
 
 
@@ -102,7 +99,7 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
     log = tmp_path / "ui.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([monim.script, "ui", "--workdir", str(workdir), "--prefect-port", "0", "--mlflow-port", "0"],
-                                env=fresh_env(), stdout=out, stderr=subprocess.STDOUT)
+                                env=monim.env(own_api=True), stdout=out, stderr=subprocess.STDOUT)
     try:
         links = read_links(log, proc)
         experiment = "monim-reuters-1987-03-02_03-13"

@@ -164,7 +164,7 @@ def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before
     wait_for(port, lambda h: h["version"] == last_day, "serving the last day")
     memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
     gone = set(json.loads((workdir / "memories" / "fullmem" / "shards" / memory["days"][-1]["shard"] / "docs.json").read_text()))
-    load = clients(invoke, port, "The company said")
+    load = clients(port, "The company said")
     try:
         forget = subprocess.run([monim.script, "forget", "--workdir", str(workdir), "--day", "1987-03-03", "--json"], env=env,
                                 capture_output=True, text=True, timeout=300)
