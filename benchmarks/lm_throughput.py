@@ -20,7 +20,6 @@ from monim.data.sources import Document
 from harness import REPO, RESULTS, parser, save
 
 
-
 def timed(fn, reps: int) -> float:
     """Best wall time of `reps` runs after one warm-up."""
     fn()

@@ -25,7 +25,6 @@ from monim.data.stream import read_day
 from harness import RESULTS, RTQA, parser, save
 
 
-
 def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
     """Body tokens/s on the first `tokens` of the articles in full 512-token rows, and scoring
     tokens/s on the same articles (each timed after a warm-up)."""

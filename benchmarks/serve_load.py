@@ -37,10 +37,6 @@ from harness import REPO, RESULTS, parser, requests_pool, save
 BIN = Path(sys.executable).parent
 
 
-
-
-
-
 def same(a: dict, b: dict) -> bool:
     """Whether an answer agrees with the one given alone (scores within 1e-4 relative; the same tokens,
     or their beginning where the continuation was stopped by its time limit)."""

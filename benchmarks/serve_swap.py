@@ -25,12 +25,6 @@ BIN = Path(sys.executable).parent
 POLICY = "monim-amt"  # the memory `monim serve-model` serves by default in a demo work directory
 
 
-
-
-
-
-
-
 class Timeline:
     """When the alias moved to each version (the registry, looked at every `every` s) and when the server
     began answering with it (its /health): the time to follow is the difference."""

@@ -396,7 +396,6 @@ def open_run(cfg: RunConfig) -> Run:
         return _OPEN[key]
 
 
-
 def refuse_others(cfg: RunConfig, policies: list[str]) -> None:
     """Refuse, before any work, a work directory whose memories another model learned (one model per
     work directory), or a policy's memory another model, other weights or other settings learned

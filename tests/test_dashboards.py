@@ -18,8 +18,6 @@ NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
 pytestmark = pytest.mark.slow  # starts `monim compare`, the UIs and Chromium
 
 
-
-
 @pytest.fixture(scope="module")
 def compared(monim, tiny_model_dir, tmp_path_factory):
     """FullMem and MoNIM-AMT over three days, as `monim compare` from a fresh shell runs them (its

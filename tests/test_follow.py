@@ -37,8 +37,6 @@ def following(monim, prefect_api, tiny_model_dir, tmp_path_factory):
     servers.stop([proc])
 
 
-
-
 def clients(port: int, prompt: str) -> Clients:
     """Two clients asking again and again, a prompt (sources on) and a text each time."""
     body = {"dataframe_records": [{"prompt": prompt}, {"text": prompt + " and more."}],

@@ -54,12 +54,6 @@ def _timed(search: Callable, timer: dict) -> Callable:
     return timed
 
 
-
-
-
-
-
-
 def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | None = None, seed: int = 0,
                  force: bool = False, progress: Callable[[int, int], None] | None = None,
                  decision_skip: bool = True) -> DayStats:
