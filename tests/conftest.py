@@ -174,14 +174,13 @@ def monim(prefect_api) -> Monim:
 SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
 
 
-
-
 @pytest.fixture(scope="session")
 def invoke():
-    """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer)."""
+    """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer),
+    within 120 s unless the test gives another `timeout`."""
     from flows.servers.client import post
 
-    return post
+    return lambda port, body, timeout=120: post(port, body, timeout)
 
 
 def pytest_collection_modifyitems(config, items):
