@@ -107,13 +107,18 @@ def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
 
 
 GRACE = 8.0  # seconds a stop may take before the process ends itself (commits are atomic: nothing is lost)
+STOPPING_WAIT = 3.0  # seconds a stopped command gives its servers to end before killing them
 
 
 def interruptible() -> None:
     """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped;
     whatever swallows it, the process ends GRACE seconds after the signal."""
+    global _registered
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop)
+    if not _registered:  # first, so that it runs last: after the servers are stopped and MLflow's run is ended
+        atexit.register(_end_now)
+        _registered = True
 
 
 def _stop(signum: int, frame) -> None:
@@ -131,7 +136,20 @@ def _end_soon(signum: int) -> None:
         _ending.start()
 
 
+def _end_now() -> None:
+    """A stopped command, its exit handlers run, ends without the interpreter's teardown: collecting the
+    garbage of torch, Prefect and MLflow takes seconds on 2 cores, and no timer can end a process then."""
+    if _ending is not None:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_ending.args[0])
+
+
 _ending: threading.Timer | None = None
+_registered = False
 
 
 def guard_prefect_stops() -> None:
@@ -152,12 +170,14 @@ def guard_prefect_stops() -> None:
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGINT, then a kill after 20 s."""
+    """SIGINT, then a kill after 20 s; once this process is being stopped, SIGTERM (a server then ends at once,
+    its SQLite database whole) and a kill after STOPPING_WAIT."""
+    stopping = _ending is not None
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(signal.SIGTERM if stopping else signal.SIGINT)
     for p in procs:
         try:
-            p.wait(timeout=20)
+            p.wait(timeout=STOPPING_WAIT if stopping else 20)
         except subprocess.TimeoutExpired:
             p.kill()
