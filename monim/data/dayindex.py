@@ -117,8 +117,9 @@ class IndexedFile:
         index = self.index()
         return index.dates() if index.starts is not None else None
 
-    def lines(self, start: dt.date | None) -> Iterator[tuple[int, bytes]]:
-        """Numbered raw lines, from `start`'s first record when the index knows it."""
+    def lines(self, start: dt.date | None) -> Iterator[tuple[str, bytes]]:
+        """Raw lines that are not blank, each with its place (`path:line`), from `start`'s first record when
+        the index knows it."""
         offset, line = 0, 1
         if start is not None and (index := self.index()).starts is not None:
             if (at := index.start(start)) is None:
@@ -127,4 +128,6 @@ class IndexedFile:
         READS[str(self.path)] += 1
         with open_at(self.path, offset) as f:
             for n, raw in enumerate(iter(f.readline, b""), start=line):
-                yield n, raw.rstrip(b"\r\n").removeprefix(BOM) if n == 1 else raw.rstrip(b"\r\n")
+                raw = raw.rstrip(b"\r\n").removeprefix(BOM) if n == 1 else raw.rstrip(b"\r\n")
+                if raw.strip():
+                    yield f"{self.path}:{n}", raw

@@ -130,10 +130,7 @@ class JsonlSource(IndexedFile):
             return None
 
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        for n, raw in self.lines(start):
-            where = f"{self.path}:{n}"
-            if not raw.strip():
-                continue
+        for where, raw in self.lines(start):
             line = _decode(raw, where, None)
             if isinstance(line, BadRecord):
                 yield line
@@ -162,10 +159,7 @@ class NewsCrawlSource(IndexedFile):
             return None
 
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
-        for n, raw in self.lines(start):
-            where = f"{self.path}:{n}"
-            if not raw.strip():
-                continue
+        for where, raw in self.lines(start):
             cols, dated = raw.split(b"\t"), self.date_of(raw)
             if len(cols) < 3:
                 yield BadRecord(where, None, f"expected 3 tab-separated columns, got {len(cols)}", dated)
