@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+import flows.servers.local as servers
 from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR,
                               clear_errors, console, day, emit, evaluation, fail, memory_dir, open_memory, table,
                               use_workdir)
@@ -120,9 +119,7 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
             found = "; ".join(f"{s['date']} {s['doc_id']} \"{s['title']}\" ({s['weight']:.2f})" for s in sentence["sources"])
             console.print(f"[{i}] {sentence['text'].strip()!r}\n    sources: {found or 'none (the LM alone)'}", highlight=False)
     emit({"policy": memory.ds.root.name, "as_of": memory.days[-1].date if memory.days else None} | gen.as_dict(), as_json)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # all is written: skip the interpreter's teardown of torch and transformers (~0.9 s on 2 cores)
+    servers.end_at_once(0)  # all is written: skip the interpreter's teardown of torch and transformers (~0.9 s on 2 cores)
 
 
 def report(workdir: Path = WORKDIR,

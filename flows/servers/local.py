@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import NoReturn
 
 from monim.core.atomic import sqlite_damage
 from monim.core.lock import hold
@@ -113,12 +114,8 @@ STOPPING_WAIT = 3.0  # seconds a stopped command gives its servers to end before
 def interruptible() -> None:
     """Ctrl-C or a kill (SIGTERM) raise KeyboardInterrupt, so the servers monim started are stopped;
     whatever swallows it, the process ends GRACE seconds after the signal."""
-    global _registered
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop)
-    if not _registered:  # first, so that it runs last: after the servers are stopped and MLflow's run is ended
-        atexit.register(_end_now)
-        _registered = True
 
 
 def _stop(signum: int, frame) -> None:
@@ -137,19 +134,25 @@ def _end_soon(signum: int) -> None:
 
 
 def _end_now() -> None:
-    """A stopped command, its exit handlers run, ends without the interpreter's teardown: collecting the
-    garbage of torch, Prefect and MLflow takes seconds on 2 cores, and no timer can end a process then."""
+    """A stopped command, once its other exit handlers have run, ends without the interpreter's teardown:
+    collecting the garbage of torch, Prefect and MLflow takes seconds on 2 cores, and no timer can end
+    a process then."""
     if _ending is not None:
-        import logging
+        end_at_once(_ending.args[0])
 
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_ending.args[0])
+
+def end_at_once(status: int) -> NoReturn:
+    """End the process now, its output and logs written, skipping the interpreter's teardown."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 _ending: threading.Timer | None = None
-_registered = False
+atexit.register(_end_now)  # at import, before Prefect's and MLflow's handlers: so it runs after them
 
 
 def guard_prefect_stops() -> None:
