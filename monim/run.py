@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from monim.storage import workdirs
+from monim.storage import forgotten, workdirs
 from monim.learning.recalibration import calibrate as calibrate_memory
 from monim.core.catalogue import BARE, LEARNER, MEMORY
 from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
@@ -118,12 +118,15 @@ class Run:
     def ingest(self, date: str, since: str | None = None) -> Day:
         """Read the day's news slice, with the records of the days from `since` that hold no article, its
         training articles capped at the run's `max_docs` (the one place the cap applies); an id the
-        memory read on another day is a bad record."""
+        memory read on another day is a bad record; an article the memory forgot (or a near-duplicate of
+        one) is left out, named in the day's `forgotten`."""
         cfg = self.cfg
         day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields(),
                        dt.date.fromisoformat(since) if since else None, workdirs.known_ids(self.root))
         if day is None:
             raise ValueError(f"{cfg.source} has no articles on {date}")
+        manifest = read_manifest(self.root / "manifest.json") if (self.root / "manifest.json").exists() else {}
+        day = day.without(forgotten.forgotten_docs(manifest), forgotten.fingerprints(manifest))
         return day.capped(cfg.max_docs).truncate(cfg.max_article_tokens, self.lm.cut)
 
     @property

@@ -61,6 +61,9 @@ def ingest(run: Run, date: str, since: str | None = None) -> Day:
     """Read the day's news slice (once: the other tasks are handed it) and report its split sizes."""
     day = run.ingest(date, since)
     logger().info("%s: %s", date, day.counts())
+    if day.forgotten:
+        logger().warning("%s: %d article(s) the memory forgot, not learned: %s", date, len(day.forgotten),
+                         "; ".join(f"{doc_id}: {why}" for doc_id, why in day.forgotten))
     return day
 
 

@@ -11,6 +11,7 @@ import torch
 from monim.learning.recalibration import calibrate
 from monim.theta.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
                               train_calibrator)
+from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
@@ -39,9 +40,13 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     days[1][0] += [2**20, 7]  # a token id beyond the others
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"})
 
+    def text(docs: list[Document]) -> dict:  # a document's text is its token ids, written out
+        return day_counts([[int(t) for t in d.text.split()] for d in docs]) | articles.pack(docs)
+
     def commit(i, force=False):
-        entries = Entries(np.zeros((2, 4), np.float16), np.array([1, 2], np.int32), [f"d{i}", f"d{i}"], np.array([1, 2], np.int32))
-        ds.commit_day(f"2022-06-0{i + 1}", entries, 2, "fullmem", force=force, text=day_counts(days[i]))
+        entries = Entries(np.zeros((2, 4), np.float16), np.array([1, 2], np.int32), [f"d{i}-0", f"d{i}-1"], np.array([1, 2], np.int32))
+        docs = [Document(f"d{i}-{j}", dt.date(2022, 6, i + 1), " ".join(map(str, d))) for j, d in enumerate(days[i])]
+        ds.commit_day(f"2022-06-0{i + 1}", entries, 2, "fullmem", force=force, text=text(docs))
 
     def check(docs):
         count, succ = brute_lexical(docs)
@@ -65,8 +70,10 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     check(days[0] + days[1] + days[2])
     ds.forget(days=["2022-06-02"])  # a forgotten day's text is forgotten too
     check(days[0] + days[2])
-    ds.forget(doc_ids=["d0"])  # forgetting documents keeps the day's text counts (per day, not per doc)
-    check(days[0] + days[2])
+    ds.forget(doc_ids=["d0-0"], retext=text)  # a forgotten document's text is counted no more, its day's other texts are
+    check(days[0][1:] + days[2])
+    ds.forget(doc_ids=["d2-1"])  # where the day's text cannot be made again, none of it counts
+    check(days[0][1:])
     (tmp_path / "shards" / ds.days[0].shard / "lex_grams.npy").unlink()  # a day from before contexts were kept
     (tmp_path / "lexical.npz").unlink()
     assert LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"})).seen(
@@ -129,6 +136,7 @@ def synthetic(n: int, seed: int) -> Examples:
         knn_logp=np.repeat(knn[:, None], len(TEMPERATURES), 1),
         holdout=rng.random(n) < 0.3,
         seen=np.zeros(n, bool),
+        doc=np.full(n, ""),
     ), good
 
 

@@ -136,8 +136,8 @@ def test_forget_documents_and_days_and_the_index_follows(tmp_path):
 
 
 def test_a_forget_repeated_leaves_no_stray_and_a_pinned_reader_keeps_its_state(tmp_path):
-    """A document forgotten twice writes no second shard version (the first forget leaves its name in
-    the shard's documents, not its entries); a reader pinned before a forget reads the arrays it
+    """A document forgotten twice writes no second shard version (the first forget left nothing of it in
+    the shard); a reader pinned before a forget reads the arrays it
     opened, whose files the forget removed, and an unpinned one of the old state cannot."""
     ident = {"model": "m", "hidden_size": D, "tokenizer": "tok"}
     ds = Datastore(tmp_path, ident)

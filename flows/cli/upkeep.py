@@ -106,7 +106,7 @@ def forget(workdir: Path = WORKDIR,
         with clear_errors(ValueError):
             memory = Memory.open(root)
             with memory.writing():
-                removed[root.name] = memory.forget(doc_ids=doc, days=days, reason=reason)
+                removed[root.name] = memory.forget(doc_ids=doc, days=days, reason=reason, store=workdir / "features")
                 write_view(workdir, root.name)  # a forgotten last day's row goes with it
     console.print(f"removed entries: {removed}")
     for root in roots:  # changed: entries, or an article only (what In-Context RALM retrieves)

@@ -24,6 +24,7 @@ NUM_PERM = 128
 SCHEME = "affine32"  # datasketch 2 default, named: stored signatures must be read back with it
 CANDIDATE_JACCARD = 0.05  # LSH threshold for candidates (a containment of 0.5 can mean a Jaccard of 0.1)
 CONTAINMENT = 0.5
+TWINS = ("twin_hashes", "twin_sizes")  # the arrays a memory's day shard keeps them in
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Signatures:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """As arrays kept in a memory's day shard (beside its lexical counts)."""
-        return {"twin_hashes": self.hashes, "twin_sizes": self.sizes}
+        return dict(zip(TWINS, (self.hashes, self.sizes)))
 
     def sketch(self, i: int) -> MinHash:
         from datasketch import MinHash

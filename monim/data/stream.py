@@ -39,6 +39,7 @@ class Day:
     texts_cut: int = 0  # articles cut to monim.data.sources.TEXT_CAP characters at ingest
     late: list[tuple[str, str]] = field(default_factory=list)  # (id, date) of late records read with the day, not learned
     ids: tuple[str, ...] = ()  # every article's id the day read (repeats and capped ones too): what a memory knows
+    forgotten: list[tuple[str, str]] = field(default_factory=list)  # (id, why) of articles a memory forgot, read and not learned
 
     @property
     def twin_groups(self) -> int:
@@ -66,6 +67,19 @@ class Day:
         return replace(self, train=shorter(self.train), validation=shorter(self.validation), test=shorter(self.test),
                        truncated=self.truncated + len(cuts))
 
+    def without(self, forgotten: Mapping[str, str], prints: dedup.Signatures) -> Day:
+        """The day without the articles a memory forgot: by id (id -> the day it was forgotten from), or a
+        near-duplicate of one (`prints`: their signatures); each named, with why, in `forgotten`."""
+        docs = [d for split in SPLITS for d in self.split(split)]
+        twins = dedup.TwinIndex(prints).has_twin(dedup.Signatures.of([d.text for d in docs])) if len(prints) and docs \
+            else [False] * len(docs)
+        why = {d.id: f"forgotten ({forgotten[d.id]})" if d.id in forgotten else "a near-duplicate of a forgotten article"
+               for d, twin in zip(docs, twins) if d.id in forgotten or twin}
+        if not why:
+            return self
+        kept = {s: [d for d in self.split(s) if d.id not in why] for s in SPLITS}
+        return replace(self, **kept, forgotten=self.forgotten + list(why.items()), ids=tuple(i for i in self.ids if i not in why))
+
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
         if name not in SPLITS:
@@ -81,7 +95,7 @@ class Day:
         counts = {"train": len(self.train), "validation": len(self.validation), "test": len(self.test),
                   "skipped": self.skipped, "duplicates": self.duplicates, "twin_groups": self.twin_groups,
                   "capped": self.capped_out, "truncated": self.truncated, "titles_cut": self.titles_cut,
-                  "texts_cut": self.texts_cut, "late": len(self.late)}
+                  "texts_cut": self.texts_cut, "late": len(self.late), "forgotten": len(self.forgotten)}
         return counts | {"records": records(counts)}
 
 
@@ -348,7 +362,7 @@ def check_feed(source: str | Path, day: dt.date, max_lag: int, on_error: Literal
     return dates[-1]
 
 
-READ = ("train", "validation", "test", "duplicates", "capped")  # the counts that add up to a day's articles in the feed
+READ = ("train", "validation", "test", "duplicates", "capped", "forgotten")  # the counts that add up to a day's articles in the feed
 COUNTED = (*READ, "skipped", "late")  # the counts that add up to every record a day read, each in one
 
 

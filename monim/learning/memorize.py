@@ -12,9 +12,7 @@ import numpy as np
 from monim.storage import articles
 from monim.learning.recalibration import Sample, sample_path
 from monim.storage.entries import Entries
-from monim.data.dedup import Signatures
 from monim.lm.features import Features
-from monim.storage.lexical import day_counts
 from monim.theta.memory import Memory
 from monim.learning.decision import Decision
 from monim.learning.policies import Policy, policy_params
@@ -112,8 +110,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
         ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
-                      text=day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays() | articles.pack(docs)
-                      | articles.seen(day.ids or [d.id for d in docs]),
+                      text=articles.day_text(docs, tokens) | articles.seen(day.ids or [d.id for d in docs]),
                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged, searched=searched)
         memory.lexical()  # extend the lexical counts with the day
         timer["commit"] = time.perf_counter() - t

@@ -209,6 +209,19 @@ def cap(store: Path | str, max_bytes: int, keep: Path | None = None) -> list[str
     return removed
 
 
+def forget(store: Path | str, digests: set[str], dates: set[str]) -> list[str]:
+    """Delete the folders that hold any of these documents (by text digest) or any document of these
+    dates (YYYY-MM-DD): a forget leaves nothing of them in the store (other documents are scored again
+    when next asked); the names of the folders deleted."""
+    removed = []
+    for p in _folders(Path(store)):
+        meta = p / "docs.json"
+        if p.name[:10] in dates or meta.exists() and digests & {h for h, *_ in json.loads(meta.read_text())}:
+            shutil.rmtree(p)
+            removed.append(p.name)
+    return removed
+
+
 def _date(name: str) -> dt.date | None:
     try:
         return dt.date.fromisoformat(name[:10])

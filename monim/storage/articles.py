@@ -4,15 +4,24 @@ articles (id, title, text) as one UTF-8 JSON array, so the datastore's commit, l
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Sequence
 
 import numpy as np
 
+from monim.data.dedup import Signatures
 from monim.data.sources import Document
+from monim.storage.lexical import day_counts
 
 ARRAY = "articles"  # the shard array that holds them
 SEEN = "seen"  # the shard array of the ids of every article the day read (a memory knows them: an id names one article)
+
+
+def day_text(docs: Sequence[Document], tokens: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+    """What a day's shard keeps of its training text (`tokens`: the documents' token ids): its lexical
+    counts, its articles' near-duplicate signatures and the articles themselves."""
+    return day_counts(tokens) | Signatures.of([d.text for d in docs]).arrays() | pack(docs)
 
 
 def pack(docs: Sequence[Document]) -> dict[str, np.ndarray]:
@@ -34,8 +43,6 @@ def unpack(array: np.ndarray) -> list[list[str]]:
     return json.loads(bytes(np.asarray(array)).decode())
 
 
-def without(arrays: dict[str, np.ndarray], doc_ids: set[str]) -> dict[str, np.ndarray]:
-    """A shard's text arrays with these documents' articles removed (forget)."""
-    if ARRAY not in arrays or not doc_ids:
-        return arrays
-    return arrays | _array([a for a in unpack(arrays[ARRAY]) if a[0] not in doc_ids])
+def documents(array: np.ndarray, date: str) -> list[Document]:
+    """The articles a shard keeps (its ARRAY), as the day's Documents."""
+    return [Document(id=i, date=dt.date.fromisoformat(date), text=text, title=title) for i, title, text in unpack(array)]

@@ -10,14 +10,20 @@ import json
 import shutil
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from monim.storage import articles, forgotten
+from monim.data.dedup import TWINS, Signatures
+from monim.data.sources import Document
+from monim.storage import articles, forgotten, lexical
 from monim.core.atomic import checksum, replacing, write_json
 from monim.storage.entries import DTYPES, Entries
 from monim.storage.shards import WEIGHTS
 from monim.core.manifest import DayRecord
+
+Retext = Callable[[list[Document]], dict[str, np.ndarray]]  # a day's text arrays from its articles (articles.day_text)
+TEXT = (*lexical.TEXT_ARRAYS, lexical.GRAMS, *TWINS, articles.ARRAY, articles.SEEN)  # a day's text arrays: none per entry
 
 
 class Commits:
@@ -82,14 +88,17 @@ class Commits:
         forgotten.refuse(self.manifest, date)
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
-               reason: str | None = None) -> int:
+               reason: str | None = None, retext: Retext | None = None) -> int:
         """Remove the entries of these documents and/or days; returns how many were removed. The last
         committed day, named, is uncommitted: the memory returns to its state before the day (its
         entries, evaluation and calibration gone). Whatever a forget changes is logged in the manifest
-        (monim.storage.forgotten, with `reason`): a forgotten day is never learned again unless relearned by name."""
+        (monim.storage.forgotten, with `reason`): a forgotten day is never learned again unless relearned by name.
+        Nothing of what is forgotten stays in the memory's folder: a shard keeps no id, headline, text,
+        lexical count or signature of it (`retext` makes a day's text arrays again from the articles it
+        keeps; without it they go), and its calibration tokens leave the calibration sets."""
         drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()} - set(forgotten.forgotten_days(self.manifest))
         last = self.manifest["days"][-1]["date"] if self.manifest["days"] else None
-        removed, new_days, gone, held = 0, [], {}, {}
+        removed, new_days, gone, held, texts, keys = 0, [], {}, {}, [], []
         for rec in map(dict, self.manifest["days"]):
             if rec["date"] in drop_days:
                 removed, gone[rec["date"]] = removed + rec["entries"], self.shard_seen(rec["shard"])
@@ -98,20 +107,43 @@ class Commits:
                 rec.update(entries=0, forgotten=rec["forgotten"] + rec["entries"], **self._rewrite(rec, None))
             elif drop_docs:
                 docs, names = np.asarray(self.shard(rec["shard"], "docs")), self.shard_docs(rec["shard"])
-                keep = ~np.isin(docs, [i for i, d in enumerate(names) if d in drop_docs])  # (a forgotten one keeps its name)
-                in_articles = {a[0] for a in self.shard_articles(rec["shard"])} & drop_docs
-                if not keep.all() or in_articles:
+                keep = ~np.isin(docs, [i for i, d in enumerate(names) if d in drop_docs])
+                hit = [a for a in self.shard_articles(rec["shard"]) if a[0] in drop_docs]
+                read = set(self.shard_seen(rec["shard"])) & drop_docs
+                if not keep.all() or hit or read:
                     removed += int((~keep).sum())
-                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys(in_articles, rec["date"])
+                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys([a[0] for a in hit], rec["date"])
+                    texts += [a[2] for a in hit]
+                    keys.append(np.asarray(self.shard(rec["shard"], "keys"))[~keep])
                     rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),
-                               **self._rewrite(rec, keep, drop_docs))
+                               **self._rewrite(rec, keep, drop_docs, retext))
             new_days.append(rec)
         if gone or held:
+            self._purge_calibration(set(gone), set(held) | {i for ids in gone.values() for i in ids}, keys)
             thetas = [t for t in self.manifest["thetas"] if last not in gone or t["date"] != last]
-            event = forgotten.forget_event(gone, held, reason)
+            event = forgotten.forget_event(gone, held, reason, Signatures.of(texts) if texts else None)
             self.manifest = dict(self.manifest, thetas=thetas, forgotten=[*forgotten.log(self.manifest), event])
+            (self.root / lexical.CACHE).unlink(missing_ok=True)  # derived from the shards: made again without them when read
             self._publish(new_days, next_id=self.manifest["next_id"])
         return removed
+
+    def _purge_calibration(self, dates: set[str], doc_ids: set[str], keys: list[np.ndarray]) -> None:
+        """The forgotten days' calibration samples removed, and the forgotten articles' tokens from every
+        calibration file (by article; in files kept before calibration tokens named theirs, by key)."""
+        for date in dates:
+            (self.root / "calibration" / f"{date}.npz").unlink(missing_ok=True)
+        known = {row.tobytes() for part in keys for row in np.asarray(part, np.float16)}
+        for path in [*(self.root / "calibration").glob("*.npz"), *(self.root / "theta").glob("*/examples.npz")]:
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in f.files}
+            column = next((c for c in ("doc", "doc_id") if c in arrays), None)
+            if column is not None:
+                drop = np.isin(arrays[column].astype(str), list(doc_ids))
+            else:
+                drop = np.array([row.tobytes() in known for row in np.asarray(arrays["key"], np.float16)], bool)
+            if drop.any():
+                with replacing(path) as tmp:
+                    np.savez(tmp, **{k: v[~drop] for k, v in arrays.items()})
 
     def relearn(self, date: str) -> None:
         """Let a day be learned again, asked by name: the last committed day is uncommitted (its entries,
@@ -133,18 +165,38 @@ class Commits:
         rec = dict(rec, merged=rec.get("merged", 0) + int((~keep).sum()), entries=int(keep.sum()))
         return rec | self._rewrite(rec, keep)
 
-    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] = frozenset()) -> dict:
-        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text) and its
-        articles but `drop_docs`': its name and checksums."""
+    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] = frozenset(),
+                 retext: Retext | None = None) -> dict:
+        """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text) without
+        `drop_docs` (their ids, headlines and text): its name and checksums."""
         old = rec["shard"]
         n = len(self.shard(old, "values"))
-        text = {} if keep is None else articles.without({p.stem: np.load(p) for p in (self.root / "shards" / old).glob(
-            "*.npy") if p.stem not in DTYPES and p.stem != WEIGHTS}, drop_docs)
-        keep = np.zeros(n, bool) if keep is None else keep
         per_entry = [*DTYPES, WEIGHTS] if self.has_array(old, WEIGHTS) else list(DTYPES)
-        arrays = {a: np.asarray(self.shard(old, a))[keep] for a in per_entry} | text
+        arrays = {a: np.asarray(self.shard(old, a))[np.zeros(n, bool) if keep is None else keep] for a in per_entry}
+        names, titles = ([], None) if keep is None else (self.shard_docs(old), self.shard_titles(old))
+        if keep is not None:
+            arrays |= self._text_without({p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
+                                          if p.stem not in per_entry}, rec["date"], drop_docs, retext)
+        if keep is not None and drop_docs:  # the documents left, numbered again: no name of a forgotten one stays
+            live = np.unique(arrays["docs"])
+            arrays["docs"] = np.searchsorted(live, arrays["docs"]).astype(DTYPES["docs"])
+            names, titles = [names[i] for i in live], None if titles is None else [titles[i] for i in live]
         name = f"{old.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:8]}"
-        return {"shard": name, "checksums": self._write_shard(name, arrays, self.shard_docs(old), self.shard_titles(old))}
+        return {"shard": name, "checksums": self._write_shard(name, arrays, names, titles)}
+
+    @staticmethod
+    def _text_without(text: dict[str, np.ndarray], date: str, drop_docs: set[str], retext: Retext | None) -> dict:
+        """A shard's text arrays without these documents: made again from the articles it keeps (`retext`),
+        or, where it cannot be (no articles kept, or no `retext`), without the day's text; their ids gone
+        from the ids the day read."""
+        if not drop_docs:
+            return text
+        out = {k: v for k, v in text.items() if k not in TEXT}
+        if articles.ARRAY in text and retext is not None:
+            out |= retext([d for d in articles.documents(text[articles.ARRAY], date) if d.id not in drop_docs])
+        if articles.SEEN in text:
+            out |= articles.seen([i for i in articles.unpack(text[articles.SEEN]) if i not in drop_docs])
+        return out
 
     def _write_shard(self, name: str, arrays: dict[str, np.ndarray], docs: list[str],
                      titles: list[str] | None = None) -> dict[str, str]:

@@ -1,11 +1,16 @@
 """What a memory forgot, for good: each forget's days (with their articles' ids), documents, time and
 reason, kept in the manifest's `forgotten` log, so that no resume, re-run, daily run or backfill learns
 it again and its ids stay known (an id names one article); only a relearn asked by name
-(`monim learn --relearn DAY`) brings a day back, and it is logged too."""
+(`monim learn --relearn DAY`) brings a day back, and it is logged too. Of a document forgotten by id the
+log keeps its MinHash fingerprint (never its text): a later record that is its near-duplicate is not learned."""
 
 from __future__ import annotations
 
 import datetime as dt
+
+import numpy as np
+
+from monim.data.dedup import NUM_PERM, Signatures
 
 
 class ForgottenDay(ValueError):
@@ -17,10 +22,15 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def forget_event(days: dict[str, list[str]], docs: dict[str, str], reason: str | None) -> dict:
+def forget_event(days: dict[str, list[str]], docs: dict[str, str], reason: str | None,
+                 prints: Signatures | None = None) -> dict:
     """A forget: the days forgotten whole (date -> the ids of the articles the day read), the documents
-    (id -> the day that held it), when, and why (the caller's words)."""
-    return {"when": now(), "reason": reason, "days": days, "docs": docs}
+    (id -> the day that held it), when, why (the caller's words), and the documents' fingerprints
+    (their MinHash signatures, in the order of `docs`, where their text was kept)."""
+    event = {"when": now(), "reason": reason, "days": days, "docs": docs}
+    if prints is not None and len(prints):
+        event["fingerprints"] = {"hashes": prints.hashes.tolist(), "sizes": prints.sizes.tolist()}
+    return event
 
 
 def relearn_event(date: str) -> dict:
@@ -49,6 +59,18 @@ def forgotten_ids(manifest: dict) -> dict[str, str]:
     for event in log(manifest):
         out |= {i: date for date, ids in event.get("days", {}).items() for i in ids} | event.get("docs", {})
     return out
+
+
+def forgotten_docs(manifest: dict) -> dict[str, str]:
+    """The documents forgotten by id: id -> the day that held it (never learned again, even on a relearn of that day)."""
+    return {i: date for event in log(manifest) for i, date in event.get("docs", {}).items()}
+
+
+def fingerprints(manifest: dict) -> Signatures:
+    """The MinHash signatures of every document forgotten by id (a near-duplicate of one is not learned)."""
+    kept = [e["fingerprints"] for e in log(manifest) if "fingerprints" in e]
+    return Signatures.concat([Signatures(np.array(f["hashes"], np.uint32).reshape(-1, NUM_PERM), np.array(f["sizes"], np.int64))
+                              for f in kept])
 
 
 def refuse(manifest: dict, date: str) -> None:

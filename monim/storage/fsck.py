@@ -21,7 +21,7 @@ from monim.core.atomic import checksum, is_stray, write_json
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
-from monim.storage.lexical import LexicalCounts
+from monim.storage.lexical import CACHE, LexicalCounts
 from monim.core.lock import hold
 from monim.storage.memory_settings import Settings
 from monim.storage.workdirs import record_path, run_lock, write_view
@@ -133,7 +133,7 @@ def _index_problem(ds: Datastore) -> Problem | None:
 
 
 def _lexical_problem(ds: Datastore) -> Problem | None:
-    path = ds.root / "lexical.npz"
+    path = ds.root / CACHE
     if not path.exists():
         return None
     try:  # counts of days the memory no longer holds are recounted on use: only an unreadable file is wrong

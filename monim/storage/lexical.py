@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
 from monim.core.atomic import replacing
 from monim.core.config import SEEN_CONTEXT
-from monim.storage.datastore import Datastore
 
 TEXT_ARRAYS = ("lex_tokens", "lex_counts", "lex_pairs")
 GRAMS = "lex_grams"  # a day's distinct contexts; absent from days committed before contexts were kept
+CACHE = "lexical.npz"  # the counts over every committed day, beside the manifest
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # an odd 64-bit multiplier: the contexts' polynomial hash
 
 
@@ -42,6 +43,20 @@ def day_counts(documents: Iterable[Sequence[int]]) -> dict[str, np.ndarray]:
     pairs = np.unique(np.concatenate([(d[:-1] << 32) | d[1:] for d in docs])) if docs else np.zeros(0, np.int64)
     grams = np.unique(np.concatenate([context_grams(d) for d in docs])) if docs else np.zeros(0, np.uint64)
     return {"lex_tokens": ids, "lex_counts": counts.astype(np.int64), "lex_pairs": pairs, GRAMS: grams}
+
+
+class Days(Protocol):
+    """What the counts read of a datastore (monim.storage.datastore.Datastore, which keeps a day's counts
+    in its shards: it is not imported here)."""
+
+    root: Path
+
+    @property
+    def days(self) -> list: ...
+
+    def has_array(self, name: str, array: str) -> bool: ...
+
+    def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray: ...
 
 
 @dataclass
@@ -90,12 +105,12 @@ class LexicalCounts:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.zeros(0, np.uint64))
 
     @classmethod
-    def of(cls, ds: Datastore, shards: list[str] | None = None) -> LexicalCounts:
+    def of(cls, ds: Days, shards: list[str] | None = None) -> LexicalCounts:
         """The counts over every committed day (or these first days' shards): from the cache if
         current, extended, or rebuilt; the cache keeps the counts of all committed days."""
         every = [d.shard for d in ds.days]
         shards = every if shards is None else shards
-        path = ds.root / "lexical.npz"
+        path = ds.root / CACHE
         counts = cls.empty()
         if path.exists():
             with np.load(path) as f:

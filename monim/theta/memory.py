@@ -14,10 +14,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from monim.theta.calibrator import Calibrator
+from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.core.manifest import recorded
-from monim.data.dedup import Signatures, TwinIndex
-from monim.lm.features import Features
+from monim.data.dedup import TWINS, Signatures, TwinIndex
+from monim.lm.features import Features, digest, forget as forget_features
 from monim.storage.index import MemoryIndex
 from monim.storage.lexical import LexicalCounts
 from monim.lm.model import LM, cached_lm
@@ -114,8 +115,8 @@ class Memory(Searcher, ThetaRule):
         shards = [d.shard for d in self.days]
         with self._lock:
             if self._twins is None or self._twins[0] != shards:
-                learned = [Signatures(np.asarray(self.ds.shard(s, "twin_hashes")), np.asarray(self.ds.shard(s, "twin_sizes")))
-                           for s in shards if self.ds.has_array(s, "twin_hashes")]
+                learned = [Signatures(*(np.asarray(self.ds.shard(s, a)) for a in TWINS)) for s in shards
+                           if self.ds.has_array(s, TWINS[0])]
                 self._twins = (shards, TwinIndex(Signatures.concat(learned)))
             twins = self._twins[1]
         return twins.has_twin(Signatures.of([d.text for d in docs]))
@@ -143,12 +144,20 @@ class Memory(Searcher, ThetaRule):
             raise ValueError(f"{self.ds.root} read as of {self.as_of} is read-only")
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
-               reason: str | None = None) -> int:
-        """Remove documents' or days' entries from the datastore (for good: monim.storage.forgotten), then from the index."""
+               reason: str | None = None, store: Path | str | None = None) -> int:
+        """Remove documents or days from the datastore (for good, and all of them: monim.storage.forgotten and
+        Datastore.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
         with self.writing():
-            removed = self.ds.forget(doc_ids, days, reason)
+            if store is not None:
+                texts = {a[2] for d in self.ds.days for a in self.ds.shard_articles(d.shard) if a[0] in set(doc_ids or ())}
+                forget_features(store, {digest(t) for t in texts}, {str(d) for d in days or ()})
+            removed = self.ds.forget(doc_ids, days, reason, retext=self.day_text)
             self.sync()
         return removed
+
+    def day_text(self, docs: list[Document]) -> dict[str, np.ndarray]:
+        """What a day's shard keeps of these training articles (monim.storage.articles.day_text), tokenized by the LM."""
+        return articles.day_text(docs, self.features().tokenize(docs))
 
     def relearn(self, date: str) -> None:
         """Let a day be learned again, asked by name (Datastore.relearn); the index follows."""
