@@ -112,3 +112,14 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
     memory = Datastore.read(workdir / "memories" / "fullmem")
     assert memory.days[-1].date == DAYS[2] and "copy-of-it" not in memory.shard_seen(memory.days[-1].shard)
     assert found(workdir, needles) == {}
+
+    # a held-out article (read to evaluate, never learned, its text not kept) is taken down too
+    first = memory.days[0]
+    held_out = next(i for i in memory.shard_seen(first.shard) if i not in memory.shard_docs(first.shard))
+    ids = tokenizer(next(r["text"] for r in rows if str(r["id"]) == held_out))["input_ids"]
+    scored = {"tokens": np.asarray(ids[len(ids) // 2:][:8], np.int32).tobytes()}  # in the features it was scored into
+    assert found(workdir, scored)
+    out = monim.json("forget", "--workdir", workdir, "--doc", held_out, "--reason", "takedown")
+    assert out["removed"]["fullmem"] == 0 and found(workdir, scored) == {}
+    after = Datastore.read(workdir / "memories" / "fullmem")
+    assert held_out not in after.shard_seen(after.days[0].shard)

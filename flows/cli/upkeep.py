@@ -95,8 +95,7 @@ def forget(workdir: Path = WORKDIR,
     days = [day(d).isoformat() for d in days or []]  # "not a date" before anything is read
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
-    held = {d for ds in stores for rec in ds.days  # its entries' documents, and its articles
-            for d in [*ds.shard_docs(rec.shard), *(a[0] for a in ds.shard_articles(rec.shard))]}
+    held = {d for ds in stores for rec in ds.days for d in ds.shard_seen(rec.shard)}  # every article a day read
     dates = {rec.date for ds in stores for rec in ds.days}
     unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days if d not in dates]
     if unknown:

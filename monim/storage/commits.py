@@ -112,7 +112,8 @@ class Commits:
                 read = set(self.shard_seen(rec["shard"])) & drop_docs
                 if not keep.all() or hit or read:
                     removed += int((~keep).sum())
-                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys([a[0] for a in hit], rec["date"])
+                    held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys([a[0] for a in hit], rec["date"]) \
+                        | dict.fromkeys(read, rec["date"])
                     texts += [a[2] for a in hit]
                     keys.append(np.asarray(self.shard(rec["shard"], "keys"))[~keep])
                     rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),

@@ -149,8 +149,15 @@ class Memory(Searcher, ThetaRule):
         Datastore.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
         with self.writing():
             if store is not None:
-                texts = {a[2] for d in self.ds.days for a in self.ds.shard_articles(d.shard) if a[0] in set(doc_ids or ())}
-                forget_features(store, {digest(t) for t in texts}, {str(d) for d in days or ()})
+                texts, dates = set(), {str(d) for d in days or ()}
+                for d in self.ds.days:
+                    kept = {a[0]: a[2] for a in self.ds.shard_articles(d.shard)}
+                    for i in set(doc_ids or ()) & set(self.ds.shard_seen(d.shard)):
+                        if i in kept:
+                            texts.add(kept[i])
+                        else:  # a held-out article (its text is not kept): every folder of its day goes
+                            dates.add(d.date)
+                forget_features(store, {digest(t) for t in texts}, dates)
             removed = self.ds.forget(doc_ids, days, reason, retext=self.day_text)
             self.sync()
         return removed
