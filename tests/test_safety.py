@@ -258,3 +258,42 @@ def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny,
     assert memory.index.ntotal == n and sorted(p.relative_to(root) for p in root.rglob("*")) == before
     _, values = memory.neighbors(keys[:3].astype(np.float32), k=1)
     np.testing.assert_array_equal(values[:, 0], [0, 1, 2])  # each key finds itself
+
+
+def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(tiny, tmp_path):
+    """Every reader opens Θ by Memory.open, which reads each shard Θ reads against its commit's
+    checksums first: a values.npy rewritten in place (same shape and dtype, reversed) is refused
+    naming the file and the day, as is the MLflow model's load; the days before it still open as of
+    their day; forgetting the day is the way out; a truncated array names its file and day."""
+    from types import SimpleNamespace
+
+    from monim.core.manifest import Damaged
+    from monim.theta.memory import Memory
+    from tasks.tracking.registry import MonimModel
+
+    memory = Memory(tmp_path, tiny)
+    for i, date in enumerate(("2022-06-01", "2022-06-02")):
+        rng = np.random.default_rng(i)
+        memory.ds.commit_day(date, Entries(rng.standard_normal((6, tiny.hidden_size)).astype(np.float16),
+                                           rng.permutation(50).astype(np.int32)[:6], ["d"] * 6, np.arange(6)), 6, "fullmem")
+    assert len(Memory.open(tmp_path, tiny)) == 12
+    folder = tmp_path / "shards" / memory.ds.days[1].shard
+    values = np.load(folder / "values.npy")
+    np.save(folder / "values.npy", values[::-1].copy())  # in place: same shape and dtype, other bytes
+    assert np.load(folder / "values.npy").shape == values.shape and not np.array_equal(np.load(folder / "values.npy"), values)
+    refusal = r"shards/{}: values.npy corrupt.*day 2022-06-02.*monim forget --day 2022-06-02".format(folder.name)
+    with pytest.raises(Damaged, match=refusal):
+        Memory.open(tmp_path, tiny)
+    config = {"memory": str(tmp_path), "as_of": "2022-06-02", "checksum": memory.ds.checksum("2022-06-02")}
+    with pytest.raises(Damaged, match=refusal):
+        MonimModel().load_context(SimpleNamespace(model_config=config))
+    assert len(Memory.open(tmp_path, tiny, as_of="2022-06-01")) == 6  # the damaged day is not read as of the day before
+    # the way out: the damaged day forgotten (a forget opens the memory without checking the day it removes)
+    Memory.open(tmp_path, tiny, removing=("2022-06-02",)).forget(days=["2022-06-02"])
+    assert len(Memory.open(tmp_path, tiny)) == 6
+    keys = tmp_path / "shards" / memory.ds.days[0].shard / "keys.npy"
+    keys.write_bytes(keys.read_bytes()[:-100])  # truncated
+    with pytest.raises(Damaged, match="keys.npy corrupt.*day 2022-06-01"):
+        Memory.open(tmp_path, tiny)
+    with pytest.raises(Damaged, match=f"{keys}: cannot be read .*the shard of day 2022-06-01 is damaged"):
+        Datastore.read(tmp_path).shard(memory.ds.days[0].shard, "keys")

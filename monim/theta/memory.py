@@ -15,7 +15,8 @@ import numpy as np
 
 from monim.theta.calibrator import Calibrator
 from monim.storage.datastore import Datastore
-from monim.core.manifest import recorded
+from monim.storage.fsck import day_problem
+from monim.core.manifest import Damaged, recorded
 from monim.data.dedup import Signatures, TwinIndex
 from monim.lm.features import Features
 from monim.storage.index import MemoryIndex
@@ -28,6 +29,16 @@ from monim.data.sources import Document
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
+
+
+def verified(ds: Datastore, as_of: dt.date | str | None = None, removing: tuple[str, ...] = ()) -> None:
+    """Refuse (Damaged, naming the file and the day) a memory whose shards as of `as_of` differ from
+    their commit: every byte read once against the checksums written at commit (monim fsck's check).
+    No cache is trusted, none written: a reader writes nothing, and a file's size and time say
+    nothing of a copy made with its times kept."""
+    for day in ds.days:
+        if (as_of is None or day.date <= str(as_of)) and day.date not in removing and (problem := day_problem(ds, day)):
+            raise Damaged.of(f"{problem.where}: {problem.what}", day.date)
 
 
 class Memory(Searcher, ThetaRule):
@@ -63,12 +74,16 @@ class Memory(Searcher, ThetaRule):
         self.as_of = None if as_of is None else str(as_of)
 
     @classmethod
-    def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None, **overrides) -> Memory:
+    def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None,
+             removing: tuple[str, ...] = (), **overrides) -> Memory:
         """Θ as the memory at `root` describes itself: its LM (the model and dtype it was learned with,
         loaded once per process unless given), window, index, calibrator and recency, as of a day.
         `overrides` change how it is read (monim.storage.memory_settings.READ: k, nprobe, calibrated, skip_threshold,
-        half_life, max_age, ...); one that would change what was learned is refused, naming the field."""
+        half_life, max_age, ...); one that would change what was learned is refused, naming the field.
+        First every shard Θ reads is checked against its commit (but the days a forget is `removing`),
+        the LM loaded after."""
         ds = Datastore.read(root)
+        verified(ds, as_of, removing)
         settings = Settings.from_dict(recorded(ds.manifest)).read_with(**overrides)
         lm = lm or cached_lm(ds.manifest["model"], settings.dtype)
         return cls(root, lm, settings, as_of, may_differ=READ)
