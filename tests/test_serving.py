@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +252,55 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
         service.close()
     assert same_continuation(got[0][0][0], alone[theta][0]) and same_continuation(got[1][0][0], alone[other][1])
     assert got[1][1] < got[0][1] and service.about["version"] == "2"  # answered while the first was still written
+
+
+def test_files_that_differ_from_their_commit_are_never_answered_from_and_a_damaged_champion_is_not_swapped_in(theta, tmp_path):
+    """A served (pinned) Θ whose values.npy is rewritten in place is found at its next look: every
+    request is refused (503, naming the file and the day) and /health and /ping say "damaged"; the
+    bytes put back, it answers as before. A new champion whose files differ from their commit is
+    not loaded: the served one answers on, and /health says "stale", naming the file."""
+    from flows.servers.model import Follower, app_for, health_of
+    from fastapi.testclient import TestClient
+    from monim.core.manifest import Damaged
+    from monim.learning.memorize import memorize_day
+    from monim.serving.service import Busy, Service
+    from monim.theta.memory import Memory
+
+    root = tmp_path / "served"
+    other = Memory(root, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))
+    memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
+    values = root / "shards" / other.ds.days[0].shard / "values.npy"
+    good = values.read_bytes()
+    body = {"dataframe_records": [{"prompt": " ".join(texts(1)[0].split()[:6])}], "params": {"max_new_tokens": 4}}
+    service = Service(Memory.open(root, theta.lm).pin(), about={"version": "1"})
+    service.LOOK_S = 0.0  # look at every request (the server: at most once a second)
+    client = TestClient(app_for(service))
+    try:
+        alone = service.answer(body)
+        assert health_of(service, None)["status"] == "ok" and client.get("/ping").status_code == 200
+        np.save(values, np.load(values)[::-1].copy())  # in place: the pinned map sees the new bytes
+        with pytest.raises(Busy, match=f"{values}: written since it was verified.*day 1987-03-02.*monim forget"):
+            service.answer(body)
+        health = health_of(service, None)
+        assert health["status"] == "damaged" and str(values) in health["problem"]
+        ping = client.get("/ping")
+        assert ping.status_code == 503 and ping.json()["status"] == "damaged"
+        values.write_bytes(good)  # put back in place: verified again, answered as before
+        assert service.answer(body) == alone and health_of(service, None)["status"] == "ok"
+        # a new champion whose files differ from their commit is a load error: the served one answers on
+        champion = Path(shutil.copytree(root, tmp_path / "champion"))
+        copied = champion / values.relative_to(root)
+        np.save(copied, np.load(copied)[::-1].copy())
+        follower = Follower(service, lambda: {"model": "m", "version": "2", "as_of": "1987-03-02", "memory": str(champion),
+                                              "checksum": "c"},
+                            lambda found: Memory.open(found["memory"], theta.lm).pin(), every=60)
+        assert follower.check() is False and service.about["version"] == "1" and service.answer(body) == alone
+        health = health_of(service, follower)
+        assert health["status"] == "stale" and f"{copied.parent}: values.npy corrupt" in health["problem"]
+        assert "day 1987-03-02" in health["problem"] and Damaged.__name__ in health["problem"]
+    finally:
+        values.write_bytes(good)
+        service.close()
 
 
 def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(theta):
