@@ -60,6 +60,25 @@ def _stamp(path: Path) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+def looked_again(files: Verified) -> str | None:
+    """Why a file verified (and stamped) before now differs from its commit, or None: a stat each, the
+    file read again only where it was written in place since (a file a commit replaced is another
+    file, and a pinned memory maps the one it verified). Bit rot below the filesystem changes no
+    stamp: `monim fsck` reads every byte."""
+    for path, (stamp, digest, date) in files.items():
+        try:
+            now = _stamp(path)
+        except FileNotFoundError:
+            continue  # removed by a forget or gc: a pinned memory maps the file it verified
+        if now[:2] != stamp[:2] or now == stamp:
+            continue
+        if checksum(path) != digest:
+            return str(Damaged.of(f"{path}: written since it was verified, it differs from the commit of day {date}",
+                                  date))
+        files[path] = (now, digest, date)
+    return None
+
+
 class Memory(Searcher, ThetaRule):
     """A memory directory: its datastore, FAISS index, lexical counts and calibrator, searched
     (monim.theta.searcher.Searcher) and read by Θ's rule (monim.theta.rule.ThetaRule).
@@ -206,22 +225,9 @@ class Memory(Searcher, ThetaRule):
 
     def damaged(self) -> str | None:
         """Why a shard file verified at open now differs from its commit (None: none does), looked at
-        again by a long-lived reader: a stat each, and the file read again only where it was written
-        in place since (a file a commit replaced is another file, and a pinned memory maps the one it
-        verified). Bit rot below the filesystem changes no stamp: `monim fsck` reads every byte."""
+        again by a long-lived reader (looked_again)."""
         with self._lock:
-            for path, (stamp, digest, date) in self._verified.items():
-                try:
-                    now = _stamp(path)
-                except FileNotFoundError:
-                    continue  # removed by a forget or gc: a pinned memory maps the file it verified
-                if now[:2] != stamp[:2] or now == stamp:
-                    continue
-                if checksum(path) != digest:
-                    return str(Damaged.of(f"{path}: written since it was verified, it differs from the commit "
-                                          f"of day {date}", date))
-                self._verified[path] = (now, digest, date)
-            return None
+            return looked_again(self._verified)
 
     def checksum(self) -> str:
         """The state of what Θ reads as of `as_of` (Datastore.checksum): one identity for every cache and the registry."""
