@@ -93,7 +93,8 @@ def main() -> None:
             shutil.rmtree(root)
         print(rows[-1], flush=True)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
-                         f"{platform.python_version()}", "rows": rows}
+                         f"{platform.python_version()}", "load_average": [round(x, 1) for x in os.getloadavg()],
+              "rows": rows}
     save(args.out, result)
     columns = {"entries": "entries", "mb": "MB", "verify_warm_s": "check s (cached)", "verify_warm_mb_s": "MB/s",
                "verify_cold_s": "check s (disk)", "verify_cold_mb_s": "MB/s",
