@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -429,6 +430,43 @@ def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(serv
         got, out = invoke(port, body)
         assert got == status and says in out.get("message", ""), (body, got, out)
         assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
+
+
+def test_the_server_answers_nothing_from_a_file_changed_under_it_and_a_damaged_champion_does_not_start(served, invoke,
+                                                                                                      monim):
+    """A served values.npy rewritten in place (same shape and dtype, reversed): /health says damaged
+    and every request is refused (503), naming the file and the day, /ping answers 503; a server
+    started on it does not start (one line naming them, non-zero exit); put back, it answers again."""
+    import flows.servers.local as servers
+
+    port, proc, _, workdir = served
+    values = sorted((workdir / "memories" / "fullmem" / "shards").glob("*-1987-03-02-*/values.npy"))[-1]
+    good = values.read_bytes()
+    body = {"dataframe_records": [{"prompt": "The bank"}], "params": {"max_new_tokens": 2}}
+
+    def health_until(status: str) -> dict:
+        deadline = time.monotonic() + 60
+        while (h := json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read()))["status"] != status:
+            assert time.monotonic() < deadline, h
+            time.sleep(0.2)
+        return h
+
+    try:
+        np.save(values, np.load(values)[::-1].copy())
+        health = health_until("damaged")
+        assert f"{values}: written since it was verified" in health["problem"] and "day 1987-03-02" in health["problem"]
+        status, out = invoke(port, body)
+        assert status == 503 and str(values) in out["message"] and "monim forget --day 1987-03-02" in out["message"]
+        with pytest.raises(urllib.error.HTTPError) as ping:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping")
+        assert ping.value.code == 503
+        start = monim("serve-model", "--workdir", workdir, "--port", servers.free_port(), check=False, timeout=300)
+        (line,) = start.stderr.strip().splitlines()
+        assert start.returncode != 0 and f"{values.parent}: values.npy corrupt" in line and "day 1987-03-02" in line
+    finally:
+        values.write_bytes(good)  # in place again: the same bytes as the commit's
+    health_until("ok")
+    assert invoke(port, body)[0] == 200 and proc.poll() is None
 
 
 def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
