@@ -260,6 +260,18 @@ def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny,
     np.testing.assert_array_equal(values[:, 0], [0, 1, 2])  # each key finds itself
 
 
+def two_days(root: Path, lm):
+    """A memory of two committed days of 6 random entries each (the tiny LM's key size)."""
+    from monim.theta.memory import Memory
+
+    memory = Memory(root, lm)
+    for i, date in enumerate(("2022-06-01", "2022-06-02")):
+        rng = np.random.default_rng(i)
+        memory.ds.commit_day(date, Entries(rng.standard_normal((6, lm.hidden_size)).astype(np.float16),
+                                           rng.permutation(50).astype(np.int32)[:6], ["d"] * 6, np.arange(6)), 6, "fullmem")
+    return memory
+
+
 def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(tiny, tmp_path):
     """Every reader opens Θ by Memory.open, which reads each shard Θ reads against its commit's
     checksums first: a values.npy rewritten in place (same shape and dtype, reversed) is refused
@@ -271,11 +283,7 @@ def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(ti
     from monim.theta.memory import Memory
     from tasks.tracking.registry import MonimModel
 
-    memory = Memory(tmp_path, tiny)
-    for i, date in enumerate(("2022-06-01", "2022-06-02")):
-        rng = np.random.default_rng(i)
-        memory.ds.commit_day(date, Entries(rng.standard_normal((6, tiny.hidden_size)).astype(np.float16),
-                                           rng.permutation(50).astype(np.int32)[:6], ["d"] * 6, np.arange(6)), 6, "fullmem")
+    memory = two_days(tmp_path, tiny)
     assert len(Memory.open(tmp_path, tiny)) == 12
     folder = tmp_path / "shards" / memory.ds.days[1].shard
     values = np.load(folder / "values.npy")
@@ -297,3 +305,49 @@ def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(ti
         Memory.open(tmp_path, tiny)
     with pytest.raises(Damaged, match=f"{keys}: cannot be read .*the shard of day 2022-06-01 is damaged"):
         Datastore.read(tmp_path).shard(memory.ds.days[0].shard, "keys")
+
+
+def test_a_served_file_written_in_place_stops_every_answer_and_a_damaged_champion_is_not_swapped_in(tiny, tmp_path):
+    """A served (pinned) Θ whose values.npy is rewritten in place is found at its next look: every
+    request is refused (503, naming the file and the day) and /health and /ping say "damaged"; the
+    bytes put back, it answers as before. A new champion whose files differ from their commit is
+    not loaded: the served one answers on, and /health says "stale", naming the file and the day."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from flows.servers.model import Follower, app_for, health_of
+    from monim.serving.service import Busy, Service
+    from monim.theta.memory import Memory
+
+    root = tmp_path / "served"
+    memory = two_days(root, tiny)
+    values = root / "shards" / memory.ds.days[1].shard / "values.npy"
+    good = values.read_bytes()
+    body = {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 4}}
+    service = Service(Memory.open(root, tiny).pin(), about={"version": "1"})
+    service.LOOK_S = 0.0  # a look at every request (the server: at most once a second)
+    client = TestClient(app_for(service))
+    try:
+        alone = service.answer(body)
+        assert health_of(service, None)["status"] == "ok" and client.get("/ping").status_code == 200
+        np.save(values, np.load(values)[::-1].copy())  # in place: the pinned map sees the new bytes
+        with pytest.raises(Busy, match=f"{values}: written since it was verified.*day 2022-06-02.*monim forget"):
+            service.answer(body)
+        health = health_of(service, None)
+        assert health["status"] == "damaged" and str(values) in health["problem"]
+        ping = client.get("/ping")
+        assert ping.status_code == 503 and ping.json()["status"] == "damaged"
+        values.write_bytes(good)  # put back in place: read again, answered as before
+        assert service.answer(body) == alone and health_of(service, None)["status"] == "ok"
+        champion = Path(shutil.copytree(root, tmp_path / "champion"))  # another version, damaged
+        copied = champion / values.relative_to(root)
+        np.save(copied, np.load(copied)[::-1].copy())
+        follower = Follower(service, lambda: {"model": "m", "version": "2", "as_of": "2022-06-02", "memory": str(champion),
+                                              "checksum": "c"}, lambda found: Memory.open(found["memory"], tiny).pin(), 60)
+        assert follower.check() is False and service.about["version"] == "1" and service.answer(body) == alone
+        health = health_of(service, follower)
+        assert health["status"] == "stale" and f"{copied.parent}: values.npy corrupt" in health["problem"]
+        assert "day 2022-06-02" in health["problem"]
+    finally:
+        service.close()

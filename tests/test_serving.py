@@ -7,13 +7,11 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -255,55 +253,6 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     assert got[1][1] < got[0][1] and service.about["version"] == "2"  # answered while the first was still written
 
 
-def test_files_that_differ_from_their_commit_are_never_answered_from_and_a_damaged_champion_is_not_swapped_in(theta, tmp_path):
-    """A served (pinned) Θ whose values.npy is rewritten in place is found at its next look: every
-    request is refused (503, naming the file and the day) and /health and /ping say "damaged"; the
-    bytes put back, it answers as before. A new champion whose files differ from their commit is
-    not loaded: the served one answers on, and /health says "stale", naming the file."""
-    from flows.servers.model import Follower, app_for, health_of
-    from fastapi.testclient import TestClient
-    from monim.core.manifest import Damaged
-    from monim.learning.memorize import memorize_day
-    from monim.serving.service import Busy, Service
-    from monim.theta.memory import Memory
-
-    root = tmp_path / "served"
-    other = Memory(root, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))
-    memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
-    values = root / "shards" / other.ds.days[0].shard / "values.npy"
-    good = values.read_bytes()
-    body = {"dataframe_records": [{"prompt": " ".join(texts(1)[0].split()[:6])}], "params": {"max_new_tokens": 4}}
-    service = Service(Memory.open(root, theta.lm).pin(), about={"version": "1"})
-    service.LOOK_S = 0.0  # look at every request (the server: at most once a second)
-    client = TestClient(app_for(service))
-    try:
-        alone = service.answer(body)
-        assert health_of(service, None)["status"] == "ok" and client.get("/ping").status_code == 200
-        np.save(values, np.load(values)[::-1].copy())  # in place: the pinned map sees the new bytes
-        with pytest.raises(Busy, match=f"{values}: written since it was verified.*day 1987-03-02.*monim forget"):
-            service.answer(body)
-        health = health_of(service, None)
-        assert health["status"] == "damaged" and str(values) in health["problem"]
-        ping = client.get("/ping")
-        assert ping.status_code == 503 and ping.json()["status"] == "damaged"
-        values.write_bytes(good)  # put back in place: verified again, answered as before
-        assert service.answer(body) == alone and health_of(service, None)["status"] == "ok"
-        # a new champion whose files differ from their commit is a load error: the served one answers on
-        champion = Path(shutil.copytree(root, tmp_path / "champion"))
-        copied = champion / values.relative_to(root)
-        np.save(copied, np.load(copied)[::-1].copy())
-        follower = Follower(service, lambda: {"model": "m", "version": "2", "as_of": "1987-03-02", "memory": str(champion),
-                                              "checksum": "c"},
-                            lambda found: Memory.open(found["memory"], theta.lm).pin(), every=60)
-        assert follower.check() is False and service.about["version"] == "1" and service.answer(body) == alone
-        health = health_of(service, follower)
-        assert health["status"] == "stale" and f"{copied.parent}: values.npy corrupt" in health["problem"]
-        assert "day 1987-03-02" in health["problem"] and Damaged.__name__ in health["problem"]
-    finally:
-        values.write_bytes(good)
-        service.close()
-
-
 def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(theta):
     """Requests from many threads go through one worker (texts scored together in one LM pass):
     each answer equals the same request's alone; bad requests are refused naming the field and limit."""
@@ -430,43 +379,6 @@ def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(serv
         got, out = invoke(port, body)
         assert got == status and says in out.get("message", ""), (body, got, out)
         assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
-
-
-def test_the_server_answers_nothing_from_a_file_changed_under_it_and_a_damaged_champion_does_not_start(served, invoke,
-                                                                                                      monim):
-    """A served values.npy rewritten in place (same shape and dtype, reversed): /health says damaged
-    and every request is refused (503), naming the file and the day, /ping answers 503; a server
-    started on it does not start (one line naming them, non-zero exit); put back, it answers again."""
-    import flows.servers.local as servers
-
-    port, proc, _, workdir = served
-    values = sorted((workdir / "memories" / "fullmem" / "shards").glob("*-1987-03-02-*/values.npy"))[-1]
-    good = values.read_bytes()
-    body = {"dataframe_records": [{"prompt": "The bank"}], "params": {"max_new_tokens": 2}}
-
-    def health_until(status: str) -> dict:
-        deadline = time.monotonic() + 60
-        while (h := json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read()))["status"] != status:
-            assert time.monotonic() < deadline, h
-            time.sleep(0.2)
-        return h
-
-    try:
-        np.save(values, np.load(values)[::-1].copy())
-        health = health_until("damaged")
-        assert f"{values}: written since it was verified" in health["problem"] and "day 1987-03-02" in health["problem"]
-        status, out = invoke(port, body)
-        assert status == 503 and str(values) in out["message"] and "monim forget --day 1987-03-02" in out["message"]
-        with pytest.raises(urllib.error.HTTPError) as ping:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping")
-        assert ping.value.code == 503
-        start = monim("serve-model", "--workdir", workdir, "--port", servers.free_port(), check=False, timeout=300)
-        (line,) = start.stderr.strip().splitlines()
-        assert start.returncode != 0 and f"{values.parent}: values.npy corrupt" in line and "day 1987-03-02" in line
-    finally:
-        values.write_bytes(good)  # in place again: the same bytes as the commit's
-    health_until("ok")
-    assert invoke(port, body)[0] == 200 and proc.poll() is None
 
 
 def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):

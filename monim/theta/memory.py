@@ -32,7 +32,8 @@ from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
 
 
-Verified = dict[Path, tuple[tuple[int, ...], str, str]]  # each file read: (its stamp before it was read, sha256, day)
+# each shard file read: its stamp from before it was read, the commit's sha256, its day, whether its bytes matched
+Verified = dict[Path, tuple[tuple[int, ...], str, str, bool]]
 
 
 def verified(ds: Datastore, as_of: dt.date | str | None = None, removing: tuple[str, ...] = ()) -> Verified:
@@ -45,7 +46,7 @@ def verified(ds: Datastore, as_of: dt.date | str | None = None, removing: tuple[
         if (as_of is not None and day.date > str(as_of)) or day.date in removing:
             continue
         folder = ds.root / "shards" / day.shard
-        files |= {folder / f: (_stamp(folder / f), digest, day.date) for f, digest in day.checksums.items()
+        files |= {folder / f: (_stamp(folder / f), digest, day.date, True) for f, digest in day.checksums.items()
                   if (folder / f).is_file()}
         if problem := day_problem(ds, day):
             raise Damaged.of(f"{problem.where}: {problem.what}", day.date)
@@ -65,17 +66,19 @@ def looked_again(files: Verified) -> str | None:
     file read again only where it was written in place since (a file a commit replaced is another
     file, and a pinned memory maps the one it verified). Bit rot below the filesystem changes no
     stamp: `monim fsck` reads every byte."""
-    for path, (stamp, digest, date) in files.items():
+    for path, (stamp, digest, date, good) in files.items():
         try:
             now = _stamp(path)
         except FileNotFoundError:
             continue  # removed by a forget or gc: a pinned memory maps the file it verified
-        if now[:2] != stamp[:2] or now == stamp:
+        if now[:2] != stamp[:2]:
             continue
-        if checksum(path) != digest:
+        if now != stamp:  # read again once per write, not at every look
+            good = checksum(path) == digest
+            files[path] = (now, digest, date, good)
+        if not good:
             return str(Damaged.of(f"{path}: written since it was verified, it differs from the commit of day {date}",
                                   date))
-        files[path] = (now, digest, date)
     return None
 
 
