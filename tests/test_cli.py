@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from monim.data.stream import DEMO_STREAM
@@ -328,6 +329,32 @@ def test_fsck_clean_then_a_flipped_byte(monim, learned, tmp_path):
     (problem,) = [p for p in problems if not p.get("warning")]  # (the copy has no MLflow store: a warning)
     assert proc.returncode == 1 and "keys.npy corrupt" in problem["what"] and "day 1987-03-03" in problem["what"]
     assert [p["what"] for p in problems if p.get("warning")] == ["no MLflow store: the runs' days are not logged here"]
+
+
+def test_generate_and_eval_refuse_a_damaged_memory_naming_file_and_day_until_the_day_is_forgotten(monim, learned, tmp_path):
+    """A values.npy rewritten in place (same shape and dtype, reversed): `generate` and `eval` end with
+    one line naming the file and the day (exit status 2, nothing generated); forgetting the day (the
+    way out the line names) makes the memory answer again."""
+    import shutil
+
+    workdir, model, _ = learned
+    copy = tmp_path / "copy"
+    for part in ("memories", "runs"):
+        shutil.copytree(workdir / part, copy / part)
+    generate = ("generate", "--workdir", copy, "--prompt", "The market", "--max-new-tokens", 3, "--json")
+    before = monim.last_json(monim(*generate))
+    values = sorted((copy / "memories" / "fullmem" / "shards").glob("*-1987-03-03-*/values.npy"))[-1]
+    np.save(values, np.load(values)[::-1].copy())
+    for proc in (monim(*generate, check=False),
+                 monim("eval", "--workdir", copy, "--source", DEMO, "--start", "1987-03-03", "--end", "1987-03-03",
+                       check=False)):
+        (line,) = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and not proc.stdout.strip(), proc.stdout
+        assert f"{values.parent}: values.npy corrupt" in line and "day 1987-03-03" in line, line
+        assert "monim forget --day 1987-03-03" in line, line
+    monim("forget", "--workdir", copy, "--day", "1987-03-03")
+    after = monim.last_json(monim(*generate))
+    assert after["as_of"] != before["as_of"] == "1987-03-03"
 
 
 def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(monim, tiny_model_dir, tmp_path):

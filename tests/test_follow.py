@@ -179,3 +179,38 @@ def test_forgetting_the_champions_whole_day_moves_the_champion_to_the_day_before
     rollback = subprocess.run([monim.script, "rollback", "--workdir", str(workdir), "--json"], env=env, capture_output=True,
                               text=True, timeout=300)
     assert rollback.returncode == 0, rollback.stderr[-2000:]  # `previous` is a version that loads, not the replaced one
+
+
+def test_a_served_file_changed_under_the_server_is_never_answered_from_and_a_damaged_champion_does_not_start(
+        monim, following, invoke):
+    """A served values.npy rewritten in place (same shape and dtype, reversed): /health says damaged
+    and every request is refused (503), naming the file and the day, /ping answers 503; a server
+    started on it does not start (one line naming them, non-zero exit); put back, it answers again."""
+    import urllib.error
+    import urllib.request
+
+    import flows.servers.local as servers
+    import numpy as np
+
+    port, workdir, env, learn = following
+    wait_for(port, lambda h: h["status"] == "ok" and h["version"] == (h["champion"] or {}).get("version", "1"), "settled")
+    memory = json.loads((workdir / "memories" / "fullmem" / "manifest.json").read_text())
+    values = workdir / "memories" / "fullmem" / "shards" / memory["days"][0]["shard"] / "values.npy"
+    good = values.read_bytes()
+    body = {"dataframe_records": [{"prompt": "The bank"}], "params": {"max_new_tokens": 2}}
+    try:
+        np.save(values, np.load(values)[::-1].copy())
+        damaged, _ = wait_for(port, lambda h: h["status"] == "damaged", "damaged")
+        assert f"{values}: written since it was verified" in damaged["problem"] and "day 1987-03-02" in damaged["problem"]
+        status, out = invoke(port, body)
+        assert status == 503 and str(values) in out["message"] and "monim forget --day 1987-03-02" in out["message"]
+        with pytest.raises(urllib.error.HTTPError) as ping:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping")
+        assert ping.value.code == 503
+        start = monim("serve-model", "--workdir", workdir, "--port", servers.free_port(), check=False, timeout=300)
+        (line,) = start.stderr.strip().splitlines()
+        assert start.returncode != 0 and f"{values.parent}: values.npy corrupt" in line and "day 1987-03-02" in line
+    finally:
+        values.write_bytes(good)  # in place again: the commit's bytes
+    wait_for(port, lambda h: h["status"] == "ok", "ok again")
+    assert invoke(port, body)[0] == 200

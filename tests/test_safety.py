@@ -258,3 +258,96 @@ def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny,
     assert memory.index.ntotal == n and sorted(p.relative_to(root) for p in root.rglob("*")) == before
     _, values = memory.neighbors(keys[:3].astype(np.float32), k=1)
     np.testing.assert_array_equal(values[:, 0], [0, 1, 2])  # each key finds itself
+
+
+def two_days(root: Path, lm):
+    """A memory of two committed days of 6 random entries each (the tiny LM's key size)."""
+    from monim.theta.memory import Memory
+
+    memory = Memory(root, lm)
+    for i, date in enumerate(("2022-06-01", "2022-06-02")):
+        rng = np.random.default_rng(i)
+        memory.ds.commit_day(date, Entries(rng.standard_normal((6, lm.hidden_size)).astype(np.float16),
+                                           rng.permutation(50).astype(np.int32)[:6], ["d"] * 6, np.arange(6)), 6, "fullmem")
+    return memory
+
+
+def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(tiny, tmp_path):
+    """Every reader opens Θ by Memory.open, which reads each shard Θ reads against its commit's
+    checksums first: a values.npy rewritten in place (same shape and dtype, reversed) is refused
+    naming the file and the day, as is the MLflow model's load; the days before it still open as of
+    their day; forgetting the day is the way out; a truncated array names its file and day."""
+    from types import SimpleNamespace
+
+    from monim.core.manifest import Damaged
+    from monim.theta.memory import Memory
+    from tasks.tracking.registry import MonimModel
+
+    memory = two_days(tmp_path, tiny)
+    assert len(Memory.open(tmp_path, tiny)) == 12
+    folder = tmp_path / "shards" / memory.ds.days[1].shard
+    values = np.load(folder / "values.npy")
+    np.save(folder / "values.npy", values[::-1].copy())  # in place: same shape and dtype, other bytes
+    assert np.load(folder / "values.npy").shape == values.shape and not np.array_equal(np.load(folder / "values.npy"), values)
+    refusal = r"shards/{}: values.npy corrupt.*day 2022-06-02.*monim forget --day 2022-06-02".format(folder.name)
+    with pytest.raises(Damaged, match=refusal):
+        Memory.open(tmp_path, tiny)
+    config = {"memory": str(tmp_path), "as_of": "2022-06-02", "checksum": memory.ds.checksum("2022-06-02")}
+    with pytest.raises(Damaged, match=refusal):
+        MonimModel().load_context(SimpleNamespace(model_config=config))
+    assert len(Memory.open(tmp_path, tiny, as_of="2022-06-01")) == 6  # the damaged day is not read as of the day before
+    # the way out: the damaged day forgotten (a forget opens the memory without checking the day it removes)
+    Memory.open(tmp_path, tiny, removing=("2022-06-02",)).forget(days=["2022-06-02"])
+    assert len(Memory.open(tmp_path, tiny)) == 6
+    keys = tmp_path / "shards" / memory.ds.days[0].shard / "keys.npy"
+    keys.write_bytes(keys.read_bytes()[:-100])  # truncated
+    with pytest.raises(Damaged, match="keys.npy corrupt.*day 2022-06-01"):
+        Memory.open(tmp_path, tiny)
+    with pytest.raises(Damaged, match=f"{keys}: cannot be read .*the shard of day 2022-06-01 is damaged"):
+        Datastore.read(tmp_path).shard(memory.ds.days[0].shard, "keys")
+
+
+def test_a_served_file_written_in_place_stops_every_answer_and_a_damaged_champion_is_not_swapped_in(tiny, tmp_path):
+    """A served (pinned) Θ whose values.npy is rewritten in place is found at its next look: every
+    request is refused (503, naming the file and the day) and /health and /ping say "damaged"; the
+    bytes put back, it answers as before. A new champion whose files differ from their commit is
+    not loaded: the served one answers on, and /health says "stale", naming the file and the day."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from flows.servers.model import Follower, app_for, health_of
+    from monim.serving.service import Busy, Service
+    from monim.theta.memory import Memory
+
+    root = tmp_path / "served"
+    memory = two_days(root, tiny)
+    values = root / "shards" / memory.ds.days[1].shard / "values.npy"
+    good = values.read_bytes()
+    body = {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 4}}
+    service = Service(Memory.open(root, tiny).pin(), about={"version": "1"})
+    service.LOOK_S = 0.0  # a look at every request (the server: at most once a second)
+    client = TestClient(app_for(service))
+    try:
+        alone = service.answer(body)
+        assert health_of(service, None)["status"] == "ok" and client.get("/ping").status_code == 200
+        np.save(values, np.load(values)[::-1].copy())  # in place: the pinned map sees the new bytes
+        with pytest.raises(Busy, match=f"{values}: written since it was verified.*day 2022-06-02.*monim forget"):
+            service.answer(body)
+        health = health_of(service, None)
+        assert health["status"] == "damaged" and str(values) in health["problem"]
+        ping = client.get("/ping")
+        assert ping.status_code == 503 and ping.json()["status"] == "damaged"
+        values.write_bytes(good)  # put back in place: read again, answered as before
+        assert service.answer(body) == alone and health_of(service, None)["status"] == "ok"
+        champion = Path(shutil.copytree(root, tmp_path / "champion"))  # another version, damaged
+        copied = champion / values.relative_to(root)
+        np.save(copied, np.load(copied)[::-1].copy())
+        follower = Follower(service, lambda: {"model": "m", "version": "2", "as_of": "2022-06-02", "memory": str(champion),
+                                              "checksum": "c"}, lambda found: Memory.open(found["memory"], tiny).pin(), 60)
+        assert follower.check() is False and service.about["version"] == "1" and service.answer(body) == alone
+        health = health_of(service, follower)
+        assert health["status"] == "stale" and f"{copied.parent}: values.npy corrupt" in health["problem"]
+        assert "day 2022-06-02" in health["problem"]
+    finally:
+        service.close()

@@ -103,7 +103,7 @@ def forget(workdir: Path = WORKDIR,
     removed, registered, before = {}, {}, {ds.root.name: ds.checksum() for ds in stores}
     for root in roots:
         with clear_errors(ValueError):
-            memory = Memory.open(root)
+            memory = Memory.open(root, removing=tuple(days))  # a damaged day is forgotten, never copied into another commit
             with memory.writing():
                 removed[root.name] = memory.forget(doc_ids=doc, days=days, reason=reason, store=workdir / "features")
                 write_view(workdir, root.name)  # a forgotten last day's row goes with it

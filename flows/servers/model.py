@@ -8,7 +8,8 @@ Ctrl-C: no new requests, in-flight ones finished or stopped at their next token,
 and follow the champion: a Follower checks the alias every few seconds, loads a new champion in
 the background while the served one answers, and the worker swaps between requests (MLflow's
 server loads its model once).
-Routes: GET /ping (ready), GET /health (what is served, since when, the champion last seen), POST /invocations.
+Routes: GET /ping (ready; 503 while the served files differ from their commit), GET /health (what is
+served, since when, the champion last seen), POST /invocations.
 """
 
 from __future__ import annotations
@@ -100,11 +101,13 @@ class Follower:
 
 
 def health_of(service: Service, follower: Follower | None) -> dict:
-    """/health's answer: "failing" while Θ's answers fail, "stale" while the champion cannot be
-    served (the last good version answers), else "ok"; what is served, since when, and the limits."""
+    """/health's answer: "damaged" while the served files differ from their commit (nothing is
+    answered: 503), "failing" while Θ's answers fail, "stale" while the champion cannot be served
+    (the last good version answers), else "ok"; what is served, since when, and the limits."""
     following = follower.health() if follower is not None else {"follows": None}
-    status = "failing" if service.failing else "stale" if following.get("error") else "ok"
-    problem = service.failing or following.get("error")
+    damaged = service.look()
+    status = "damaged" if damaged else "failing" if service.failing else "stale" if following.get("error") else "ok"
+    problem = damaged or service.failing or following.get("error")
     return ({"status": status} | ({"problem": problem} if problem else {}) | service.about | following
             | {"limits": service.limits.__dict__})
 
@@ -115,9 +118,11 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     app = FastAPI(title="monim: the up-to-date model", version=__version__, docs_url=None, redoc_url=None,
                   description="Θ (the LM, its memory and calibrator) as of a registered day, answering MLflow's scoring format.")
 
-    @app.get("/ping", summary="Ready: 200 once the model is loaded")
+    @app.get("/ping", summary="Ready: 200 once the model is loaded, 503 while its files are damaged")
     def ping() -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        damaged = service.look() if service is not None else None
+        return JSONResponse({"status": "damaged", "problem": damaged} if damaged else {"status": "ok"},
+                            status_code=503 if damaged else 200)
 
     @app.get("/health", summary="What is served, since when, the champion last seen, the limits",
              responses={200: {"model": schema.Health}})

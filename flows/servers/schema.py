@@ -55,8 +55,9 @@ class Error(BaseModel):
 
 class Health(BaseModel):
     """What is served and since when: status ok, stale (the champion cannot load: the last good version
-    answers) or failing; the model, version, its day `as_of`, checksum, `served_since`; the champion as
-    last seen (`checked_at`, any error) and the limits."""
+    answers), failing, or damaged (the served files differ from their commit: every request is refused,
+    503); the model, version, its day `as_of`, checksum, `served_since`; the champion as last seen
+    (`checked_at`, any error) and the limits."""
 
     model_config = ConfigDict(extra="allow")
     status: str

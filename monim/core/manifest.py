@@ -20,6 +20,16 @@ class ManifestError(ValueError):
     """A manifest that cannot be read: the message names the file and what is wrong."""
 
 
+class Damaged(ValueError):
+    """A memory's file that differs from its commit or cannot be read: Θ is not answered from it."""
+
+    @classmethod
+    def of(cls, what: str, date: str) -> Damaged:
+        """The refusal: what is wrong (naming the file and day), and the way out."""
+        return cls(f"{what}; Θ is not answered from a damaged memory: forget the day (`monim forget --day {date}`) "
+                   "or restore the file (`monim fsck` lists every damaged file)")
+
+
 def read_manifest(path: Path) -> dict:
     """A memory's manifest, or a ManifestError naming the file, line and column."""
     try:

@@ -142,11 +142,15 @@ class Service:
     """Θ (one memory as of a day) answering requests from any number of threads, on one worker;
     `about` says what is served (shown by /health, with since when)."""
 
+    LOOK_S = 1.0  # the served files are looked at again at most this often (Memory.damaged: a stat each)
+
     def __init__(self, memory: Memory, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic,
                  about: dict | None = None):
         self.memory, self.limits, self.clock = memory, limits or Limits(), clock
         self.about = dict(about or {}) | {"served_since": now()}
         self.failing: str | None = None  # the last request's failure, until one is answered again
+        self.damaged: str | None = None  # why the served files differ from their commit: nothing is answered
+        self._looked = -float("inf")
         self._next: tuple[Memory, dict] | None = None
         self._swapping = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -167,8 +171,15 @@ class Service:
         if nxt is None:
             return False
         self.memory, self.about, self.failing = nxt[0], dict(nxt[1]) | {"served_since": now()}, None
+        self.damaged, self._looked = None, -float("inf")  # verified whole as it was loaded
         log.warning("now serving %s", ", ".join(f"{k} {v}" for k, v in nxt[1].items()))
         return True
+
+    def look(self) -> str | None:
+        """Why the served Θ's files differ from their commit, looked at again (at most every LOOK_S)."""
+        if self.clock() - self._looked >= self.LOOK_S:
+            self._looked, self.damaged = self.clock(), self.memory.damaged()
+        return self.damaged
 
     def answer(self, body: object, cancelled: Callable[[], bool] = lambda: False) -> list[dict]:
         """The answers to a request body, in row order (BadRequest, Busy, or the failure, raised)."""
@@ -210,6 +221,11 @@ class Service:
             if closing:
                 for j in jobs:
                     self._finish(j, self._busy("server stopping"))
+            elif self.look():  # no answer from files that differ from their commit, nor the rest of one
+                for j in jobs + [j for j, _ in running]:
+                    j.error = Busy(self.damaged)
+                    if j in jobs:
+                        self._finish(j, j.error)
             else:
                 running += [(j, decoders[-1]) for j in self._start(jobs, decoders[-1])]
             for j, _ in [(j, d) for j, d in running if all(r.result for _, r in j.rows)]:

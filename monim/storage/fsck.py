@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from monim.core.atomic import checksum, is_stray, write_json
+from monim.core.manifest import DayRecord
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
@@ -43,29 +44,31 @@ class Problem:
 
 
 def _shard_problems(ds: Datastore, known: dict | None = None) -> list[Problem]:
-    """Each day's shard against the manifest: its files' checksums and its arrays' lengths. `known`:
-    checksums already computed, by file, size and time (files unchanged since are not read again)."""
-    out = []
-    for day in ds.days:
-        folder = ds.root / "shards" / day.shard
-        lost = f"day {day.date}: {day.entries} entries lost"
-        if not folder.is_dir():
-            out.append(Problem(str(folder), f"shard missing ({lost})", None))
-            continue
-        bad = [f for f, digest in day.checksums.items() if not (folder / f).is_file() or _sha(folder / f, known) != digest]
-        if bad:
-            out.append(Problem(str(folder), f"{', '.join(bad)} corrupt: checksum differs from the commit's ({lost})", None))
-            continue
-        try:
-            lengths = {a: len(ds.shard(day.shard, a)) for a in DTYPES}
-        except (OSError, ValueError) as e:
-            out.append(Problem(str(folder), f"unreadable: {e} ({lost})", None))
-            continue
-        if set(lengths.values()) != {day.entries}:
-            out.append(Problem(str(folder), f"arrays hold {lengths}, the manifest says {day.entries} entries", None))
+    """Each day's shard against the manifest (day_problem), and the entries against the sum over its days."""
+    out = [p for day in ds.days if (p := day_problem(ds, day, known))]
     if sum(d.entries for d in ds.days) != len(ds):
         out.append(Problem(str(ds.root / "manifest.json"), "entries differ from the sum over its days", None))
     return out
+
+
+def day_problem(ds: Datastore, day: DayRecord, known: dict | None = None) -> Problem | None:
+    """A committed day's shard against its commit: its files' checksums and its arrays' lengths (every
+    byte read: Memory.open's check too). `known`: checksums already computed, by file, size and time
+    (files unchanged since are not read again)."""
+    folder = ds.root / "shards" / day.shard
+    lost = f"day {day.date}: {day.entries} entries lost"
+    if not folder.is_dir():
+        return Problem(str(folder), f"shard missing ({lost})", None)
+    bad = [f for f, digest in day.checksums.items() if not (folder / f).is_file() or _sha(folder / f, known) != digest]
+    if bad:
+        return Problem(str(folder), f"{', '.join(bad)} corrupt: checksum differs from the commit's ({lost})", None)
+    try:
+        lengths = {a: len(ds.shard(day.shard, a)) for a in DTYPES}
+    except (OSError, ValueError) as e:
+        return Problem(str(folder), f"unreadable: {e} ({lost})", None)
+    if set(lengths.values()) != {day.entries}:
+        return Problem(str(folder), f"arrays hold {lengths}, the manifest says {day.entries} entries", None)
+    return None
 
 
 def _sha(path: Path, known: dict | None) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monim.core.manifest import Damaged
 from monim.storage import articles
 from monim.storage.entries import DTYPES
 
@@ -32,7 +33,7 @@ class Shards:
         pinned: dict[str, dict[str, object]] = {}
         for d in self.days:
             folder = self.root / "shards" / d.shard
-            files = {p.name: np.load(p, mmap_mode="r") if p.suffix == ".npy" else json.loads(p.read_text())
+            files = {p.name: self._load(p, d.shard) if p.suffix == ".npy" else json.loads(p.read_text())
                      for p in folder.iterdir() if p.suffix in (".npy", ".json")}
             if "docs.json" not in files:
                 raise FileNotFoundError(f"{folder / 'docs.json'}: the shard of {d.date} is incomplete")
@@ -46,7 +47,15 @@ class Shards:
     def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray:
         if (held := self._held(name)) is not None:
             return held[f"{array}.npy"] if mmap else np.array(held[f"{array}.npy"])
-        return np.load(self.root / "shards" / name / f"{array}.npy", mmap_mode="r" if mmap else None)
+        return self._load(self.root / "shards" / name / f"{array}.npy", name, mmap)
+
+    def _load(self, path: Path, name: str, mmap: bool = True) -> np.ndarray:
+        """A shard's array (mapped, not read), or a refusal naming the file and its day (truncated, not an array)."""
+        try:
+            return np.load(path, mmap_mode="r" if mmap else None)
+        except (OSError, ValueError) as e:
+            date = next((d.date for d in self.days if d.shard == name), "?")
+            raise Damaged.of(f"{path}: cannot be read ({e}): the shard of day {date} is damaged", date) from None
 
     def has_array(self, name: str, array: str) -> bool:
         if (held := self._held(name)) is not None:
