@@ -54,6 +54,8 @@ class Shards:
         try:
             return np.load(path, mmap_mode="r" if mmap else None)
         except (OSError, ValueError) as e:
+            if isinstance(e, FileNotFoundError) and not path.parent.is_dir():
+                raise  # the whole shard replaced since this state was read (a forget, a day again): stale, not damaged
             date = next((d.date for d in self.days if d.shard == name), "?")
             raise Damaged.of(f"{path}: cannot be read ({e}): the shard of day {date} is damaged", date) from None
 
