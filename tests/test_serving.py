@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
@@ -279,7 +280,8 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
                            ({"dataframe_records": [{"text": "x" * 2001}]}, "2001 characters; at most 2000"),
                            ({"dataframe_records": [{"text": "a"}] * 5}, "5 rows; at most 4"),
                            ({"dataframe_records": [{"text": "x"}], "params": {"seed": 1.5}}, "params.seed: expected a whole"),
-                           ({"dataframe_records": [{"text": "x"}], "inputs": []}, "unknown field 'inputs'")):
+                           ({"dataframe_records": [{"text": "x"}], "input": []}, "unknown field 'input'"),
+                           ({"dataframe_records": [{"text": "x"}], "inputs": []}, "send exactly one of")):
             with pytest.raises(BadRequest, match=re.escape(says)):
                 service.answer(body)
     finally:
@@ -326,6 +328,141 @@ def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(thet
         assert out["stopped"] == "caller gone" and len(out["tokens"]) == 4  # looked at before the run, then each token
     finally:
         service.close()
+
+
+def test_every_format_of_mlflows_reads_as_the_same_rows_and_refusals_name_the_formats_field():
+    """The four request formats MLflow's scoring server takes, as it reads them into a DataFrame (its own
+    reading is the reference), give the same rows; a refusal names the field
+    as the body wrote it (a lone surrogate included: the tokenizer would fail on it)."""
+    import pandas as pd
+    from mlflow.pyfunc.scoring_server import infer_and_parse_data
+
+    from monim.serving.service import BadRequest, Limits, parse
+
+    rows = [{"text": "Oil prices rose."}, {"prompt": "The bank said", "retrieve": True}, {"prompt": "Shares fell"}]
+    frame = pd.DataFrame(rows)
+    columns = {k: [r.get(k) for r in rows] for k in ("text", "prompt", "retrieve")}
+    bodies = [{"dataframe_records": rows}, {"dataframe_split": frame.to_dict(orient="split")},
+              {"dataframe_split": json.loads(frame.to_json(orient="split"))}, {"inputs": rows}, {"inputs": columns},
+              {"instances": rows}, {"instances": columns}]
+    want = [("text", "Oil prices rose."), ("prompt", "The bank said"), ("prompt", "Shares fell")]
+    for body in bodies:
+        request = parse(json.loads(json.dumps(body)), Limits())
+        assert request.rows == want and request.retrieve == {1}, body
+        if body.get("instances") is not rows:  # (MLflow reads records of different fields under instances as columns)
+            read = pd.DataFrame(infer_and_parse_data(json.loads(json.dumps(body))))  # MLflow's reading
+            assert [(k, v) for r in read.to_dict("records") for k, v in r.items() if k != "retrieve" and v == v
+                    and v is not None] == want, body
+    assert parse({"inputs": {"prompt": "Hi"}}, Limits()).rows == [("prompt", "Hi")]  # a dict of values: one row
+    assert parse({"dataframe_split": {"columns": ["text"], "data": ["a b", "c d"]}}, Limits()).rows == [
+        ("text", "a b"), ("text", "c d")]  # one column: pandas takes a value a row
+    for body, says in (({"dataframe_split": {"columns": ["text"], "data": [["a"], ["b", "c"]]}}, "dataframe_split.data[1]: "),
+                       ({"dataframe_split": {"data": [["a"]]}}, "dataframe_split.columns: "),
+                       ({"dataframe_split": {"columns": ["text"], "data": [["a"]], "index": [0, 1]}}, "dataframe_split.index: "),
+                       ({"dataframe_split": {"columns": ["text"], "data": [["a"]], "orient": "split"}}, "unknown field 'orient'"),
+                       ({"dataframe_split": {"columns": ["txt"], "data": [["a"]]}}, "dataframe_split.data[0]: give exactly one"),
+                       ({"dataframe_split": {"columns": ["text"], "data": [["a"]] * 33}}, "dataframe_split.data: 33 rows; at most 32"),
+                       ({"inputs": {"text": ["a", "b"], "prompt": ["c"]}}, "inputs: give every column as a list"),
+                       ({"instances": {"text": ["a", "x" * 20_001]}}, "instances.text[1]: 20001 characters"),
+                       ({"inputs": [{"prompt": "ok"}, {"text": "a\ud800b"}]}, "inputs[1].text: a lone surrogate '\\ud800' at character 1"),
+                       ({"dataframe_split": {"columns": ["prompt"], "data": [["\udfff"]]}}, "dataframe_split.data[0].prompt: a lone"),
+                       ({"instances": {"prompt": ["x"], "retrieve": ["yes"]}}, "instances.retrieve[0]: true or false"),
+                       ({"dataframe_records": [{"text": "a", "txt": None}]}, "unknown field 'txt'"),
+                       ({"inputs": ["a", "b"]}, "inputs[0]: expected an object"),
+                       ({"dataframe_records": [{"text": "a"}], "inputs": {"text": "a"}}, "send exactly one of")):
+        with pytest.raises(BadRequest, match=re.escape(says)):
+            parse(body, Limits())
+
+
+ROW_NAMES = st.sampled_from(["text", "prompt", "retrieve"])
+TEXT = st.text(st.characters(exclude_categories=()) | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+               | st.sampled_from("\x00 ab"), max_size=8)  # any code point, lone surrogates and NULs often
+VALUE = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ROW_NAMES | TEXT, inner, max_size=3),
+                     max_leaves=8)
+CELL = st.one_of(TEXT, st.none() | VALUE)  # a row's text or prompt: text half the time
+ROW = st.one_of(st.dictionaries(st.sampled_from(["text", "prompt"]), CELL, min_size=1, max_size=2),
+                st.fixed_dictionaries({"prompt": CELL, "retrieve": st.booleans() | VALUE}),
+                st.dictionaries(ROW_NAMES | TEXT, VALUE, max_size=3), VALUE)
+COLUMNS = st.dictionaries(ROW_NAMES, st.lists(CELL, min_size=1, max_size=3) | CELL, min_size=1, max_size=3) | \
+    st.dictionaries(ROW_NAMES | TEXT, st.lists(VALUE, max_size=3) | VALUE, max_size=3)
+PARAMS = st.fixed_dictionaries({}, optional={"max_new_tokens": st.integers(-1, 9) | VALUE, "temperature": st.floats() | VALUE,
+                                             "top_p": st.floats() | VALUE, "seed": st.integers(-2, 2**64) | VALUE,
+                                             "sources": st.booleans() | st.integers(-1, 4) | VALUE}) | \
+    st.dictionaries(TEXT, VALUE, max_size=2) | VALUE
+SPLIT = st.fixed_dictionaries({"columns": st.lists(ROW_NAMES, min_size=1, max_size=3) | VALUE,
+                               "data": st.lists(st.lists(CELL, min_size=1, max_size=3) | CELL, min_size=1, max_size=3) | VALUE},
+                              optional={"index": st.lists(VALUE, max_size=3) | VALUE}) | \
+    st.dictionaries(st.sampled_from(["columns", "data", "index"]) | TEXT, VALUE, max_size=3)
+BODY = st.one_of(
+    st.fixed_dictionaries({"dataframe_records": st.lists(ROW, min_size=1, max_size=4) | VALUE}, optional={"params": PARAMS}),
+    st.fixed_dictionaries({"dataframe_split": SPLIT}, optional={"params": PARAMS}),
+    *[st.fixed_dictionaries({form: st.lists(ROW, min_size=1, max_size=4) | COLUMNS | VALUE}, optional={"params": PARAMS})
+      for form in ("inputs", "instances")],
+    st.dictionaries(st.sampled_from(["dataframe_records", "dataframe_split", "inputs", "instances", "params"]) | TEXT,
+                    VALUE, max_size=3),
+    VALUE)
+NAMED = re.compile(r"(dataframe_records|dataframe_split|inputs|instances|params)\b|send |unknown field|the body ")
+
+
+@settings(max_examples=300, deadline=None)
+@given(BODY)
+def test_any_json_body_is_a_request_or_a_refusal_naming_its_field(body):
+    """Any JSON value in any field, any code point (lone surrogates as JSON writes them, NULs), as sent
+    (JSON text) or as a Python value: a Request within the limits, or a BadRequest naming the field."""
+    from monim.serving.service import BadRequest, Limits, loads, parse
+
+    limits = Limits(max_rows=3, max_chars=6, max_new_tokens=5)
+    for sent in (json.dumps(body).encode(), None):
+        try:
+            request = parse(body if sent is None else loads(sent, limits), limits)
+        except BadRequest as e:
+            assert NAMED.match(str(e)) and json.dumps(str(e)), str(e)
+            continue
+        assert 1 <= len(request.rows) <= 3 and request.generation.max_new_tokens <= 5
+        for (name, value), named in zip(request.rows, request.named):
+            assert name in ("text", "prompt") and value.strip() and len(value) <= 6 and value.encode("utf-8")
+            assert named.startswith(next(iter(set(body) - {"params"}))) and f".{name}" in named
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["dataframe_records", "dataframe_split", "inputs", "instances", "inputs.", "instances."]),
+       st.lists(st.tuples(st.sampled_from(["text", "prompt"]), TEXT), min_size=1, max_size=3))
+def test_any_text_in_any_format_is_its_row_or_a_refusal_naming_that_row(form, rows):
+    """Rows of any text (lone surrogates, NULs, blanks), sent as JSON in each format ("inputs." is a dict of
+    columns): the same rows, or a refusal naming the first bad one's field as that format writes it."""
+    from monim.serving.service import BadRequest, Limits, loads, parse
+
+    names = ("text", "prompt")
+    if form == "dataframe_split":
+        body, where = {form: {"columns": list(names), "data": [[v if n == c else None for c in names] for n, v in rows]}}, \
+            "dataframe_split.data[{i}].{n}"
+    elif form.endswith("."):
+        body, where = {form[:-1]: {c: [v if n == c else None for n, v in rows] for c in names}}, form + "{n}[{i}]"
+    else:
+        body, where = {form: [{n: v} for n, v in rows]}, form + "[{i}].{n}"
+    limits = Limits(max_chars=6)
+    bad = [(i, n, "non-empty" if not v.strip() else "characters" if len(v) > 6 else "surrogate")
+           for i, (n, v) in enumerate(rows) if not v.strip() or len(v) > 6 or any(0xD800 <= ord(c) < 0xE000 for c in v)]
+    try:
+        request = parse(loads(json.dumps(body).encode(), limits), limits)
+    except BadRequest as e:
+        assert bad and str(e).startswith(where.format(i=bad[0][0], n=bad[0][1]) + ": ") and bad[0][2] in str(e), (str(e), bad)
+        return
+    assert not bad and request.rows == rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64) | st.builds(lambda n, s: (s * n).encode(errors="surrogatepass"), st.integers(0, 200),
+                                          st.sampled_from(["[", "{\"a\":", "[\"]\",", "\"\\ud800\"", "\\"])))
+def test_any_body_bytes_are_json_or_a_refusal(raw):
+    """Any bytes (deep nesting included: counted before parsing) are JSON or a BadRequest, no other error."""
+    from monim.serving.service import BadRequest, Limits, loads
+
+    try:
+        loads(raw, Limits())
+    except BadRequest as e:
+        assert str(e).startswith("the body ")
 
 
 @pytest.fixture(scope="module")
