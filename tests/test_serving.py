@@ -518,6 +518,100 @@ def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(serv
         assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
 
 
+def same_answers(got: list[dict], want: list[dict]) -> bool:
+    """The same rows answered alike: a text's PPL within 1e-5 (scored beside others), a continuation's tokens."""
+    return len(got) == len(want) and all(
+        g["tokens"] == w["tokens"] and (g["ppl"] == pytest.approx(w["ppl"], rel=1e-5) if "ppl" in w else g["text"] == w["text"])
+        for g, w in zip(got, want))
+
+
+def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, invoke):
+    """MLflow's own scoring client (a DataFrame sent as dataframe_split) and each of MLflow's formats by
+    hand get the answers the same rows get as dataframe_records."""
+    import pandas as pd
+    from mlflow.pyfunc.scoring_server.client import ScoringServerClient
+
+    port = served[0]
+    rows = [{"text": t} for t in texts(2, 300)] + [{"prompt": "The bank said"}]
+    params = {"max_new_tokens": 4}
+    status, want = invoke(port, {"dataframe_records": rows, "params": params})
+    assert status == 200, want
+    frame = pd.DataFrame(rows)
+    assert same_answers(ScoringServerClient("127.0.0.1", port).invoke(frame, params)["predictions"], want["predictions"])
+    columns = {k: [r.get(k) for r in rows] for k in ("text", "prompt")}
+    for body in ({"dataframe_split": frame.to_dict(orient="split")}, {"inputs": rows}, {"inputs": columns},
+                 {"instances": rows}, {"instances": columns}):
+        status, out = invoke(port, body | {"params": params})
+        assert status == 200 and same_answers(out["predictions"], want["predictions"]), (body, out)
+
+
+def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
+    """The registered pyfunc model, as MLflow loads it, answers a DataFrame, records, a dict of columns and a
+    dict of one value each as the server answers the same rows."""
+    import mlflow
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    port, _, _, workdir = served
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    (name,) = [m.name for m in client.search_registered_models()]
+    model = mlflow.pyfunc.load_model(client.get_model_version_download_uri(name, client.get_model_version_by_alias(
+        name, "champion").version))
+    items = texts(2, 300)
+    status, want = invoke(port, {"dataframe_records": [{"text": t} for t in items]})
+    assert status == 200, want
+    for given in (pd.DataFrame({"text": items}), [{"text": t} for t in items], {"text": items}):
+        assert same_answers(model.predict(given), want["predictions"]), given
+    assert same_answers(model.predict({"text": items[0]}), want["predictions"][:1])
+
+
+def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(served, invoke):
+    """A body over the size limit is refused (413) as declared and, chunked, once read that far; one nested
+    too deep, or holding a lone surrogate, gets a 400 naming it; a route or method not served a 404/405:
+    each the documented JSON object. The server then answers as before, and says it is ok."""
+    import http.client
+
+    port = served[0]
+    body = {"dataframe_records": [{"text": texts(1, 300)[0]}]}
+    status, before = invoke(port, body)
+    limits = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["limits"]
+    assert status == 200 and limits["max_body_bytes"] == 12 * 20_000 * 32 + 65_536 and limits["max_depth"] == 32
+
+    def send(method: str, path: str, headers: dict, chunks=()) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.putrequest(method, path)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        try:
+            for chunk in chunks:
+                conn.send(chunk)
+        except OSError:  # the server answered and closed before the whole body was sent
+            pass
+        answer = conn.getresponse()
+        out = json.loads(answer.read())
+        conn.close()
+        assert set(out) == {"error_code", "message"}, out
+        return answer.status, out
+
+    mib = b" " * (1 << 20)
+    status, out = send("POST", "/invocations", {"Content-Length": str(limits["max_body_bytes"] + 1)}, [b"{"])
+    assert status == 413 and out["error_code"] == "REQUEST_ENTITY_TOO_LARGE" and str(limits["max_body_bytes"]) in out["message"]
+    chunked = [b"%x\r\n%s\r\n" % (len(mib), mib)] * (limits["max_body_bytes"] // len(mib) + 2) + [b"0\r\n\r\n"]
+    status, out = send("POST", "/invocations", {"Transfer-Encoding": "chunked"}, chunked)
+    assert status == 413 and "max_body_bytes" in out["message"]
+    for deep in (b"[" * 200_000, b'{"a":' * 50_000):
+        status, out = send("POST", "/invocations", {"Content-Length": str(len(deep))}, [deep])
+        assert status == 400 and out["error_code"] == "BAD_REQUEST" and "nests" in out["message"] and "at most 32" in out["message"]
+    surrogate = b'{"dataframe_records": [{"text": "Oil prices \\ud800 rose"}]}'
+    status, out = send("POST", "/invocations", {"Content-Length": str(len(surrogate))}, [surrogate])
+    assert status == 400 and out["message"].startswith("dataframe_records[0].text: a lone surrogate")
+    assert send("GET", "/nowhere", {})[0] == 404 and send("GET", "/invocations", {})[0] == 405
+    status, after = invoke(port, body)
+    assert status == 200 and after == before
+    assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["status"] == "ok"
+
+
 def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
     import psutil
 
