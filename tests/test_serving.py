@@ -273,7 +273,7 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
                 assert b[0]["tokens"] == a[0]["tokens"] and b[0]["text"] == a[0]["text"]
         assert service.answer({"dataframe_records": [{"prompt": "The bank"}], "params": {"sources": False}})[0][
             "sentences"][0]["sources"] == []
-        for body, says in (({}, "dataframe_records: send a list"),
+        for body, says in (({}, "send exactly one of"),
                            ({"dataframe_records": [{"txt": "x"}]}, "unknown field 'txt'"),
                            ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, "params: unknown 'max_tokens'"),
                            ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 17}}, "at most 16"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
 import queue
 import re
 import reprlib
@@ -95,7 +94,7 @@ def _param(name: str, value, kind: type):
     if name == "sources" and isinstance(value, bool):
         return 3 if value else 0
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (number and (isinstance(value, int) or math.isfinite(value) and (kind is float or value.is_integer()))):
+    if not (number and (kind is float or isinstance(value, int) or value.is_integer())):
         raise BadRequest(f"params.{name}: expected {'a whole number' if kind is int else 'a number'}"
                          f"{' or true/false' if name == 'sources' else ''}, got {SHORT.repr(value)}")
     try:
