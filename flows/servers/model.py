@@ -31,7 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flows.servers import schema
 from monim import __version__
 from monim.theta.memory import Memory
-from monim.serving.service import BadRequest, Busy, Service, loads, now
+from monim.serving.request import BadRequest, loads
+from monim.serving.service import Busy, Service, now
 
 log = logging.getLogger("monim.server")
 SERVED = ("model", "version", "as_of", "memory", "checksum")  # what a version is, as /health shows it
