@@ -53,21 +53,25 @@ class Request:
 
 
 FORMATS = ("dataframe_split", "dataframe_records", "inputs", "instances")  # MLflow's scoring formats
-STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included
+STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included
+NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 SHORT = reprlib.Repr()  # a value as a refusal quotes it: cut short
 SHORT.maxstring = SHORT.maxother = 80
-NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 def loads(raw: bytes, limits: Limits) -> object:
-    """A body's JSON, or a BadRequest where it is not JSON or nests deeper than the limit (counted
-    on its brackets outside strings before parsing: Python's json recurses once a level)."""
-    brackets = np.frombuffer(STRING.sub(b"", raw).translate(None, NOT_BRACKETS), np.uint8)
+    """A body's JSON (UTF-8, as RFC 8259 has it), or a BadRequest where it is not or nests deeper than
+    the limit (counted on its brackets outside strings before parsing: Python's json recurses once a level)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the body is not JSON in UTF-8: {e}") from None
+    brackets = np.frombuffer(NOT_BRACKETS.sub("", STRING.sub("", text)).encode(), np.uint8)
     depth = int(np.cumsum(np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1), dtype=np.int32).max(initial=0))
     if depth > limits.max_depth:
         raise BadRequest(f"the body nests {depth} levels deep; at most {limits.max_depth}")
     try:
-        return json.loads(raw)
+        return json.loads(text)
     except ValueError as e:
         raise BadRequest(f"the body is not JSON: {e}") from None
 
