@@ -27,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from flows.servers import schema
 from monim import __version__
@@ -136,7 +137,10 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
                          500: {"model": schema.Error}, 503: {"model": schema.Error}})
     async def invocations(request: Request) -> Response:
         limits = service.limits
-        raw = await _read(request, limits.max_body_bytes)
+        try:
+            raw = await _read(request, limits.max_body_bytes)
+        except ClientDisconnect:  # no one to answer, nothing to log
+            return _error(400, "BAD_REQUEST", "the caller left before its body was read")
         if raw is None:
             return _error(413, "REQUEST_ENTITY_TOO_LARGE", f"the body is larger than {limits.max_body_bytes} bytes "
                           f"(max_body_bytes: room for {limits.max_rows} rows of {limits.max_chars} characters)")
@@ -165,8 +169,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
         return _error(422, "UNPROCESSABLE_ENTITY", str(e.errors())[:500])
 
     @app.exception_handler(Exception)
-    async def failed(request: Request, e: Exception) -> Response:  # the trace goes to the log (Starlette logs it again)
-        log.error("request failed", exc_info=e)
+    async def failed(request: Request, e: Exception) -> Response:  # then re-raised: uvicorn logs the trace
         return _error(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
 
     app.openapi = lambda: _documented(app)
