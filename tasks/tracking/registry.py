@@ -94,7 +94,7 @@ class MonimModel(mlflow.pyfunc.PythonModel):
             # MLflow hands a dict of columns (lists) over as one row of lists: read it as the columns
             body = {"inputs": {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in model_input.iloc[0].items()}}
         else:
-            body = {"dataframe_split": model_input.to_dict(orient="split")}
+            body = {"dataframe_records": model_input.to_dict(orient="records")}  # a row without a field: NaN, as none
         from monim.serving.service import BadRequest, Busy
 
         try:
