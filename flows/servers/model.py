@@ -1,8 +1,9 @@
 """`monim serve-model`: a registered Θ (the champion, or a version) answering HTTP on one process.
 
 The same pyfunc model `mlflow models serve` loads (tasks.tracking.registry.MonimModel), behind monim's own
-small FastAPI app rather than MLflow's scoring server, because the app can: refuse unknown fields
-and params by name and answer every error as one JSON line without a trace or a dataframe dump;
+small FastAPI app rather than MLflow's scoring server, because the app can: read a body no further
+than its limits (bytes, nesting); refuse unknown fields and params by name and answer every error,
+its own and FastAPI's, as one JSON object without a trace or a dataframe dump;
 stop a request's work when its caller disconnects; stop cleanly, being one process (SIGTERM or
 Ctrl-C: no new requests, in-flight ones finished or stopped at their next token, within seconds);
 and follow the champion: a Follower checks the alias every few seconds, loads a new champion in

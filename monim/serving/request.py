@@ -177,7 +177,7 @@ def _split(data: object, limits: Limits) -> list[tuple[object, tuple[str, str]]]
     if len(set(columns)) != len(columns):
         raise BadRequest(f"dataframe_split.columns: a column named twice in {SHORT.repr(columns)}")
     if not isinstance(rows, list) or not rows:
-        raise BadRequest(f"dataframe_split.data: send a list of one or more rows, each a list of one value a column")
+        raise BadRequest("dataframe_split.data: send a list of one or more rows, each a list of one value a column")
     _count("dataframe_split.data", len(rows), limits)
     if index is not None and not (isinstance(index, list) and len(index) == len(rows)):
         raise BadRequest(f"dataframe_split.index: one label a row ({len(rows)}), got {SHORT.repr(index)}")
