@@ -35,7 +35,11 @@ def http_page(spec_path: Path) -> str:
     spec_path.write_text(json.dumps(openapi(), indent=1))
     return ("# HTTP API\n\n`monim serve-model` answers on one process (see [Serve and follow the champion]"
             "(../guides/serve.md)). The schema below is FastAPI's, read from the app at each build; a running "
-            "server also gives it at `GET /openapi.json`.\n\n" + f"[OAD({spec_path})]\n")
+            "server also gives it at `GET /openapi.json`. A request is MLflow's scoring format in any of its four "
+            "forms (`dataframe_records`, `dataframe_split`, `inputs`, `instances`); its limits (`Limits`: bytes, "
+            "nesting depth, rows, characters, tokens, seconds) and errors (400, 413, 503, 500, each the `Error` "
+            "object) are below and, with an example of each form, in [the serve guide](../guides/serve.md#request-"
+            "formats-limits-and-errors).\n\n" + f"[OAD({spec_path})]\n")
 
 
 def settings_page() -> str:

@@ -8,7 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import click
@@ -35,7 +35,9 @@ def test_the_references_are_read_from_the_code(site):
     cli = (site / "reference" / "cli" / "index.html").read_text()
     assert all(f"monim {name}" in cli for name in typer.main.get_command(app).commands)
     http = (site / "reference" / "http" / "index.html").read_text()
-    assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "max_new_tokens"))
+    assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "dataframe_split",
+                                         "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
+                                         "REQUEST_ENTITY_TOO_LARGE"))
     settings = (site / "reference" / "settings" / "index.html").read_text()
     assert all(f"--{name.replace('_', '-')}" in settings for name in RunConfig.model_fields)
     python = (site / "reference" / "python" / "index.html").read_text()
@@ -78,9 +80,11 @@ def test_every_monim_command_written_names_real_commands_and_options():
 def test_the_http_reference_describes_the_fields_the_server_accepts():
     from flows.servers import schema
     from monim.serving.generate import GenerateConfig
-    from monim.serving.service import ROW_FIELDS
+    from monim.serving.request import FORMATS, ROW_FIELDS, Limits
 
-    assert set(schema.Row.model_fields) == {*ROW_FIELDS, "retrieve"}
+    assert set(schema.Row.model_fields) == set(schema.Columns.model_fields) == {*ROW_FIELDS, "retrieve"}
+    assert set(schema.Invocation.model_fields) == {*FORMATS, "params"}
+    assert schema.Limits().model_dump() == asdict(Limits())
     assert set(schema.Params.model_fields) == {f.name for f in fields(GenerateConfig)} - {"keep_distributions", "retrieve"}
     assert {f: schema.Params.model_fields[f].default for f in schema.Params.model_fields} == {
         f.name: f.default for f in fields(GenerateConfig) if f.name in schema.Params.model_fields}

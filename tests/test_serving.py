@@ -1,19 +1,12 @@
-"""Θ under concurrent callers: threads on one LM and memory, the serving worker, and the HTTP server
-(`monim serve-model`) with its limits, clear refusals, abandoned requests and clean stops. Every
-answer given under load is compared with the same request answered alone."""
+"""Θ under concurrent callers: threads on one LM and memory, and the serving worker (the HTTP server,
+`monim serve-model`, is tests/test_http.py's). Every answer given under load is compared with the
+same request answered alone."""
 
 import datetime as dt
 import itertools
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -23,8 +16,6 @@ from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
 from monim.data.stream import DEMO_STREAM, Document, iter_days, open_source
 from monim.storage.memory_settings import Settings
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -272,14 +263,15 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
                 assert b[0]["tokens"] == a[0]["tokens"] and b[0]["text"] == a[0]["text"]
         assert service.answer({"dataframe_records": [{"prompt": "The bank"}], "params": {"sources": False}})[0][
             "sentences"][0]["sources"] == []
-        for body, says in (({}, "dataframe_records: send a list"),
+        for body, says in (({}, "send exactly one of"),
                            ({"dataframe_records": [{"txt": "x"}]}, "unknown field 'txt'"),
                            ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, "params: unknown 'max_tokens'"),
                            ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 17}}, "at most 16"),
                            ({"dataframe_records": [{"text": "x" * 2001}]}, "2001 characters; at most 2000"),
                            ({"dataframe_records": [{"text": "a"}] * 5}, "5 rows; at most 4"),
                            ({"dataframe_records": [{"text": "x"}], "params": {"seed": 1.5}}, "params.seed: expected a whole"),
-                           ({"dataframe_records": [{"text": "x"}], "inputs": []}, "unknown field 'inputs'")):
+                           ({"dataframe_records": [{"text": "x"}], "input": []}, "unknown field 'input'"),
+                           ({"dataframe_records": [{"text": "x"}], "inputs": []}, "send exactly one of")):
             with pytest.raises(BadRequest, match=re.escape(says)):
                 service.answer(body)
     finally:
@@ -326,94 +318,3 @@ def test_a_continuation_stops_at_its_time_budget_and_when_its_caller_leaves(thet
         assert out["stopped"] == "caller gone" and len(out["tokens"]) == 4  # looked at before the run, then each token
     finally:
         service.close()
-
-
-@pytest.fixture(scope="module")
-def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
-    """A work directory learned by `monim learn` (MLflow on), and `monim serve-model` on its champion."""
-    import flows.servers.local as servers
-
-    workdir = tmp_path_factory.mktemp("served") / "monim-demo"  # the README's name for it
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
-    subprocess.run([monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-03",
-                    "--policy", "fullmem", "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")),
-                    "--max-docs", "3"], env=env, check=True, capture_output=True, timeout=900)
-    port, log = servers.free_port(), workdir / "server.log"
-    proc = subprocess.Popen([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
-                             "200"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-    yield port, proc, log, workdir
-    if proc.poll() is None:
-        proc.kill()
-
-
-def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served, invoke):
-    port, proc, log, _ = served
-    bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
-              for t in texts(6, 400)]
-    alone = [invoke(port, b) for b in bodies]
-    assert all(status == 200 for status, _ in alone), alone
-    together: list = [None] * len(bodies)
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, invoke(port, bodies[i]))) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for (_, a), (status, b) in zip(alone, together):
-        assert status == 200
-        (sa, ga), (sb, gb) = a["predictions"], b["predictions"]
-        assert sb["ppl"] == pytest.approx(sa["ppl"], rel=1e-5) and gb["tokens"] == ga["tokens"]
-    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())
-    assert health["as_of"] in ("1987-03-02", "1987-03-03") and health["limits"]["max_new_tokens"] == 200
-    for body, status, says in ((b"{not json", 400, "not JSON"), ({}, 400, "dataframe_records"),
-                               ({"dataframe_records": [{"prompt": "x"}], "params": {"max_new_tokens": 500}}, 400, "at most 200"),
-                               ({"dataframe_records": [{"text": "x"}], "params": {"max_tokens": 5}}, 400, "'max_tokens'"),
-                               ({"dataframe_records": [{"prompt": "x"}], "params": {"sources": True}}, 200, "")):
-        got, out = invoke(port, body)
-        assert got == status and says in out.get("message", ""), (body, got, out)
-        assert "Traceback" not in json.dumps(out) and "DataFrame" not in json.dumps(out)
-
-
-def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
-    import psutil
-
-    port, proc, log, _ = served
-    long = {"dataframe_records": [{"prompt": p} for p in ("The bank", "Oil prices", "The company")],
-            "params": {"max_new_tokens": 200}}
-    busy = threading.Thread(target=invoke, args=(port, long))  # Θ's worker is busy for a while
-    busy.start()
-    time.sleep(0.2)
-    with pytest.raises(OSError):  # this client gives up waiting: its continuation stops at its next token
-        invoke(port, {"dataframe_records": [{"prompt": "The bank said"}], "params": {"max_new_tokens": 200}}, timeout=0.3)
-    busy.join()
-    deadline = time.monotonic() + 30
-    while not re.search(r"stopped after \d+ tokens: caller gone|dropped before it ran", log.read_text()):
-        assert time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.2)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    flying = threading.Thread(target=lambda: invoke(port, long, timeout=60))
-    flying.start()
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=10)  # stops within 10 s, a request in flight
-    flying.join()
-    assert not [p for p in children if p.is_running()]
-
-
-def test_the_readmes_serving_block_works_pasted_as_written(served, invoke):
-    """The README's commands, run by bash as written, beside the work directory (named as the README names it)."""
-    port, proc, log, workdir = served
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- serving-example -->\s*```bash\n(.*?)```", readme, re.S).group(1)
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "-ec", block], cwd=workdir.parent, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    predictions = json.loads(out.stdout.strip().splitlines()[-1])["predictions"]
-    assert predictions[0]["text"] and predictions[1]["ppl"] > 1

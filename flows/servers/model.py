@@ -1,8 +1,9 @@
 """`monim serve-model`: a registered Θ (the champion, or a version) answering HTTP on one process.
 
 The same pyfunc model `mlflow models serve` loads (tasks.tracking.registry.MonimModel), behind monim's own
-small FastAPI app rather than MLflow's scoring server, because the app can: refuse unknown fields
-and params by name and answer every error as one JSON line without a trace or a dataframe dump;
+small FastAPI app rather than MLflow's scoring server, because the app can: read a body no further
+than its limits (bytes, nesting); refuse unknown fields and params by name and answer every error,
+its own and FastAPI's, as one JSON object without a trace or a dataframe dump;
 stop a request's work when its caller disconnects; stop cleanly, being one process (SIGTERM or
 Ctrl-C: no new requests, in-flight ones finished or stopped at their next token, within seconds);
 and follow the champion: a Follower checks the alias every few seconds, loads a new champion in
@@ -15,20 +16,26 @@ served, since when, the champion last seen), POST /invocations.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
+from http import HTTPStatus
 from typing import Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from flows.servers import schema
 from monim import __version__
 from monim.theta.memory import Memory
-from monim.serving.service import BadRequest, Busy, Service, now
+from monim.serving.request import BadRequest, loads
+from monim.serving.service import Busy, Service, now
 
 log = logging.getLogger("monim.server")
 SERVED = ("model", "version", "as_of", "memory", "checksum")  # what a version is, as /health shows it
@@ -132,16 +139,21 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     @app.post("/invocations", summary="Score texts and continue prompts with Θ",
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": {"$ref": "#/components/schemas/Invocation"}}}}},
-              responses={200: {"model": schema.Predictions}, 400: {"model": schema.Error}, 500: {"model": schema.Error},
-                         503: {"model": schema.Error}})
-    async def invocations(request: Request) -> JSONResponse:
+              responses={200: {"model": schema.Predictions}, 400: {"model": schema.Error}, 413: {"model": schema.Error},
+                         500: {"model": schema.Error}, 503: {"model": schema.Error}})
+    async def invocations(request: Request) -> Response:
+        limits = service.limits
         try:
-            body = await request.json()
-        except ValueError as e:
-            return _error(400, "BAD_REQUEST", f"the body is not JSON: {e}")
+            raw = await _read(request, limits.max_body_bytes)
+        except ClientDisconnect:  # no one to answer, nothing to log
+            return _error(400, "BAD_REQUEST", "the caller left before its body was read")
+        if raw is None:
+            return _error(413, "REQUEST_ENTITY_TOO_LARGE", f"the body is larger than {limits.max_body_bytes} bytes "
+                          f"(max_body_bytes: room for {limits.max_rows} rows of {limits.max_chars} characters)")
         gone = threading.Event()
         watcher = asyncio.create_task(_watch(request, gone))
         try:
+            body = await run_in_threadpool(loads, raw, limits)
             answers = await run_in_threadpool(service.answer, body, gone.is_set)
         except BadRequest as e:
             return _error(400, "BAD_REQUEST", str(e))
@@ -153,6 +165,18 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
         finally:
             watcher.cancel()
         return JSONResponse({"predictions": answers})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, e: StarletteHTTPException) -> Response:  # a route or method not served
+        return _error(e.status_code, HTTPStatus(e.status_code).name, str(e.detail), e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> Response:
+        return _error(422, "UNPROCESSABLE_ENTITY", str(e.errors())[:500])
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, e: Exception) -> Response:  # then re-raised: uvicorn logs the trace
+        return _error(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
 
     app.openapi = lambda: _documented(app)
     return app
@@ -180,8 +204,23 @@ async def _watch(request: Request, gone: threading.Event) -> None:
     gone.set()
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error_code": code, "message": message}, status_code=status)
+async def _read(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it is longer than `limit` bytes, as declared (Content-Length) or as read
+    (a chunked body): reading stops there."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _error(status: int, code: str, message: str, headers: dict | None = None) -> Response:
+    """Every error the server answers: one JSON object (ASCII: a message may quote a lone surrogate)."""
+    return Response(json.dumps({"error_code": code, "message": message}), status, headers, "application/json")
 
 
 class _Server(uvicorn.Server):

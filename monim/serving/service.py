@@ -4,9 +4,8 @@ one LM pass, concurrent prompts decoded together, a token of each a step), and w
 a request that waits or runs past its budget, or whose caller is gone, stops and says so. Another Θ,
 loaded whole elsewhere, is swapped in by the worker between requests: every request is answered by one Θ.
 
-A request is MLflow's scoring format: {"dataframe_records": [{"text": ...} | {"prompt": ...}, ...],
-"params": {"max_new_tokens", "temperature", "top_p", "seed", "sources"}}. A `text` row gets Θ's
-perplexity (and the LM's alone), a `prompt` row a continuation with λ per token and sources.
+A request is MLflow's scoring format in any of its four forms (monim.serving.request). A `text` row
+gets Θ's perplexity (and the LM's alone), a `prompt` row a continuation with λ per token and sources.
 """
 
 from __future__ import annotations
@@ -16,105 +15,19 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from monim.evaluation.evaluate import score_texts
-from monim.serving.generate import Decoder, GenerateConfig, Row
+from monim.serving.generate import Decoder, Row
+from monim.serving.request import BadRequest, Limits, Request, parse
 from monim.theta.memory import Memory
 from monim.data.sources import Document
 
 log = logging.getLogger(__name__)
-ROW_FIELDS = ("text", "prompt")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask (the server's defaults, documented in the README)."""
-
-    max_rows: int = 32  # rows per request
-    max_chars: int = 20_000  # characters per text or prompt
-    max_new_tokens: int = 256  # tokens a prompt may ask for
-    seconds: float = 60.0  # per request, waiting included: a continuation stops there and answers with what it wrote
-
-
-class BadRequest(ValueError):
-    """A request monim will not answer: the message names the field (and the limit)."""
-
-
 class Busy(RuntimeError):
     """The request waited past its time budget before Θ was free (answered 503: try again)."""
 
-
-@dataclass
-class Request:
-    """A checked request: its rows as (field, value) and how prompts are continued."""
-
-    rows: list[tuple[str, str]]
-    generation: GenerateConfig
-    retrieve: frozenset[int] = frozenset()  # the prompt rows asking for the best article before them ("retrieve": true)
-
-
-def _param(name: str, value, kind: type):
-    """A param of the right type, or a BadRequest naming it (a bool is no number; sources takes either)."""
-    if name == "sources" and isinstance(value, bool):
-        return 3 if value else 0
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
-    if not ok:
-        raise BadRequest(f"params.{name}: expected {'a whole number' if kind is int else 'a number'}"
-                         f"{' or true/false' if name == 'sources' else ''}, got {value!r}")
-    return kind(value)
-
-
-def parse(body: object, limits: Limits) -> Request:
-    """A request body checked against the limits; unknown fields and params are refused by name."""
-    if not isinstance(body, dict):
-        raise BadRequest("send a JSON object: {\"dataframe_records\": [{\"text\": ...} or {\"prompt\": ...}], \"params\": {...}}")
-    unknown = sorted(set(body) - {"dataframe_records", "params"})
-    if unknown:
-        raise BadRequest(f"unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: send "
-                         "'dataframe_records' (and optionally 'params')")
-    records = body.get("dataframe_records")
-    if not isinstance(records, list) or not records:
-        raise BadRequest("dataframe_records: send a list of one or more rows, each {\"text\": ...} (to score) or "
-                         "{\"prompt\": ...} (to continue)")
-    if len(records) > limits.max_rows:
-        raise BadRequest(f"dataframe_records: {len(records)} rows; at most {limits.max_rows} a request")
-    rows = [_row(i, r, limits) for i, r in enumerate(records)]
-    retrieve = frozenset(i for i, r in enumerate(records) if r.get("retrieve"))
-    params = body.get("params") or {}
-    if not isinstance(params, dict):
-        raise BadRequest(f"params: expected an object, got {type(params).__name__}")
-    kinds = {f.name: f.type for f in fields(GenerateConfig) if f.name not in ("keep_distributions", "retrieve")}
-    unknown = sorted(set(params) - set(kinds))
-    if unknown:
-        raise BadRequest(f"params: unknown {', '.join(map(repr, unknown))}; known: {', '.join(kinds)}")
-    values = {k: _param(k, v, float if kinds[k] in ("float", float) else int) for k, v in params.items()}
-    if values.get("max_new_tokens", 0) > limits.max_new_tokens:
-        raise BadRequest(f"params.max_new_tokens: {values['max_new_tokens']}; at most {limits.max_new_tokens}")
-    try:
-        return Request(rows, GenerateConfig(**values), retrieve)
-    except ValueError as e:
-        raise BadRequest(f"params: {e}") from None
-
-
-def _row(i: int, row: object, limits: Limits) -> tuple[str, str]:
-    if not isinstance(row, dict):
-        raise BadRequest(f"dataframe_records[{i}]: expected an object with 'text' or 'prompt', got {type(row).__name__}")
-    given = {k: v for k, v in row.items() if v is not None and k != "retrieve"}
-    if not isinstance(row.get("retrieve", False), bool) or row.get("retrieve") and "prompt" not in given:
-        raise BadRequest(f"dataframe_records[{i}].retrieve: true or false, on a 'prompt' row (a text is scored as the "
-                         f"model reads it), got {row.get('retrieve')!r}")
-    unknown = sorted(set(given) - set(ROW_FIELDS))
-    if unknown or len(given) != 1:
-        what = f"unknown field {', '.join(map(repr, unknown))}" if unknown else f"got {sorted(given) or 'nothing'}"
-        raise BadRequest(f"dataframe_records[{i}]: give exactly one of 'text' (to score) or 'prompt' (to continue); {what}")
-    (name, value), = given.items()
-    if not isinstance(value, str) or not value.strip():
-        raise BadRequest(f"dataframe_records[{i}].{name}: expected non-empty text, got {value!r}"[:200])
-    if len(value) > limits.max_chars:
-        raise BadRequest(f"dataframe_records[{i}].{name}: {len(value)} characters; at most {limits.max_chars}")
-    return name, value
 
 
 @dataclass
@@ -279,7 +192,7 @@ class Service:
                 if kind == "text":
                     r = scores[f"{n}/{i}"]
                     if not r["tokens"]:
-                        j.error = BadRequest(f"dataframe_records[{i}].text: a single token; a perplexity needs two")
+                        j.error = BadRequest(f"{j.request.named[i]}: a single token; a perplexity needs two")
                     j.answers[i] = {"ppl": r["ppl"], "ppl_lm": r["ppl_lm"], "tokens": r["tokens"]}
 
     def _continue(self, job: _Job, decoder: Decoder) -> None:
@@ -300,7 +213,7 @@ class Service:
                     cfg = replace(job.request.generation, retrieve=True) if i in job.request.retrieve else job.request.generation
                     job.rows.append((i, decoder.add(value, cfg, stop)))
                 except ValueError as e:
-                    job.error = BadRequest(f"dataframe_records[{i}].prompt: {e}")
+                    job.error = BadRequest(f"{job.request.named[i]}: {e}")
                 except Exception as e:  # noqa: BLE001
                     log.exception("generation failed")
                     job.error = e

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlflow
+import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
@@ -87,14 +88,17 @@ class MonimModel(mlflow.pyfunc.PythonModel):
             return self._service
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[dict]:
-        rows = model_input.to_dict("records") if isinstance(model_input, pd.DataFrame) else model_input
-        if isinstance(rows, list):  # a DataFrame gives each row every column: the missing ones as NaN
-            rows = [{k: v for k, v in r.items() if isinstance(v, str) or v == v} if isinstance(r, dict) else r
-                    for r in rows]
+        """The answers to rows given in any form pandas.DataFrame takes (MLflow makes the DataFrame: from
+        records, a dict of columns or of one value each), read as the HTTP server reads MLflow's formats."""
+        if len(model_input) == 1 and any(isinstance(v, (list, np.ndarray)) for v in model_input.iloc[0]):
+            # MLflow hands a dict of columns (lists) over as one row of lists: read it as the columns
+            body = {"inputs": {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in model_input.iloc[0].items()}}
+        else:
+            body = {"dataframe_records": model_input.to_dict(orient="records")}  # a row without a field: NaN, as none
         from monim.serving.service import BadRequest, Busy
 
         try:
-            return self.service.answer({"dataframe_records": rows, "params": params or {}})
+            return self.service.answer(body | {"params": params or {}})
         except BadRequest as e:
             raise MlflowException.invalid_parameter_value(str(e))  # HTTP 400 from the scoring server
         except Busy as e:
