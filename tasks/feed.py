@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import RunConfig
 from monim.storage.plan import arrivals
-from monim.data.stream import articles
+from monim.data.stream import Day, articles
 from tasks.logs import logger
 from tasks.tracking.store import client, one_at_a_time
 from tasks.tracking.runs import log_points
@@ -43,6 +43,15 @@ def say_late(run_id: str | None, uri: str | None, date: str, late: list[tuple[st
     logger().warning("%s: %d late article(s) %s, not learned: %s%s", date, len(late), why, SEP.join(names[:SHOWN]), more)
     if run_id and uri:
         add_to_tag(run_id, uri, f"monim.late.{date}", names)
+
+
+def say_skipped(date: str, day: Day) -> None:
+    """Name the bad records a day skipped (`--on-error skip`) in the run's log, a warning: each one's file,
+    line, field and problem (the first monim.data.stream.NAMED; the rest counted)."""
+    if not day.skipped:
+        return
+    more = f"{SEP}and {day.skipped - len(day.bad)} more" if day.skipped > len(day.bad) else ""
+    logger().warning("%s: %d bad record(s) skipped, not learned: %s%s", date, day.skipped, SEP.join(day.bad), more)
 
 
 def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None) -> int:

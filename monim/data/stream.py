@@ -20,6 +20,7 @@ from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of strea
 from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")
+NAMED = 20  # bad records a day keeps to name (file, line, field, problem); the rest are counted
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Day:
     validation: list[Document]
     test: list[Document]
     skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
+    bad: list[str] = field(default_factory=list)  # the first NAMED of them, each as its message says it
     duplicates: int = 0  # documents dropped because an earlier one that day had the same text
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
     capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
@@ -129,7 +131,7 @@ def _make_day(gathered: Gathered, seed: int) -> Day:
     labels = dedup.twin_groups([d.text for d in unique])
     groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
     cut = Counter(name for d in docs for name in d.cut)
-    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped,
+    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped, bad=gathered.bad,
                duplicates=len(docs) - len(unique), groups=groups, titles_cut=cut["title"], texts_cut=cut["text"],
                late=gathered.late, ids=tuple(d.id for d in docs))
 
@@ -153,6 +155,7 @@ class Gathered:
     docs: list[Document] = field(default_factory=list)
     skipped: int = 0
     late: list[tuple[str, str]] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # the first NAMED bad records skipped, as their messages say them
 
     @property
     def records(self) -> int:
@@ -168,6 +171,7 @@ class Gathered:
         """Count a day without articles (bad or late records only) with this one, the next day learned."""
         self.skipped += earlier.skipped
         self.late = earlier.late + self.late
+        self.bad = (earlier.bad + self.bad)[:NAMED]
 
 
 def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
@@ -197,6 +201,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
         if bad and on_error == "raise":
             raise StreamError(str(bad[0]))
         day.skipped += len(bad)
+        day.bad += [str(b) for b in bad[: NAMED - len(day.bad)]]
 
     for rec in source.records(start):
         if not isinstance(rec, BadRecord) and rec[1].date > latest_date():
