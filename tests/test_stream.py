@@ -104,7 +104,7 @@ def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_
     path = write(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
     whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
     one_by_one = [read_day(path, d, on_error="skip").skipped for d in list_dates(path, on_error="skip")]
-    assert whole == one_by_one == [0, 1, 1]  # between two days: the later's; at the end: the last day's
+    assert whole == one_by_one == [1, 0, 1]  # between two days: the day above's (being read); at the end: the last day's
 
 
 def test_a_record_out_of_date_order_is_named_late_not_learned_and_blocks_nothing(tmp_path):

@@ -273,7 +273,8 @@ class DirectorySource:
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
         for date, f in self.files():
             if start is None or date >= start:
-                yield from open_source(f, self.fields).records()
+                for rec in open_source(f, self.fields).records():  # a record without a readable date: its file's day
+                    yield replace(rec, date=date) if isinstance(rec, BadRecord) and rec.date is None else rec
 
 
 @dataclass

@@ -14,7 +14,7 @@ from monim.core.config import RunConfig
 from monim.storage.forgotten import check_relearn, forgotten_days
 from monim.core.manifest import read_manifest
 from monim.data.sources import Fields
-from monim.data.stream import arrived_after, articles, read_range
+from monim.data.stream import arrived_after, read_range, records
 
 
 @dataclass
@@ -67,7 +67,7 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
     for day in read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), workdirs.known_ids(root)):
         dates.append(date := day.date.isoformat())
         records[date] = day.records
-        if date in rows and (found := day.after(articles(rows[date], "docs_"), rows[date].get("docs_late", 0))):
+        if date in rows and (found := day.after(records(rows[date], "docs_"))):
             arrived[date] = found  # a learned day read again: what it got since
     committed = [d["date"] for d in manifest.get("days", [])]
     gone = forgotten_days(manifest)
@@ -87,9 +87,14 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
 
 
 def arrivals(source: str, rows: dict[str, dict], on_error: Literal["raise", "skip"] = "skip",
-             fields: Fields | None = None) -> dict[str, list[tuple[str, str]]]:
-    """The articles each learned day (date -> its row) got in the feed after it was learned, (id, date)
-    of each (in date order, or late), for the days that got any."""
-    found = {date: arrived_after(source, dt.date.fromisoformat(date), articles(row, "docs_"), row.get("docs_late", 0),
-                                 on_error, fields) for date, row in sorted(rows.items())}
+             fields: Fields | None = None, since: str | None = None) -> dict[str, list[tuple[str, str]]]:
+    """The records each learned day (date -> its row) got in the feed after it was learned (id, date) of
+    each article (in date order, or late) and (message, "") of each bad record, for the days that got any;
+    each day read from the day after the row before it (`since` for the first: the day after the run's
+    previous day, as it was learned)."""
+    found, start = {}, dt.date.fromisoformat(since) if since else None
+    for date, row in sorted(rows.items()):
+        day = dt.date.fromisoformat(date)
+        found[date] = arrived_after(source, day, records(row, "docs_"), start, on_error, fields)
+        start = day + dt.timedelta(days=1)
     return {date: late for date, late in found.items() if late}
