@@ -215,19 +215,21 @@ def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused
 
 
 def test_articles_added_to_a_learned_day_are_named(tmp_path, monkeypatch):
-    from monim.data.stream import arrived_after, articles, read_day
+    from monim.data.stream import arrived_after, read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "feed.jsonl"
     _write_days(path, [("2022-06-01", 3), ("2022-06-02", 4)])
     learned = read_day(path, D(2022, 6, 2)).counts()
-    assert arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"]) == []
-    with open(path, "a") as f:  # a story filed late, in date order; then one out of it
+    assert arrived_after(path, D(2022, 6, 2), learned["records"]) == []
+    with open(path, "a") as f:  # a story filed late, in date order; then one out of it, and a broken line
         f.write(json.dumps({"id": "wire", "date": "2022-06-02", "text": "Filed late."}) + "\n")
         f.write(json.dumps({"id": "older", "date": "2022-06-01", "text": "Older still."}) + "\n")
-    found = arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"], "skip")
-    assert found == [("wire", "2022-06-02"), ("older", "2022-06-01")]
-    assert arrived_after(path, D(2022, 6, 1), 3, 0, "skip") == []
+        f.write("{broken\n")
+    found = arrived_after(path, D(2022, 6, 2), learned["records"], on_error="skip")
+    assert found == [("wire", "2022-06-02"), ("older", "2022-06-01"),
+                     (f"{path}:10: malformed JSON (Expecting property name enclosed in double quotes at column 2)", "")]
+    assert arrived_after(path, D(2022, 6, 1), 3, on_error="skip") == []
 
 
 def test_a_feed_past_its_lag_has_stalled(tmp_path):

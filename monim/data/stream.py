@@ -371,7 +371,7 @@ def arrived_after(source: str | Path, date: dt.date, records: int, since: dt.dat
                   on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[tuple[str, str]]:
     """The records a learned day got after it was learned with `records` of them, read from `since` as it was
     learned (the days from `since` without articles counting with it): Gathered.after."""
-    for gathered in _articled(_day_documents(open_source(source, fields), since or date, date, on_error)):
+    for gathered in _articled(_day_documents(open_source(source, fields), min(since or date, date), date, on_error)):
         if gathered.date == date:
             return gathered.after(records)
     return []

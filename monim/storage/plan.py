@@ -63,16 +63,16 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
     if start and end and start > end:
         raise ValueError(f"start {start} is after end {end}: the range holds no day")
     root, manifest = workdirs.memory_root(cfg.workdir, cfg.name), _manifest(cfg)
-    rows, dates, arrived, records = workdirs.read_rows(cfg.workdir, cfg.name), [], {}, {}
+    rows, dates, arrived, counted = workdirs.read_rows(cfg.workdir, cfg.name), [], {}, {}
     for day in read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), workdirs.known_ids(root)):
         dates.append(date := day.date.isoformat())
-        records[date] = day.records
+        counted[date] = day.records
         if date in rows and (found := day.after(records(rows[date], "docs_"))):
             arrived[date] = found  # a learned day read again: what it got since
     committed = [d["date"] for d in manifest.get("days", [])]
     gone = forgotten_days(manifest)
     out = Plan(dates, rows, {d: e for d, e in gone.items() if d in dates}, list(relearn),
-               start.isoformat() if start else None, arrived, records)
+               start.isoformat() if start else None, arrived, counted)
     for date in relearn:
         if not manifest:
             raise ValueError(f"relearn {date}: {cfg.name} keeps no memory to learn a day into again")
