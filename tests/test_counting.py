@@ -203,3 +203,14 @@ def test_random_feeds_appended_daily_count_every_record_once_and_name_every_late
     learned, after, named = learn_as_it_comes(path, batches)
     assert sum(c["docs_records"] for c in learned.values()) + sum(map(len, after.values())) == sum(map(len, batches))
     assert set(lates) <= named | {i for found in after.values() for i, _ in found}
+
+
+def test_a_day_files_unreadable_lines_count_for_its_day_read_whole_or_day_by_day(tmp_path, monkeypatch):
+    """A folder of day files: a line without a readable date counts for its file's day, wherever it sits."""
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "feed"
+    folder.mkdir()
+    write(folder / "2022-06-01.jsonl", [good("a", 0), UNDATED])
+    write(folder / "2022-06-02.jsonl", [UNDATED, UNDATED, good("b", 1)])
+    for counts in (by_day(folder), whole(folder)):
+        assert {d: (c["skipped"], c["records"]) for d, c in counts.items()} == {"2022-06-01": (1, 2), "2022-06-02": (2, 3)}
