@@ -15,7 +15,7 @@ from monim.run import LearnerRun, MemoryRun, Run, Stages, open_run
 from monim.theta.memory import Memory
 from tasks import learning
 from tasks.evaluation import evaluate
-from tasks.feed import say_late
+from tasks.feed import say_late, say_skipped
 from tasks.gate import register_day
 from tasks.tracking.runs import log_day
 
@@ -30,6 +30,7 @@ class AsTasks(Stages):
     def ingest(self, run: Run, date: str, since: str | None) -> Day:
         day = learning.ingest(run, date, since)
         say_late(self.run_id, self.uri, date, day.late, "out of date order in the feed")
+        say_skipped(date, day)
         return day
 
     def featurize(self, run: Run, day: Day) -> dict:

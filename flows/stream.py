@@ -60,7 +60,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
                     arrived_late(run, row, run_id, uri, todo.arrived.get(row["date"], []))
             before = [r for r in learned if todo.todo and r["date"] < todo.todo[0]]
             if before and before[-1]["date"] not in todo.seen:  # a resume: the last learned day, read for it
-                arrived_late(run, before[-1], run_id, uri)
+                arrived_late(run, before[-1], run_id, uri, since=todo.since(before[-1]["date"]))
             for date in todo.todo:
                 learned.append(learn_day(run, date, run_id, uri, step=step_of(origin, date), since=todo.since(date)))
                 thin_day(run_id, uri, learned[-1], learned)

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import RunConfig
 from monim.storage.plan import arrivals
-from monim.data.stream import articles
+from monim.data.stream import Day, articles
 from tasks.logs import logger
 from tasks.tracking.store import client, one_at_a_time
 from tasks.tracking.runs import log_points
@@ -35,22 +35,34 @@ def add_to_tag(run_id: str, uri: str, key: str, items: list[str]) -> None:
 
 def say_late(run_id: str | None, uri: str | None, date: str, late: list[tuple[str, str]], why: str) -> None:
     """Name late articles ((id, date), read with `date`'s articles) in the run's log, a warning, and in
-    its MLflow tag `monim.late.<date>`: counted and named, never learned."""
-    if not late:
+    its MLflow tag `monim.late.<date>`: counted and named, never learned; and bad records among them
+    ((message, "")), a warning of their own."""
+    named, bad = [f"{doc_id} ({day})" for doc_id, day in late if day], [name for name, day in late if not day]
+    for what, names in (("late article(s)", named), ("bad record(s)", bad)):
+        if names:
+            more = f"{SEP}and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            logger().warning("%s: %d %s %s, not learned: %s%s", date, len(names), what, why, SEP.join(names[:SHOWN]), more)
+    if run_id and uri and named:
+        add_to_tag(run_id, uri, f"monim.late.{date}", named)
+
+
+def say_skipped(date: str, day: Day) -> None:
+    """Name the bad records a day skipped (`--on-error skip`) in the run's log, a warning: each one's file,
+    line, field and problem (the first monim.data.stream.NAMED; the rest counted)."""
+    if not day.skipped:
         return
-    names = [f"{doc_id} ({day})" for doc_id, day in late]
-    more = f"{SEP}and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    logger().warning("%s: %d late article(s) %s, not learned: %s%s", date, len(late), why, SEP.join(names[:SHOWN]), more)
-    if run_id and uri:
-        add_to_tag(run_id, uri, f"monim.late.{date}", names)
+    more = f"{SEP}and {day.skipped - len(day.bad)} more" if day.skipped > len(day.bad) else ""
+    logger().warning("%s: %d bad record(s) skipped, not learned: %s%s", date, day.skipped, SEP.join(day.bad), more)
 
 
-def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None) -> int:
+def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None,
+                 since: str | None = None) -> int:
     """Say the records of a learned day (its row) that the feed got after the day was learned (say_late),
     and count them in MLflow (`docs_after_learned` at the day's step); how many there are. `found`:
-    those records where the run's plan read them already (monim.storage.plan.Plan.arrived), else read here."""
+    those records where the run's plan read them already (monim.storage.plan.Plan.arrived), else read here
+    from `since` (the first day whose records the day counted: monim.storage.plan.Plan.since)."""
     if found is None:
-        found = arrivals(cfg.source, {row["date"]: row}, cfg.on_error, cfg.fields()).get(row["date"], [])
+        found = arrivals(cfg.source, {row["date"]: row}, cfg.on_error, cfg.fields(), since).get(row["date"], [])
     say_late(run_id, uri, row["date"], found, "came after the day was learned")
     if found:
         log_points(run_id, uri, [("docs_after_learned", row["step"], len(found))])

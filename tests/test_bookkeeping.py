@@ -173,3 +173,24 @@ def test_a_served_request_with_a_meaningless_param_is_refused_naming_it(params, 
 def test_a_non_finite_setting_is_refused_naming_it(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(monim, learned, model, tmp_path):
+    """A lone surrogate escape (`"\\ud800"`, valid JSON) in a record's text (issue 65, case 4): refused naming its
+    file, line and field, or with --on-error skip named in the run's log and skipped; its day is learned (an odd but
+    readable article with it), and so is the next."""
+    source, workdir = copy(monim, learned, tmp_path)
+    rows = demo_rows(4, 3)
+    odd = {"id": "odd", "date": "1987-03-04", "text": "Control \x01 characters \u2028 and a noncharacter \uffff are text."}
+    lines = [*(r for r in rows if r["date"] <= "1987-03-04"), odd, '{"id": "s", "date": "1987-03-04", "text": "a \\ud800"}']
+    write(source, lines)
+    said = f"{source}:{len(lines)}: field 'text': a lone surrogate (U+D800) at character 3"
+    refused(learn(monim, source, workdir, model), said)
+    skip = learn(monim, source, workdir, model, "--on-error", "skip", "--json")
+    assert skip.returncode == 0 and said in skip.stderr, skip.stderr[-3000:]
+    row = {r["date"]: r for r in monim.last_json(skip)["rows"]}["1987-03-04"]
+    assert (row["docs_skipped"], row["docs_train"] + row["docs_validation"] + row["docs_test"], row["docs_records"]) == (1, 4, 5)
+    write(source, lines + [r for r in rows if r["date"] > "1987-03-04"])
+    after = learn(monim, source, workdir, model, "--on-error", "skip", "--start", "1987-03-05", "--json")
+    assert after.returncode == 0 and [r["date"] for r in monim.last_json(after)["rows"]] == ["1987-03-05"], after.stderr[-3000:]
+    assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]

@@ -52,7 +52,7 @@ def write(path: Path, lines: list[str]) -> Path:
 def test_awkward_feeds_count_every_record_once(tmp_path, monkeypatch):
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     lines = [UNDATED, good("a", 0), dated_bad(0), good("b", 0), dated_bad(0), dated_bad(0),  # bad at start, middle, end
-             UNDATED, dated_bad(1), dated_bad(1),  # a day of bad records only: counted with the next day learned
+             UNDATED, dated_bad(1), dated_bad(1),  # undated: the day above's; a day of bad records only: the next day's
              good("c", 2), good("a", 2), good("k", 2),  # an id met twice; one a memory learned on another day
              good("d", 3), good("late", 1), UNDATED, good("e", 3), good("f", 4), UNDATED]
     path = write(tmp_path / "feed.jsonl", lines)
@@ -60,7 +60,7 @@ def test_awkward_feeds_count_every_record_once(tmp_path, monkeypatch):
     for counts in (by_day(path, known=known), whole(path, known)):
         assert sum(c["records"] for c in counts.values()) == len(lines)
         assert [(d, c["train"] + c["validation"] + c["test"], c["skipped"], c["late"]) for d, c in counts.items()] == [
-            ("2022-06-01", 2, 4, 0), ("2022-06-03", 1, 5, 0), ("2022-06-04", 2, 1, 1), ("2022-06-05", 1, 1, 0)]
+            ("2022-06-01", 2, 5, 0), ("2022-06-03", 1, 4, 0), ("2022-06-04", 2, 1, 1), ("2022-06-05", 1, 1, 0)]
     with pytest.raises(StreamError, match=r"feed.jsonl:12: field 'id': 'k' again: memories/fullmem learned an article "
                                           r"of 2022-05-30"):
         read_day(path, dt.date(2022, 6, 3), known=known, on_error="raise", since=dt.date(2022, 6, 3))
@@ -129,3 +129,88 @@ def test_random_feeds_count_every_record_once_whole_or_day_by_day(tmp_path_facto
             refused = True
         assert refused == (counts["skipped"] > 0), (date, counts)
     assert records(next(iter(one.values()))) == next(iter(one.values()))["records"]
+
+
+def learn_as_it_comes(path: Path, batches: list[list[str]]) -> tuple[dict[str, dict], dict[str, list], set[str]]:
+    """A feed appended a batch at a time, each new day read as the daily run reads it (from the day after the
+    last one learned): every day's counts when learned, the records each learned day got after it was
+    learned (read as `monim status --source` reads them), and the late articles named as days were learned."""
+    from monim.storage.plan import arrivals
+
+    learned: dict[str, dict] = {}
+    late: set[str] = set()
+    for batch in batches:
+        with open(path, "a") as f:
+            f.write("".join(line + "\n" for line in batch))
+        since = dt.date.fromisoformat(max(learned)) + dt.timedelta(days=1) if learned else dt.date.min
+        for date in check_records(path, start=since, on_error="skip"):
+            day = read_day(path, date, on_error="skip", since=since)
+            learned[date.isoformat()], late = {f"docs_{k}": v for k, v in day.counts().items()}, late | {i for i, _ in day.late}
+            since = date + dt.timedelta(days=1)
+    return learned, arrivals(str(path), learned), late
+
+
+def test_a_feed_appended_daily_counts_each_record_once(tmp_path, monkeypatch):
+    """Issue 65: a trailing bad line of a day's batch was counted with that day when it was learned and again
+    with the next day once the feed grew; a bad line leading the next batch counted nowhere."""
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    batches = [[good("a", 0), good("b", 0), UNDATED],  # a trailing bad line
+               [good("c", 1), UNDATED, dated_bad(1)],  # and one mid-day, and a dated bad one at the end
+               [UNDATED, good("d", 2)],  # a bad line leading the batch: came after day 1 was learned
+               [good("e", 3)]]
+    learned, after, _ = learn_as_it_comes(tmp_path / "feed.jsonl", batches)
+    assert {d: c["docs_records"] for d, c in learned.items()} == {"2022-06-01": 3, "2022-06-02": 3, "2022-06-03": 1,
+                                                                  "2022-06-04": 1}
+    assert {d: [name for name, _ in found] for d, found in after.items()} == {
+        "2022-06-02": [f"{tmp_path / 'feed.jsonl'}:7: malformed JSON (Expecting value at column 43)"]}
+    assert sum(c["docs_records"] for c in learned.values()) + sum(map(len, after.values())) == sum(map(len, batches))
+
+
+def test_a_late_article_is_named_wherever_its_line_sits(tmp_path, monkeypatch):
+    """Issue 65: a late article that came after its day was learned was named or not depending on where an
+    earlier late one sat: in the day itself, or in a day before it with bad records only (folded into it)."""
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    late = lambda i: good(i, 0)  # noqa: E731  (dated the first day, out of date order wherever it sits below)
+    for n, first in enumerate([[dated_bad(1), late("early"), good("c", 2)],  # in a day of bad records only
+                               [dated_bad(1), good("c", 2), late("early")]]):  # in the day learned
+        path = tmp_path / f"feed{n}.jsonl"
+        learned, after, _ = learn_as_it_comes(path, [[good("a", 0)], first, [late("wire")]])
+        assert learned["2022-06-03"]["docs_late"] == 1 and learned["2022-06-03"]["docs_skipped"] == 1
+        assert after == {"2022-06-03": [("wire", "2022-06-01")]}, n
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.sampled_from(["late", "undated", "dated_bad"]), max_size=3), min_size=2, max_size=5),
+       st.randoms(use_true_random=False))
+def test_random_feeds_appended_daily_count_every_record_once_and_name_every_late_article(tmp_path_factory, extras, rnd):
+    """Each day's batch (its articles, and late, undated and dated bad lines anywhere among them), learned as
+    it comes: the days' counts and what came after each learned day add up to the feed's lines, and every
+    late article is named, in the day it was learned with or as one that came after its day."""
+    import os
+
+    folder = tmp_path_factory.mktemp("feed")
+    os.environ["MONIM_CACHE"] = str(folder / "cache")
+    batches, lates = [], []
+    for day, more in enumerate(extras):
+        batch = [good(f"{day}-{i}", day) for i in range(rnd.randint(1, 3))]
+        for n, kind in enumerate(more if day else []):
+            if kind == "late":
+                lates.append(f"late-{day}-{n}")
+            line = good(lates[-1], rnd.randint(0, day - 1)) if kind == "late" else UNDATED if kind == "undated" else dated_bad(day)
+            batch.insert(rnd.randint(0, len(batch)), line)
+        batches.append(batch)
+    path = folder / "feed.jsonl"
+    learned, after, named = learn_as_it_comes(path, batches)
+    assert sum(c["docs_records"] for c in learned.values()) + sum(map(len, after.values())) == sum(map(len, batches))
+    assert set(lates) <= named | {i for found in after.values() for i, _ in found}
+
+
+def test_a_day_files_unreadable_lines_count_for_its_day_read_whole_or_day_by_day(tmp_path, monkeypatch):
+    """A folder of day files: a line without a readable date counts for its file's day, wherever it sits."""
+    monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "feed"
+    folder.mkdir()
+    write(folder / "2022-06-01.jsonl", [good("a", 0), UNDATED])
+    write(folder / "2022-06-02.jsonl", [UNDATED, UNDATED, good("b", 1)])
+    for counts in (by_day(folder), whole(folder)):
+        assert {d: (c["skipped"], c["records"]) for d, c in counts.items()} == {"2022-06-01": (1, 2), "2022-06-02": (2, 3)}

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from monim.data.sources import DatasetsSource, Document, StreamError, open_source
 from monim.data.stream import DEMO_STREAM, iter_days, split_day
@@ -103,7 +104,7 @@ def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_
     path = write(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
     whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
     one_by_one = [read_day(path, d, on_error="skip").skipped for d in list_dates(path, on_error="skip")]
-    assert whole == one_by_one == [0, 1, 1]  # between two days: the later's; at the end: the last day's
+    assert whole == one_by_one == [1, 0, 1]  # between two days: the day above's (being read); at the end: the last day's
 
 
 def test_a_record_out_of_date_order_is_named_late_not_learned_and_blocks_nothing(tmp_path):
@@ -214,19 +215,21 @@ def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused
 
 
 def test_articles_added_to_a_learned_day_are_named(tmp_path, monkeypatch):
-    from monim.data.stream import arrived_after, articles, read_day
+    from monim.data.stream import arrived_after, read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "feed.jsonl"
     _write_days(path, [("2022-06-01", 3), ("2022-06-02", 4)])
     learned = read_day(path, D(2022, 6, 2)).counts()
-    assert arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"]) == []
-    with open(path, "a") as f:  # a story filed late, in date order; then one out of it
+    assert arrived_after(path, D(2022, 6, 2), learned["records"]) == []
+    with open(path, "a") as f:  # a story filed late, in date order; then one out of it, and a broken line
         f.write(json.dumps({"id": "wire", "date": "2022-06-02", "text": "Filed late."}) + "\n")
         f.write(json.dumps({"id": "older", "date": "2022-06-01", "text": "Older still."}) + "\n")
-    found = arrived_after(path, D(2022, 6, 2), articles(learned), learned["late"], "skip")
-    assert found == [("wire", "2022-06-02"), ("older", "2022-06-01")]
-    assert arrived_after(path, D(2022, 6, 1), 3, 0, "skip") == []
+        f.write("{broken\n")
+    found = arrived_after(path, D(2022, 6, 2), learned["records"], on_error="skip")
+    assert found == [("wire", "2022-06-02"), ("older", "2022-06-01"),
+                     (f"{path}:10: malformed JSON (Expecting property name enclosed in double quotes at column 2)", "")]
+    assert arrived_after(path, D(2022, 6, 1), 3, on_error="skip") == []
 
 
 def test_a_feed_past_its_lag_has_stalled(tmp_path):
@@ -322,3 +325,75 @@ def test_directory_of_day_files_is_a_source(tmp_path, monkeypatch):
     (folder / "README.md").write_text("not a day")
     assert list_dates(folder) == [D(2022, 6, 1), D(2022, 6, 2)]
     assert len(read_day(folder, D(2022, 6, 2))) == 2
+
+
+# Any JSON value, and any Unicode: lone surrogates (valid JSON as `\ud800`), NULs, control characters.
+UNICODE = st.text(st.characters(codec=None, exclude_categories=()), max_size=20)
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | UNICODE | st.sampled_from(
+    ["2022-06-01", "2022-06-01T08:30:00Z", "20220601", "", " ", "\ud800", "a\x00b", "9999-12-31", "0001-01-01"])
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(UNICODE, inner, max_size=3),
+                    max_leaves=8)
+FIELDS = ("date", "text", "id", "title")
+LIKELY = {"date": st.sampled_from(["2022-06-01", "2022-06-02T23:59:59+05:00"]), "text": UNICODE.filter(str.strip),
+          "id": UNICODE | st.integers(), "title": UNICODE}  # what a field of an article holds, mostly
+MOSTLY = {f: st.integers(0, 4).flatmap(lambda k, f=f: JSON if k == 0 else LIKELY[f]) for f in FIELDS}  # 1 in 5: any JSON
+ROWS = st.fixed_dictionaries({"date": MOSTLY["date"]}, optional={f: MOSTLY[f] for f in FIELDS[1:]})
+RAW = st.sampled_from([  # lines json.dumps never writes
+    b'{"id": "a", "date": "2022-06-01", "text": "an invalid \\x escape"}', b'{"id": "a", "date": "2022-06-01", "text": "\\ud8"}',
+    b'{"id": "a", "date": "2022-06-01", "text": "\xed\xa0\x80"}',  # a surrogate encoded in UTF-8 bytes: not valid UTF-8
+    b'{"id": "a", "date": "2022-06-01", "text": "ok", "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"id": "a", "date": "2022-06-01", "text": "ok", "deep": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001,
+    b'{"id": ' + b"9" * 5000 + b', "date": "2022-06-01", "text": "an id json cannot convert"}', b"[" * 200_000, b"\x00",
+    b'"\\ud800"', b'{"id": "a", "date": "2022-06-01", "text": NaN}', b'\xff\xfe{\x00"\x00'])
+
+
+def valid(rec, where: str) -> bool:
+    """Whether a record is a valid Document at `where`, or a BadRecord at `where` naming a field of the
+    record (or none: the line as a whole), its message printable."""
+    from monim.data.sources import BadRecord
+
+    if isinstance(rec, BadRecord):
+        return rec.where == where and rec.field in (None, *FIELDS) and bool(str(rec).encode())
+    return rec[0] == where and sound(rec[1])
+
+
+def sound(doc: Document) -> bool:
+    """Whether a Document's fields are what one promises: a date; id, title and text strings UTF-8 encodes,
+    without NUL; a text with more than spaces; an id of 1 to ID_CAP characters; title and text within their caps."""
+    from monim.data.sources import ID_CAP, TEXT_CAP, TITLE_CAP
+
+    texts = (doc.id, doc.title, doc.text)
+    return (isinstance(doc.date, dt.date) and all(isinstance(t, str) and "\x00" not in t for t in texts)
+            and all(t.encode("utf-8", "strict") is not None for t in texts) and doc.text.strip() != ""
+            and 0 < len(doc.id) <= ID_CAP and len(doc.title) <= TITLE_CAP and len(doc.text) <= TEXT_CAP)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ROWS, st.sampled_from(["error", "hash"]))
+def test_any_record_is_a_valid_document_or_a_bad_record_naming_its_field(row, missing_id):
+    from monim.data.sources import Fields, to_document
+
+    rec = to_document(row, Fields(missing_id=missing_id), "feed.jsonl:7")
+    event("a Document" if isinstance(rec, tuple) else f"bad: {rec.field}")
+    assert valid(to_document(row, Fields(missing_id=missing_id), "feed.jsonl:7"), "feed.jsonl:7")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ROWS.map(lambda r: json.dumps(r).encode()) | RAW, min_size=1, max_size=6))
+def test_any_line_of_a_feed_is_a_document_or_a_bad_record_naming_its_line_and_field(tmp_path_factory, lines):
+    """Written to a file (json.dumps escapes a lone surrogate as `\\ud800`, as a feed would hold it): each line is
+    read as a valid Document or a BadRecord naming its file:line, its date for the day index is the record's,
+    and the stream skips and counts what is bad (nothing raises)."""
+    from monim.data.sources import BadRecord, JsonlSource
+
+    path = tmp_path_factory.mktemp("feed") / "feed.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    source = JsonlSource(path)
+    got = list(source.records())
+    nonblank = [n for n, raw in enumerate(lines, 1) if raw.strip()]
+    assert len(got) == len(nonblank)
+    for n, raw, rec in zip(nonblank, [lines[n - 1] for n in nonblank], got):
+        assert valid(rec, f"{path}:{n}"), rec
+        assert source.date_of(raw) == (rec.date if isinstance(rec, BadRecord) else rec[1].date)
+    for day in iter_days(source, on_error="skip"):
+        assert all(sound(d) for s in (day.train, day.validation, day.test) for d in s)

@@ -53,7 +53,7 @@ def late_articles(root: Path, source: str) -> dict[str, list]:
 
     with clear_errors(FileNotFoundError, StreamError):
         late = arrivals(source, Datastore.read(root).evaluations())
-    rows = [{"day": d, "article": f"{i} ({date})"} for d, found in late.items() for i, date in found]
+    rows = [{"day": d, "article": f"{i} ({date})" if date else i} for d, found in late.items() for i, date in found]
     console.print(table(f"articles {source} got after {root.name} learned their day (not learned)", rows, ["day", "article"])
                   if rows else f"{source}: no article came after its day was learned")
     return late

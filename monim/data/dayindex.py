@@ -25,7 +25,7 @@ class DayIndex:
     """Where each date's records start in a source file (None: the file is not sorted by date)."""
 
     path: Path
-    starts: dict[str, tuple[int, int]] | None  # date -> (byte offset after the previous day's last record, line no.)
+    starts: dict[str, tuple[int, int]] | None  # date -> (byte offset of its first record, line no.); the first date: (0, 1)
 
     def dates(self) -> list[dt.date]:
         return [dt.date.fromisoformat(d) for d in sorted(self.starts or {})]
@@ -58,18 +58,21 @@ def _stamp(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+RULE = 2  # where a day's lines start (kept with an index: one built by another rule is rebuilt)
+
+
 def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayIndex:
     """The file's day index, from the cache when the file is unchanged, else built (one pass).
 
     `date_of(line)`: a record's date, or None for a line that is not a readable record."""
     meta, points = _index_files(path)
-    stamp = _stamp(path)
+    stamp = _stamp(path) | {"rule": RULE}
     if meta.exists():
         cached = json.loads(meta.read_text())
         if cached["stamp"] == stamp and (path.suffix != ".gz" or points.exists()):
             return DayIndex(path, {d: tuple(v) for d, v in cached["starts"].items()} if cached["starts"] is not None else None)
     starts: dict[str, tuple[int, int]] | None = {}
-    last, resume, resume_line = None, 0, 1
+    last, at = None, 0
     with open_text(path) as f:
         for n, raw in enumerate(iter(f.readline, b""), start=1):
             date = date_of(raw.removeprefix(BOM) if n == 1 else raw)
@@ -77,10 +80,10 @@ def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayInde
                 if last is not None and date < last:
                     starts = None  # unsorted: readers scan the whole file (and name its late records)
                     break
-                if date != last:
-                    starts[date.isoformat()] = (resume, resume_line)
+                if date != last:  # the lines above the first dated one are the first day's (monim.data.stream)
+                    starts[date.isoformat()] = (at, n) if starts else (0, 1)
                     last = date
-                resume, resume_line = f.tell(), n + 1
+            at = f.tell()
         if path.suffix == ".gz":
             f.build_full_index()
             with replacing(points) as tmp:

@@ -1,6 +1,10 @@
 """Where news records come from: JSON Lines (plain or .gz), WMT News Crawl, a folder of per-day
 files, or any `datasets` dataset; each record becomes a Document or a BadRecord naming the file,
-line and field that is wrong."""
+line and field that is wrong.
+
+A Document's id, title and text are strings UTF-8 can hold, without NUL characters: whatever a
+record holds (any JSON value in any field, a lone surrogate from a `\\ud800` escape, nesting
+deeper than MAX_DEPTH), it is read as one or refused as a BadRecord here, never later."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -25,11 +30,17 @@ class StreamError(ValueError):
 TITLE_CAP = 300  # characters of a headline kept (and shown)
 TEXT_CAP = 1_000_000  # characters of an article kept, before the token cap (max_article_tokens) cuts it further
 ID_CAP = 256  # characters of an id; a longer one is a bad record (an id is never cut: two cut ids could collide)
+MAX_DEPTH = 100  # arrays and objects a JSON record may nest (an article nests 2 or 3); deeper is a bad record
+
+
+def clip(text: str, cap: int = 60) -> str:
+    """A text cut to `cap` characters, an ellipsis marking the cut (a value quoted in a message)."""
+    return text if len(text) <= cap else text[: cap - 1] + "…"
 
 
 def short_title(title: str) -> str:
     """The headline cut to TITLE_CAP characters, an ellipsis marking the cut."""
-    return title if len(title) <= TITLE_CAP else title[: TITLE_CAP - 1] + "…"
+    return clip(title, TITLE_CAP)
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ def parse_date(value: Any) -> dt.date:
     if isinstance(value, dt.date):
         return value
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a date string, got {value!r}")
+        raise ValueError(f"expected a date string, got {shown(value)}")
     text = value.strip()
     try:
         return dt.date.fromisoformat(text)
@@ -84,26 +95,68 @@ def parse_date(value: Any) -> dt.date:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).date()
 
 
+def shown(value: Any) -> str:
+    """A record's value as JSON writes it (ASCII: a lone surrogate escaped), cut for a message."""
+    try:
+        return clip(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):  # not a JSON value (a `datasets` row's date, say)
+        return clip(ascii(value))
+
+
+def not_text(value: str) -> str | None:
+    """What makes a string unfit to keep, or None: a lone surrogate (UTF-8 cannot write it; a `\\ud800`
+    escape makes one) or a NUL character (binary or corrupted data, never news)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as e:
+        return f"a lone surrogate (U+{ord(value[e.start]):04X}) at character {e.start + 1}: not text UTF-8 can hold"
+    if (at := value.find("\x00")) >= 0:
+        return f"a NUL character at character {at + 1}: binary or corrupted data, not text"
+    return None
+
+
+def _string(row: dict, name: str, where: str, date: dt.date | None, numbers: bool = False) -> str | None | BadRecord:
+    """A field's string (None where it is missing or null), or a BadRecord naming the field; `numbers`:
+    an integer is its decimal digits (an id)."""
+    value = row.get(name)
+    if value is None:
+        return None
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        return BadRecord(where, name, f"expected a string{' or an integer' if numbers else ''}, got {shown(value)}", date)
+    problem = not_text(value)
+    return value if problem is None else BadRecord(where, name, problem, date)
+
+
 def to_document(row: dict, fields: Fields, where: str) -> Record:
     """A Document from one record's fields, or a BadRecord saying which field is wrong."""
-    if fields.date not in row or row[fields.date] in (None, ""):
+    if fields.date not in row or row[fields.date] is None or row[fields.date] == "":
         return BadRecord(where, fields.date, "missing")
     try:
-        date = parse_date(row[fields.date])
+        date = parse_date(value := row[fields.date])
     except ValueError as e:
-        return BadRecord(where, fields.date, f"unparsable date {row[fields.date]!r} ({e})")
-    text = row.get(fields.text)
-    if not isinstance(text, str) or not text.strip():
+        return BadRecord(where, fields.date, f"unparsable date {shown(value)} ({clip(str(e))})" if isinstance(value, str)
+                         else str(e))
+    text = _string(row, fields.text, where, date)
+    if isinstance(text, BadRecord):
+        return text
+    if text is None or not text.strip():
         return BadRecord(where, fields.text, "missing or empty text", date)
-    doc_id, title = row.get(fields.id), row.get(fields.title)
-    if doc_id in (None, ""):
+    doc_id = _string(row, fields.id, where, date, numbers=True)
+    if isinstance(doc_id, BadRecord):
+        return doc_id
+    if not doc_id:
         if fields.missing_id != "hash":
             return BadRecord(where, fields.id, "missing (say how to name records without one: missing_id=\"hash\", "
                                                "`--missing-id hash`)", date)
         doc_id = "h" + hashlib.sha256(f"{date}\n{text}".encode()).hexdigest()[:16]
-    if len(doc_id := str(doc_id)) > ID_CAP:
+    if len(doc_id) > ID_CAP:
         return BadRecord(where, fields.id, f"{len(doc_id):,} characters, more than the {ID_CAP} an id may have", date)
-    title = title.strip() if isinstance(title, str) else ""
+    title = _string(row, fields.title, where, date)
+    if isinstance(title, BadRecord):
+        return title
+    title = (title or "").strip()
     cut = tuple(name for name, value, cap in (("title", title, TITLE_CAP), ("text", text, TEXT_CAP)) if len(value) > cap)
     return where, Document(id=doc_id, date=date, text=text[:TEXT_CAP], title=short_title(title), cut=cut)
 
@@ -122,28 +175,46 @@ class JsonlSource(IndexedFile):
     path: Path
     fields: Fields = field(default_factory=Fields)
 
-    def date_of(self, raw: bytes) -> dt.date | None:
+    def record(self, raw: bytes, where: str) -> Record:
+        """One line's Document, or a BadRecord naming what is wrong with it."""
+        line = _decode(raw, where, None)
+        if isinstance(line, BadRecord):
+            return line
+        if _too_deep(line):
+            return BadRecord(where, None, f"malformed JSON (nested more than {MAX_DEPTH} deep)")
         try:
-            row = json.loads(raw)
-            return parse_date(row[self.fields.date]) if isinstance(row, dict) else None
-        except (ValueError, KeyError, TypeError):
-            return None
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            return BadRecord(where, None, f"malformed JSON ({e.msg} at column {e.colno})")
+        except ValueError as e:  # an integer of more digits than Python converts
+            return BadRecord(where, None, f"malformed JSON ({clip(str(e), 100)})")
+        if not isinstance(row, dict):
+            return BadRecord(where, None, f"expected a JSON object, got {type(row).__name__}")
+        return to_document(row, self.fields, where)
+
+    def date_of(self, raw: bytes) -> dt.date | None:
+        rec = self.record(raw, "")
+        return rec.date if isinstance(rec, BadRecord) else rec[1].date
 
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
         for where, raw in self.lines(start):
-            line = _decode(raw, where, None)
-            if isinstance(line, BadRecord):
-                yield line
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield BadRecord(where, None, f"malformed JSON ({e.msg} at column {e.colno})")
-                continue
-            if not isinstance(row, dict):
-                yield BadRecord(where, None, f"expected a JSON object, got {type(row).__name__}")
-                continue
-            yield to_document(row, self.fields, where)
+            yield self.record(raw, where)
+
+
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a JSON string (skipped whole), or a bracket
+
+
+def _too_deep(line: str) -> bool:
+    """Whether a JSON text nests arrays and objects more than MAX_DEPTH deep (the json module would
+    recurse, and stop where the caller's stack ends: a RecursionError, not a bad record)."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for m in _JSON_NESTING.finditer(line):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(m.group(), 0)
+        if depth > MAX_DEPTH:
+            return True
+    return False
 
 
 @dataclass
@@ -202,7 +273,8 @@ class DirectorySource:
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
         for date, f in self.files():
             if start is None or date >= start:
-                yield from open_source(f, self.fields).records()
+                for rec in open_source(f, self.fields).records():  # a record without a readable date: its file's day
+                    yield replace(rec, date=date) if isinstance(rec, BadRecord) and rec.date is None else rec
 
 
 @dataclass

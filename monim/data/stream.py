@@ -20,6 +20,7 @@ from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of strea
 from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")
+NAMED = 20  # bad records a day keeps to name (file, line, field, problem); the rest are counted
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Day:
     validation: list[Document]
     test: list[Document]
     skipped: int = 0  # bad records skipped while reading this day (on_error="skip")
+    bad: list[str] = field(default_factory=list)  # the first NAMED of them, each as its message says it
     duplicates: int = 0  # documents dropped because an earlier one that day had the same text
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
     capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
@@ -143,7 +145,7 @@ def _make_day(gathered: Gathered, seed: int) -> Day:
     labels = dedup.twin_groups([d.text for d in unique])
     groups = {d.id: unique[g].id for d, g in zip(unique, labels)}
     cut = Counter(name for d in docs for name in d.cut)
-    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped,
+    return Day(gathered.date, *split_day(unique, seed, groups=labels), skipped=gathered.skipped, bad=gathered.bad,
                duplicates=len(docs) - len(unique), groups=groups, titles_cut=cut["title"], texts_cut=cut["text"],
                late=gathered.late, ids=tuple(d.id for d in docs))
 
@@ -167,33 +169,40 @@ class Gathered:
     docs: list[Document] = field(default_factory=list)
     skipped: int = 0
     late: list[tuple[str, str]] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # the first NAMED bad records skipped, as their messages say them
+    read: list[tuple[str, str]] = field(default_factory=list)  # every record counted, in feed order, as after() names it
 
     @property
     def records(self) -> int:
         """The records the day counts: its documents, bad records and late ones."""
         return len(self.docs) + self.skipped + len(self.late)
 
-    def after(self, read: int, late: int) -> list[tuple[str, str]]:
-        """(id, date) of the records past the first `read` articles and `late` late records: what the day
-        got after it was learned with those (a feed is appended to at its end)."""
-        return [(d.id, d.date.isoformat()) for d in self.docs[read:]] + self.late[late:]
+    def after(self, records: int) -> list[tuple[str, str]]:
+        """The records past the first `records` the day counted: what it got after it was learned with
+        those (a feed is appended to at its end), in feed order: (id, date) of an article, in date order or
+        late, and (its message, "") of a bad record."""
+        return self.read[records:]
 
     def fold(self, earlier: Gathered) -> None:
         """Count a day without articles (bad or late records only) with this one, the next day learned."""
         self.skipped += earlier.skipped
         self.late = earlier.late + self.late
+        self.bad = (earlier.bad + self.bad)[:NAMED]
+        self.read = earlier.read + self.read
 
 
 def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
                    known: Known | None = None) -> Iterator[Gathered]:
     """What each day from start to end counts, in date order, every record of the range in exactly one
-    day (read whole or day by day through the day index alike):
+    day (read whole or day by day through the day index alike), decided by the records above it only
+    (so a feed appended to at its end never moves a record to another day):
 
     - a record with a readable date counts for that day, good or bad; one dated before a record above
-      it (late) counts for the day being read, named in its `late` if good (never learned, no error);
-    - a record without a readable date (malformed, or dated after today) counts for the day of the
-      next dated record, at the source's end for the last day: so the day index, which starts a day
-      right after the previous dated line, begins each day's range with them.
+      it (late) counts for the day being read (the latest date above it), named in its `late` if good
+      (never learned, no error);
+    - a record without a readable date (malformed, or dated after today) counts for the day being read
+      too; one above every dated record, for the first day (the day index starts the first day at the
+      file's start, and every other day at its first dated record).
 
     Bad records: an unreadable record, a record dated after today, an id met a second time, and an id
     that `known` holds from another day (a memory's: learned or forgotten there). They raise
@@ -202,7 +211,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     day: Gathered | None = None
-    pending: list[BadRecord] = []  # records without a readable date, for the next dated record's day
+    first: list[BadRecord] = []  # records without a readable date above every dated one: the first day's
     last: dt.date | None = None  # the latest date met
     first_at: dict[str, str] = {}  # id -> where it was met first
     known = known or {}
@@ -211,48 +220,44 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
         if bad and on_error == "raise":
             raise StreamError(str(bad[0]))
         day.skipped += len(bad)
+        day.bad += [str(b) for b in bad[: NAMED - len(day.bad)]]
+        day.read += [(str(b), "") for b in bad]
 
     for rec in source.records(start):
         if not isinstance(rec, BadRecord) and rec[1].date > latest_date():
             rec = BadRecord(rec[0], "date", f"{rec[1].date} is after today ({dt.date.today()}): a mis-dated record")
         date = rec.date if isinstance(rec, BadRecord) else rec[1].date
-        if date is None:
-            pending.append(rec)
-            continue
-        if last is not None and date < last:  # out of date order: the day being read counts it
-            if day is None:  # before `start`: another day's
-                pending = []
-                continue
-            count(pending)
-            pending = []
-            rec = _repeated(rec, first_at, {})
-            if isinstance(rec, BadRecord):
-                count([rec])
-            else:
-                day.late.append((rec[1].id, rec[1].date.isoformat()))
+        if date is None or (last is not None and date < last):  # the day being read counts it (if in the range)
+            if last is None:
+                first.append(rec)
+            elif day is not None:
+                rec = _repeated(rec, first_at, {})
+                if isinstance(rec, BadRecord):
+                    count([rec])
+                else:
+                    day.late.append((rec[1].id, rec[1].date.isoformat()))
+                    day.read.append(day.late[-1])
             continue
         last = date
         if start is not None and date < start:
-            pending = []
+            first = []
             continue
         if end is not None and date > end:
-            break  # the next day's, and the records without a date before it
+            break  # the next day's
         if day is None or date != day.date:
             if day is not None:
                 yield day
             day = Gathered(date)
-        count(pending)
-        pending = []
+            count(first)
+            first = []
         rec = _repeated(rec, first_at, known)
         if isinstance(rec, BadRecord):
             count([rec])
         else:
             day.docs.append(rec[1])
-    else:  # the source's end: what has no date yet is the last day's (refused, where no day takes it)
-        if day is not None:
-            count(pending)
-        elif pending and on_error == "raise":
-            raise StreamError(str(pending[0]))
+            day.read.append((rec[1].id, rec[1].date.isoformat()))
+    if day is None and first and on_error == "raise":  # no dated record takes them
+        raise StreamError(str(first[0]))
     if day is not None:
         yield day
 
@@ -376,10 +381,11 @@ def articles(counts: dict, prefix: str = "") -> int:
     return sum(counts.get(prefix + k, 0) for k in READ)
 
 
-def arrived_after(source: str | Path, date: dt.date, read: int, late: int, on_error: Literal["raise", "skip"] = "raise",
-                  fields: Fields | None = None) -> list[tuple[str, str]]:
-    """(id, date) of a learned day's records that came after it was learned, when it had `read` articles
-    and `late` late records: those past them in the feed's order (a feed is appended to at its end)."""
-    for gathered in _day_documents(open_source(source, fields), date, date, on_error):
-        return gathered.after(read, late)
+def arrived_after(source: str | Path, date: dt.date, records: int, since: dt.date | None = None,
+                  on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[tuple[str, str]]:
+    """The records a learned day got after it was learned with `records` of them, read from `since` as it was
+    learned (the days from `since` without articles counting with it): Gathered.after."""
+    for gathered in _articled(_day_documents(open_source(source, fields), min(since or date, date), date, on_error)):
+        if gathered.date == date:
+            return gathered.after(records)
     return []

@@ -14,7 +14,7 @@ from monim.core.config import RunConfig
 from monim.storage.forgotten import check_relearn, forgotten_days
 from monim.core.manifest import read_manifest
 from monim.data.sources import Fields
-from monim.data.stream import arrived_after, articles, read_range
+from monim.data.stream import arrived_after, read_range, records
 
 
 @dataclass
@@ -63,16 +63,16 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
     if start and end and start > end:
         raise ValueError(f"start {start} is after end {end}: the range holds no day")
     root, manifest = workdirs.memory_root(cfg.workdir, cfg.name), _manifest(cfg)
-    rows, dates, arrived, records = workdirs.read_rows(cfg.workdir, cfg.name), [], {}, {}
+    rows, dates, arrived, counted = workdirs.read_rows(cfg.workdir, cfg.name), [], {}, {}
     for day in read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), workdirs.known_ids(root)):
         dates.append(date := day.date.isoformat())
-        records[date] = day.records
-        if date in rows and (found := day.after(articles(rows[date], "docs_"), rows[date].get("docs_late", 0))):
+        counted[date] = day.records
+        if date in rows and (found := day.after(records(rows[date], "docs_"))):
             arrived[date] = found  # a learned day read again: what it got since
     committed = [d["date"] for d in manifest.get("days", [])]
     gone = forgotten_days(manifest)
     out = Plan(dates, rows, {d: e for d, e in gone.items() if d in dates}, list(relearn),
-               start.isoformat() if start else None, arrived, records)
+               start.isoformat() if start else None, arrived, counted)
     for date in relearn:
         if not manifest:
             raise ValueError(f"relearn {date}: {cfg.name} keeps no memory to learn a day into again")
@@ -87,9 +87,14 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
 
 
 def arrivals(source: str, rows: dict[str, dict], on_error: Literal["raise", "skip"] = "skip",
-             fields: Fields | None = None) -> dict[str, list[tuple[str, str]]]:
-    """The articles each learned day (date -> its row) got in the feed after it was learned, (id, date)
-    of each (in date order, or late), for the days that got any."""
-    found = {date: arrived_after(source, dt.date.fromisoformat(date), articles(row, "docs_"), row.get("docs_late", 0),
-                                 on_error, fields) for date, row in sorted(rows.items())}
+             fields: Fields | None = None, since: str | None = None) -> dict[str, list[tuple[str, str]]]:
+    """The records each learned day (date -> its row) got in the feed after it was learned (id, date) of
+    each article (in date order, or late) and (message, "") of each bad record, for the days that got any;
+    each day read from the day after the row before it (`since` for the first: the day after the run's
+    previous day, as it was learned)."""
+    found, start = {}, dt.date.fromisoformat(since) if since else None
+    for date, row in sorted(rows.items()):
+        day = dt.date.fromisoformat(date)
+        found[date] = arrived_after(source, day, records(row, "docs_"), start, on_error, fields)
+        start = day + dt.timedelta(days=1)
     return {date: late for date, late in found.items() if late}
