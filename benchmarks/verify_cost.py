@@ -1,10 +1,10 @@
 """What a reader's check of the memory costs: Memory.open reads every shard file Θ reads against the
-sha256 its commit recorded (monim.theta.memory.verified) before the LM loads. Synthetic memories of
+sha256 its commit recorded (monim.storage.verify.verified) before the LM loads. Synthetic memories of
 576-dim fp16 keys (SmolLM2-135M's size) over 10 days, written through monim's own Datastore; per
 size: the bytes checked, the check's seconds and MB/s with the files in the page cache (as just
 written, or read recently) and cold (evicted with posix_fadvise: read from the disk), beside the rest
 of a reader's open without the LM and the index (the manifest, every shard mapped, the values table)
-and a served memory's look again at its files (monim.theta.memory.looked_again: a stat each).
+and a served memory's look again at its files (monim.storage.verify.looked_again: a stat each).
 Usage: python benchmarks/verify_cost.py [--entries 100000 1000000] [--out docs/results/verify-cost.json]
 """
 
@@ -22,7 +22,7 @@ from rich.table import Table
 
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.theta.memory import looked_again, verified
+from monim.storage.verify import looked_again, verified
 from harness import parser, save
 
 D, DAYS = 576, 10

@@ -253,8 +253,8 @@ def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     items = texts(2, 300)
     status, want = invoke(port, {"dataframe_records": [{"text": t} for t in items]})
     assert status == 200, want
-    for given in (pd.DataFrame({"text": items}), [{"text": t} for t in items], {"text": items}):
-        assert same_answers(model.predict(given), want["predictions"]), given
+    for data in (pd.DataFrame({"text": items}), [{"text": t} for t in items], {"text": items}):
+        assert same_answers(model.predict(data), want["predictions"]), data
     assert same_answers(model.predict({"text": items[0]}), want["predictions"][:1])
 
 

@@ -13,12 +13,12 @@ import binascii
 import datetime as dt
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from monim.core.config import Fields
+from monim.core.text import json_depth, lone_surrogate
 from monim.data.dayindex import BOM, IndexedFile, open_text
 
 
@@ -106,10 +106,8 @@ def shown(value: Any) -> str:
 def not_text(value: str) -> str | None:
     """What makes a string unfit to keep, or None: a lone surrogate (UTF-8 cannot write it; a `\\ud800`
     escape makes one) or a NUL character (binary or corrupted data, never news)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError as e:
-        return f"a lone surrogate (U+{ord(value[e.start]):04X}) at character {e.start + 1}: not text UTF-8 can hold"
+    if (at := lone_surrogate(value)) is not None:
+        return f"a lone surrogate (U+{ord(value[at]):04X}) at character {at + 1}: not text UTF-8 can hold"
     if (at := value.find("\x00")) >= 0:
         return f"a NUL character at character {at + 1}: binary or corrupted data, not text"
     return None
@@ -201,20 +199,9 @@ class JsonlSource(IndexedFile):
             yield self.record(raw, where)
 
 
-_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a JSON string (skipped whole), or a bracket
-
-
 def _too_deep(line: str) -> bool:
-    """Whether a JSON text nests arrays and objects more than MAX_DEPTH deep (the json module would
-    recurse, and stop where the caller's stack ends: a RecursionError, not a bad record)."""
-    if line.count("[") + line.count("{") <= MAX_DEPTH:
-        return False
-    depth = 0
-    for m in _JSON_NESTING.finditer(line):
-        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(m.group(), 0)
-        if depth > MAX_DEPTH:
-            return True
-    return False
+    """Whether a JSON line nests deeper than MAX_DEPTH (a bad record, not the RecursionError json would raise)."""
+    return line.count("[") + line.count("{") > MAX_DEPTH and json_depth(line) > MAX_DEPTH
 
 
 @dataclass

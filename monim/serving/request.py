@@ -10,12 +10,10 @@ Rows {"text": ...} (scored) or {"prompt": ...} (continued) under "dataframe_reco
 from __future__ import annotations
 
 import json
-import re
 import reprlib
 from dataclasses import dataclass, field, fields
 
-import numpy as np
-
+from monim.core.text import json_depth, lone_surrogate
 from monim.serving.generate import GenerateConfig
 
 ROW_FIELDS = ("text", "prompt")
@@ -53,8 +51,6 @@ class Request:
 
 
 FORMATS = ("dataframe_split", "dataframe_records", "inputs", "instances")  # MLflow's scoring formats
-STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included
-NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 SHORT = reprlib.Repr()  # a value as a refusal quotes it: cut short
 SHORT.maxstring = SHORT.maxother = 80
 
@@ -66,9 +62,7 @@ def loads(raw: bytes, limits: Limits) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequest(f"the body is not JSON in UTF-8: {e}") from None
-    brackets = np.frombuffer(NOT_BRACKETS.sub("", STRING.sub("", text)).encode(), np.uint8)
-    depth = int(np.cumsum(np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1), dtype=np.int32).max(initial=0))
-    if depth > limits.max_depth:
+    if (depth := json_depth(text)) > limits.max_depth:
         raise BadRequest(f"the body nests {depth} levels deep; at most {limits.max_depth}")
     try:
         return json.loads(text)
@@ -217,8 +211,6 @@ def _row(row: object, at: tuple[str, str], limits: Limits) -> tuple[str, str, bo
         raise BadRequest(f"{named}: expected non-empty text, got {SHORT.repr(value)}")
     if len(value) > limits.max_chars:
         raise BadRequest(f"{named}: {len(value)} characters; at most {limits.max_chars}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:  # JSON's "\ud800": no character, no token
-        raise BadRequest(f"{named}: a lone surrogate {value[e.start]!r} at character {e.start}: not Unicode text") from None
+    if (at := lone_surrogate(value)) is not None:  # JSON's "\ud800": no character, no token
+        raise BadRequest(f"{named}: a lone surrogate {value[at]!r} at character {at}: not Unicode text")
     return name, value, retrieve, named
