@@ -25,7 +25,8 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from monim.core.config import RunConfig
 from monim.storage.datastore import Datastore
-from tasks.tracking.store import client, experiment_name, one_at_a_time, sqlite_file
+from tasks.tracking.store import (MARK, client, experiment_name, logged_steps, memory_runs, one_at_a_time, read_only,
+                                  sqlite_file, step_of)
 
 if TYPE_CHECKING:
     from monim.theta.memory import Memory
@@ -195,7 +196,7 @@ def registered(uri: str, memory: Path) -> str:
     return found[0].name
 
 
-@one_at_a_time
+@read_only
 def find_version(uri: str, memory: Path, version: str | None = None) -> dict:
     """What a registered version of a memory's model is (default: the one `champion` points to):
     model, version, day, memory, checksum and where its files lie."""
@@ -276,6 +277,22 @@ def stale_champion(uri: str, memory: Path) -> dict | None:
         return None
     now = changed_since(memory, champion["as_of"], champion["checksum"])
     return None if now is None else champion | {"checksum_now": now}
+
+
+@read_only
+def untracked(uri: str, memory: Path, date: str) -> list[str]:
+    """What MLflow lacks of a memory's committed day where an MLflow run learns the memory: "registered"
+    (no version of Θ as of the day) and "logged to MLflow" (no step of the day in the run)."""
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return []
+    c, root = client(uri), str(Path(memory).resolve())
+    runs = memory_runs(c, root, 1)
+    if not runs:
+        return []
+    versions = c.search_model_versions(f"tags.`monim.memory` = '{root}'")
+    origin = runs[0].data.tags.get("monim.origin")
+    logged = origin is not None and step_of(origin, date) in logged_steps(c, runs[0].info.run_id, MARK)
+    return ["registered"] * all(v.tags.get("monim.as_of") != date for v in versions) + ["logged to MLflow"] * (not logged)
 
 
 @one_at_a_time
