@@ -206,3 +206,53 @@ def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     out = learn(monim, skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
     rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
     assert out.returncode == 0 and rows[0]["docs_skipped"] == 1
+
+
+def files(workdir: Path) -> dict[str, tuple]:
+    """Every path of a work directory with its size, modification time and inode."""
+    return {str(p): (s.st_size, s.st_mtime_ns, s.st_ino) for p in [workdir, *workdir.rglob("*")] for s in [p.stat()]}
+
+
+def no_growth() -> None:
+    """A file-size limit of 0 bytes (`ulimit -f 0`): any write fails (EFBIG), as on a full disk."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupted_learn(monim, model, clean, tmp_path):
+    """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
+    nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
+    and the memory is the uninterrupted learn's."""
+    import sys
+
+    from monim.core.config import RunConfig
+    from monim.run import open_run
+    from monim.storage.plan import plan
+    from tasks.tracking.store import client
+
+    source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
+    assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
+    cfg = RunConfig(source=str(source), workdir=str(workdir), model=str(model), policy="fullmem")
+    run = open_run(cfg)
+    day = run.ingest(date, plan(cfg).since(date))
+    run.featurize(day)
+    run.memorize(day)  # committed; then the process dies (kill -9): no calibration, row, version or step
+    assert arrays(workdir)[0][-1] == date
+    before = files(workdir)
+    proc = monim("fsck", "--workdir", workdir, "--json", check=False, preexec_fn=no_growth)
+    assert files(workdir) == before  # nothing written, not even a lock holder
+    problems = [p for p in monim.last_json(proc, succeeded=False)["problems"] if not p.get("warning")]
+    assert proc.returncode == 1 and [p["what"] for p in problems] == [
+        f"day {date} committed but not calibrated, not evaluated, not registered, not logged to MLflow"], problems
+    assert monim("fsck", "--workdir", workdir, "--repair", check=False).returncode == 0
+    assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from chaos import fingerprint  # what every committed file says, without timings and random folder names
+
+    root = workdir / "memories" / "fullmem"
+    assert fingerprint(root) == fingerprint(clean / "memories" / "fullmem")
+    assert json.loads((workdir / "runs" / "fullmem.json").read_text()).keys() == {"1987-03-02", "1987-03-03", date}
+    (version,) = [v for v in client(f"sqlite:///{workdir / 'mlflow.db'}").search_model_versions("")
+                  if v.tags["monim.as_of"] == date]
+    assert version.tags["monim.checksum"] == Datastore.read(root).checksum(date)
