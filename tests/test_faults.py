@@ -37,7 +37,7 @@ def learn(monim, source: Path, workdir: Path, model: Path, *more, own_api: bool 
 def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
     """A refusal: exit status 1 or 2, the reason in one line naming what is wrong, no traceback."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode in (1, 2) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode in (1, 2, 74) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert all(s in errors[0] for s in says), errors[0]
 
 
@@ -256,3 +256,44 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     (version,) = [v for v in client(f"sqlite:///{workdir / 'mlflow.db'}").search_model_versions("")
                   if v.tags["monim.as_of"] == date]
     assert version.tags["monim.checksum"] == Datastore.read(root).checksum(date)
+
+
+def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim, model, tmp_path):
+    """A file-size limit (`ulimit -f`; a full disk fails the same writes). 4 KiB: the first file the learn
+    writes (a check's cache, MLflow's journal) does not fit, and the stream stops before any work. 256 KiB, MLflow behind its
+    server: the day's features and shard fit, what its calibration writes does not, and the stream stops
+    after the commit. One line each, exit status 74, and what it says of the memory is what the memory holds."""
+    import resource
+
+    import flows.servers.local as servers
+
+    source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
+    assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
+
+    def memory() -> dict[str, bytes]:  # every file of the memory but the lock holders' notes
+        return {str(p): p.read_bytes() for p in (workdir / "memories").rglob("*")
+                if p.is_file() and not p.name.endswith((".holder", ".checked.json"))}
+
+    def limited(size: int, *more) -> subprocess.CompletedProcess:
+        return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more,
+                     check=False, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size)))
+
+    before = memory()
+    proc = limited(4096)
+    one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
+             f"the memory is unchanged (day {date} not committed)")
+    assert proc.returncode == 74 and memory() == before
+    server = servers.mlflow_server(port := servers.free_port(), workdir)  # its store beyond the limit
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        proc = limited(256 * 1024, "--tracking-uri", uri)
+        one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
+                 f"day {date} is committed; it is not calibrated, not evaluated, not registered, not logged to MLflow",
+                 f"monim fsck --workdir {workdir} --repair")
+        assert proc.returncode == 74 and arrays(workdir)[0][-1] == date
+        fsck = monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--json", check=False)
+        assert fsck.returncode == 1 and f"day {date} committed but not calibrated, not evaluated" in fsck.stdout
+        assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--repair", check=False).returncode == 0
+        assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, check=False).returncode == 0
+    finally:
+        servers.stop([server])
