@@ -173,3 +173,28 @@ def test_a_served_request_with_a_meaningless_param_is_refused_naming_it(params, 
 def test_a_non_finite_setting_is_refused_naming_it(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_path):
+    """A backup (`cp -a`) of a work directory: its champion, found and loaded as `monim serve-model` does,
+    or by MLflow's own client through the backup's store, reads the backup's memory, with the original
+    in place and after it is gone."""
+    import mlflow
+
+    from tasks.tracking.registry import find_version, load_theta
+
+    original, backup = tmp_path / "w", tmp_path / "backup"
+    assert learn(monim, write(tmp_path / "feed.jsonl", demo_rows(3, 3)), original, model, "--end", "1987-03-03").returncode == 0
+    subprocess.run(["cp", "-a", original, backup], check=True)
+    uri, memory = f"sqlite:///{backup.resolve() / 'mlflow.db'}", (backup / "memories" / "fullmem").resolve()
+    found = find_version(uri, memory)
+    assert found["memory"] == str(memory) and found["uri"].startswith(backup.resolve().as_uri())
+    assert load_theta(found).ds.root == memory
+    mlflow.set_tracking_uri(uri)
+    try:
+        own = mlflow.pyfunc.load_model(f"models:/{found['model']}@champion")
+        assert own.unwrap_python_model().memory.ds.root == memory
+    finally:
+        mlflow.set_tracking_uri(None)
+    shutil.rmtree(original)
+    assert load_theta(find_version(uri, memory)).ds.root == memory
