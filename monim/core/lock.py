@@ -77,7 +77,10 @@ def hold(path: Path | str, wait: bool = True, say: Callable[[str], None] | None 
 def reading(path: Path | str, say: Callable[[str], None] | None = None) -> Iterator[None]:
     """Wait until no writer holds the lock at `path` (`say` is told who does), and keep writers out while
     the block reads: a shared flock on the lock file opened read-only, so nothing is written. No lock
-    file: no writer ever held it."""
+    file: no writer ever held it; this process holding it (`hold`): it reads what it writes."""
+    if FileLock(path, thread_local=False, is_singleton=True).is_locked:
+        yield
+        return
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
