@@ -162,7 +162,8 @@ def _check_steps(uri: str, workdir: str, repair: bool) -> list[dict]:
             run = moved[0]
             problems.append({"where": f"MLflow run {name} ({run.info.run_id})", "warning": True, "repaired": repair,
                              "what": f"names the memory at {run.data.tags['monim.memory']}: the work directory moved "
-                                     "or was copied (its registered versions keep naming the old place)",
+                                     "or was copied (its registered versions name the old place too, and read this "
+                                     "work directory's memory)",
                              "repair": "point the run at this work directory"})
             if repair:
                 c.set_tag(run.info.run_id, "monim.memory", memory)
