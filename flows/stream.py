@@ -19,8 +19,8 @@ from monim.data.stream import FeedStalled, check_feed
 from monim.run import open_run, recorded_days
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
-from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
-from tasks.tracking.runs import describe, ended, log_summary, mlflow_run, step_of
+from tasks.tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
+from tasks.tracking.runs import describe, ended, log_summary, mlflow_run
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:

@@ -15,14 +15,15 @@ from monim.lm.features import Features
 from monim.theta.memory import Memory
 from monim.data.stream import Day
 from tasks.logs import logger
-from tasks.tracking.registry import CHAMPION, aliased, model_for, new_version, settle
+from tasks.tracking.registry import CHAMPION, aliased, here, model_for, new_version, settle
 from tasks.tracking.store import client
 
 
-def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion) -> dict:
+def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion, uri: str) -> dict:
     """PPL of the new version and of the champion on the day's validation articles (one LM pass).
     The validation articles are held out of calibration, though its early stopping reads them."""
-    root, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
+    recorded, as_of = champion.tags["monim.memory"], champion.tags["monim.as_of"]
+    root = here(uri, recorded, recorded)  # a copied work directory's champion: the copy's memory
     champ = memory.at(as_of) if Path(root) == memory.ds.root.resolve() else Memory.open(root, memory.lm, as_of)
     r = evaluate_many(memory.lm, day.validation, {"new": memory, "champion": champ}, Features.of(cfg, memory.lm),
                       f"{day.date}-validation")
@@ -43,7 +44,7 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
         logger().info("%s version %s (%s): not promoted; champion v%s is of a later day", name, version, date,
                       champion.version)
         return {"model_version": int(version), "registered": 1, "champion_moved": 0}
-    gate = validation_gate(cfg, day, memory, champion) if champion is not None else {}
+    gate = validation_gate(cfg, day, memory, champion, uri) if champion is not None else {}
     promoted = settle(name, version, None if champion is None else str(champion.version), gate, uri)
     why = ("" if not gate else f"; the day has no validation articles to compare on: champion v{champion.version} stays"
            if not gate["gate_tokens"] else

@@ -194,3 +194,28 @@ def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(m
     after = learn(monim, source, workdir, model, "--on-error", "skip", "--start", "1987-03-05", "--json")
     assert after.returncode == 0 and [r["date"] for r in monim.last_json(after)["rows"]] == ["1987-03-05"], after.stderr[-3000:]
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]
+
+
+def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_path):
+    """A backup (`cp -a`) of a work directory: its champion, found and loaded as `monim serve-model` does,
+    or by MLflow's own client through the backup's store, reads the backup's memory, with the original
+    in place and after it is gone."""
+    import mlflow
+
+    from tasks.tracking.registry import find_version, load_theta
+
+    original, backup = tmp_path / "w", tmp_path / "backup"
+    assert learn(monim, write(tmp_path / "feed.jsonl", demo_rows(3, 3)), original, model, "--end", "1987-03-03").returncode == 0
+    subprocess.run(["cp", "-a", original, backup], check=True)
+    uri, memory = f"sqlite:///{backup.resolve() / 'mlflow.db'}", (backup / "memories" / "fullmem").resolve()
+    found = find_version(uri, memory)
+    assert found["memory"] == str(memory) and found["uri"].startswith(backup.resolve().as_uri())
+    assert load_theta(found).ds.root == memory
+    mlflow.set_tracking_uri(uri)
+    try:
+        own = mlflow.pyfunc.load_model(f"models:/{found['model']}@champion")
+        assert own.unwrap_python_model().memory.ds.root == memory
+    finally:
+        mlflow.set_tracking_uri(None)
+    shutil.rmtree(original)
+    assert load_theta(find_version(uri, memory)).ds.root == memory

@@ -37,7 +37,7 @@ def learn(monim, source: Path, workdir: Path, model: Path, *more, own_api: bool 
 def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
     """A refusal: exit status 1 or 2, the reason in one line naming what is wrong, no traceback."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode in (1, 2) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode in (1, 2, 74) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert all(s in errors[0] for s in says), errors[0]
 
 
@@ -206,3 +206,94 @@ def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     out = learn(monim, skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
     rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
     assert out.returncode == 0 and rows[0]["docs_skipped"] == 1
+
+
+def files(workdir: Path) -> dict[str, tuple]:
+    """Every path of a work directory with its size, modification time and inode."""
+    return {str(p): (s.st_size, s.st_mtime_ns, s.st_ino) for p in [workdir, *workdir.rglob("*")] for s in [p.stat()]}
+
+
+def no_growth() -> None:
+    """A file-size limit of 0 bytes (`ulimit -f 0`): any write fails (EFBIG), as on a full disk."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupted_learn(monim, model, clean, tmp_path):
+    """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
+    nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
+    and the memory is the uninterrupted learn's."""
+    import sys
+
+    from monim.core.config import RunConfig
+    from monim.run import open_run
+    from monim.storage.plan import plan
+    from tasks.tracking.store import client
+
+    source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
+    assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
+    cfg = RunConfig(source=str(source), workdir=str(workdir), model=str(model), policy="fullmem")
+    run = open_run(cfg)
+    day = run.ingest(date, plan(cfg).since(date))
+    run.featurize(day)
+    run.memorize(day)  # committed; then the process dies (kill -9): no calibration, row, version or step
+    assert arrays(workdir)[0][-1] == date
+    before = files(workdir)
+    proc = monim("fsck", "--workdir", workdir, "--json", check=False, preexec_fn=no_growth)
+    assert files(workdir) == before  # nothing written, not even a lock holder
+    problems = [p for p in monim.last_json(proc, succeeded=False)["problems"] if not p.get("warning")]
+    assert proc.returncode == 1 and [p["what"] for p in problems] == [
+        f"day {date} committed but not calibrated, not evaluated, not registered, not logged to MLflow"], problems
+    assert monim("fsck", "--workdir", workdir, "--repair", check=False).returncode == 0
+    assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from chaos import fingerprint  # what every committed file says, without timings and random folder names
+
+    root = workdir / "memories" / "fullmem"
+    assert fingerprint(root) == fingerprint(clean / "memories" / "fullmem")
+    assert json.loads((workdir / "runs" / "fullmem.json").read_text()).keys() == {"1987-03-02", "1987-03-03", date}
+    (version,) = [v for v in client(f"sqlite:///{workdir / 'mlflow.db'}").search_model_versions("")
+                  if v.tags["monim.as_of"] == date]
+    assert version.tags["monim.checksum"] == Datastore.read(root).checksum(date)
+
+
+def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim, model, tmp_path):
+    """A file-size limit (`ulimit -f`; a full disk fails the same writes). 4 KiB: the first file the learn
+    writes (a check's cache, MLflow's journal) does not fit, and the stream stops before any work. 256 KiB, MLflow behind its
+    server: the day's features and shard fit, what its calibration writes does not, and the stream stops
+    after the commit. One line each, exit status 74, and what it says of the memory is what the memory holds."""
+    import resource
+
+    import flows.servers.local as servers
+
+    source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
+    assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
+
+    def memory() -> dict[str, bytes]:  # every file of the memory but the lock holders' notes
+        return {str(p): p.read_bytes() for p in (workdir / "memories").rglob("*")
+                if p.is_file() and not p.name.endswith((".holder", ".checked.json"))}
+
+    def limited(size: int, *more) -> subprocess.CompletedProcess:
+        return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more,
+                     check=False, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size)))
+
+    before = memory()
+    proc = limited(4096)
+    one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
+             f"the memory is unchanged (day {date} not committed)")
+    assert proc.returncode == 74 and memory() == before
+    server = servers.mlflow_server(port := servers.free_port(), workdir)  # its store beyond the limit
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        proc = limited(256 * 1024, "--tracking-uri", uri)
+        one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
+                 f"day {date} is committed; it is not calibrated, not evaluated, not registered, not logged to MLflow",
+                 f"monim fsck --workdir {workdir} --repair")
+        assert proc.returncode == 74 and arrays(workdir)[0][-1] == date
+        fsck = monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--json", check=False)
+        assert fsck.returncode == 1 and f"day {date} committed but not calibrated, not evaluated" in fsck.stdout
+        assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--repair", check=False).returncode == 0
+        assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, check=False).returncode == 0
+    finally:
+        servers.stop([server])

@@ -87,7 +87,7 @@ def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monke
         return real_save(file, arr, *args, **kwargs)
 
     monkeypatch.setattr(np, "save", full)
-    with pytest.raises(DiskFull, match="disk full while writing .*unchanged"):
+    with pytest.raises(DiskFull, match="the disk is full while writing .*unchanged"):
         ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == manifest

@@ -105,7 +105,8 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
     champion = SimpleNamespace(tags={"monim.memory": str(memory_root(cfg.workdir, cfg.name).resolve()), "monim.as_of": DAYS[0]})
     from monim.run import open_run as run_for
 
-    by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion)
+    by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion,
+                              f"sqlite:///{Path(cfg.workdir).resolve() / 'mlflow.db'}")
     assert by_server["tokens"] == by_eval["text_tokens"] == by_gate["gate_tokens"]
     assert by_server["ppl"] == pytest.approx(by_eval["ppl_text"], rel=1e-5)
     assert by_server["ppl"] == pytest.approx(by_gate["gate_ppl_champion"], rel=1e-5)

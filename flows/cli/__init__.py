@@ -14,6 +14,8 @@ from typing import Optional
 import typer
 
 from flows.cli import learning, reading, upkeep
+from flows.cli.common import NO_ROOM
+from monim.core.atomic import DiskFull, no_room
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0],
                   rich_markup_mode=None)
@@ -41,7 +43,8 @@ def main(version: Optional[bool] = typer.Option(None, "--version", callback=_ver
 
 
 def guarded(command):
-    """A command whose failure is one line on stderr (exit status 1), the traceback only with --verbose."""
+    """A command whose failure is one line on stderr (exit status 1; a full disk or a file-size limit,
+    naming the file being written: NO_ROOM), the traceback only with --verbose."""
     @functools.wraps(command)
     def run(*args, **kwargs):
         try:
@@ -51,6 +54,10 @@ def guarded(command):
         except Exception as e:  # noqa: BLE001
             if os.environ.get("MONIM_VERBOSE"):
                 raise
+            if (room := no_room(e)) is not None:
+                said = e if isinstance(e, DiskFull) else f"{room[0]} while writing {room[1] or 'a file'}"
+                typer.echo(f"error: {said}", err=True)
+                raise typer.Exit(NO_ROOM)
             typer.echo(f"error: {str(e).strip() or type(e).__name__} ({type(e).__name__}; --verbose shows where)",
                        err=True)
             raise typer.Exit(1)

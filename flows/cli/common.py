@@ -44,6 +44,9 @@ WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns
                     "wait for it, saying who it is (default), or fail at once.")
 
 
+NO_ROOM = 74  # the exit status of a command that ran out of room: a full disk or a file-size limit (sysexits' EX_IOERR)
+
+
 def fail(message: str) -> typer.Exit:
     """Say what is wrong in one line on stderr; exit status 2."""
     typer.echo(f"error: {message}", err=True)
@@ -87,6 +90,76 @@ def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
         raise fail(str(e))
 
 
+@contextmanager
+def said_when_full(spec: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str) -> Iterator[None]:
+    """A learn that runs out of room (a full disk, a file-size limit) ends with one line: what happened,
+    the file being written, and what the memory holds now; exit status NO_ROOM."""
+    from monim.storage.workdirs import memory_root
+
+    root = memory_root(spec.workdir, spec.name)
+    before = _days(root)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (only a full disk or file-size limit is said here; the rest goes on)
+        if os.environ.get("MONIM_VERBOSE") or (what := room(e, spec.workdir, uri)) is None:
+            raise
+        typer.echo(f"error: {what}: {memory_now(spec, start, end, relearn, uri, before)}", err=True)
+        raise typer.Exit(NO_ROOM)
+
+
+def room(error: Exception, workdir: str, uri: str) -> str | None:
+    """What a failure says of room, in words (what happened, the file being written): the error's own
+    (monim.core.atomic.no_room), else the database that cannot grow of the SQLite store that failed
+    (MLflow's names no file, and this command's Prefect API answers 500 or does not start); None
+    where room is not the cause."""
+    from monim.core.atomic import SQLITE_FULL, no_room, out_of_room
+    from tasks.tracking.store import sqlite_file
+
+    mlflow = sqlite_file(uri)
+    if (found := no_room(error)) is not None:
+        what, path = found
+        return f"{what} while writing {path or (mlflow if what == SQLITE_FULL and mlflow else f'in {workdir}')}"
+    said = str(error)
+    if "Prefect's API did not start" in said or ("Server error '5" in said and servers.private_api()):
+        return out_of_room(Path(os.environ["PREFECT_HOME"]) / "prefect.db")
+    return out_of_room(mlflow) if mlflow and "sqlite3.OperationalError" in said else None
+
+
+def _days(root: Path) -> list[str]:
+    from monim.storage.datastore import Datastore
+
+    return [d.date for d in Datastore.read(root).days] if (root / "manifest.json").exists() else []
+
+
+def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str,
+               before: list[str]) -> str:
+    """What a learn that stopped left: the memory unchanged since `before` (the days it held), or the day
+    it stopped at committed and what that day lacks (the recipe's later stages: `monim fsck --repair`)."""
+    from monim.storage.datastore import Datastore
+    from monim.storage.fsck import unfinished
+    from monim.storage.plan import plan
+    from monim.storage.workdirs import memory_root
+    from tasks.tracking.registry import untracked
+
+    root = memory_root(spec.workdir, spec.name)
+    try:
+        todo = plan(spec, day(start), day(end), relearn).todo
+        now = _days(root)
+        missing = unfinished(Datastore.read(root)).get(todo[0]) if todo and todo[0] in now else None
+        if missing is not None:
+            missing += untracked(uri, root, todo[0])
+    except Exception:  # noqa: BLE001 (what cannot be read now: fsck says it)
+        return f"`monim fsck --workdir {spec.workdir}` says what the memory holds"
+    if not todo:
+        return "every day of the range is learned and recorded"
+    if missing is None:
+        kept = [d for d in now if d not in before]
+        return (f"the memory is unchanged (day {todo[0]} not committed)" if not kept else
+                f"days {kept[0]} to {kept[-1]} are learned; the memory is otherwise unchanged (day {todo[0]} not committed)")
+    return (f"day {todo[0]} is committed; it is {', '.join('not ' + m for m in missing)}: `monim fsck --workdir "
+            f"{spec.workdir} --repair` (or this learn again) finishes it once there is room")
+
+
 def use_workdir(workdir: Path, api: bool = True, prefect: bool = True) -> None:
     """Point Prefect's local state at the work directory (unless a server or home is configured) and,
     for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C.
@@ -126,6 +199,8 @@ def quiet_console(tracebacks: bool, links: bool) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     ensure_logging_setup()  # its handlers, made now (else at the first flow run), to filter
+    if tracebacks and _drop_traceback not in (store := logging.getLogger("mlflow.store.db.utils")).filters:
+        store.addFilter(_drop_traceback)  # MLflow's store logs each database error (a full disk) with its traceback
     wanted = [f for f, on in ((_drop_traceback, tracebacks), (_drop_link, links)) if on]
     for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
         for handler in getattr(logger, "handlers", []):

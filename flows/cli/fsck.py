@@ -1,13 +1,23 @@
-"""fsck of a work directory: every memory against its manifest, run records against memories, and
-MLflow's steps against run records; with `repair`, what is derived is rebuilt (a damaged calibrator
-trained again). No Prefect run: a check is quick and leaves nothing behind."""
+"""fsck of a work directory: every memory against its manifest, run records against memories,
+MLflow's steps against run records, and each committed day against what its recipe writes after the
+commit; with `repair`, what is derived is rebuilt (a damaged calibrator trained again) and a
+half-finished day finished. A check runs no Prefect flow, loads no LM and writes nothing (it runs on
+a full disk); a repair may do all three."""
 
 from __future__ import annotations
 
-from monim.storage.fsck import check_memory, check_records
-from monim.storage.workdirs import memories
-from tasks.tracking.registry import register_state, registered_model, stale_champion
-from tasks.tracking.store import check_steps, tracking_uri as resolve_tracking_uri
+import sys
+from pathlib import Path
+
+from monim.core.lock import reading
+from monim.storage.datastore import Datastore
+from monim.storage.fsck import check_memory, check_records, unfinished
+from monim.storage.workdirs import memories, run_lock
+from tasks.tracking.registry import register_state, registered_model, stale_champion, untracked
+from tasks.tracking.store import (check_steps, client, memory_runs, run_config, sqlite_file,
+                                  tracking_uri as resolve_tracking_uri)
+
+FINISH = "finish the day as a resume does (`monim learn` again does too; the LM is loaded)"
 
 
 def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = False) -> list[dict]:
@@ -15,7 +25,8 @@ def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = 
     uri = resolve_tracking_uri(workdir, tracking_uri)
     problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair, _retrain)]
     problems += [p.as_dict() for p in check_records(workdir, repair)]
-    return problems + check_steps(uri, workdir, repair) + check_champions(uri, workdir, repair)
+    problems += check_steps(uri, workdir, repair)
+    return problems + check_days(uri, workdir, repair) + check_champions(uri, workdir, repair)
 
 
 def _retrain(ds) -> None:
@@ -39,3 +50,52 @@ def check_champions(uri: str, workdir: str, repair: bool = False) -> list[dict]:
                                  f"changed since it was registered (checksum {stale['checksum_now']}, registered "
                                  f"{stale['checksum']})"})
     return problems
+
+
+def check_days(uri: str, workdir: str, repair: bool = False) -> list[dict]:
+    """Each memory's committed days against what a day's recipe (monim.run.Run.day) writes after its
+    commit: its calibration, its row in the run's record, its registered version and its MLflow step.
+    A day a learn left half-finished (stopped after the commit, e.g. by `kill -9`) is named with what
+    it lacks; `repair` finishes it as a resume does: the stream flow over that day, with the settings
+    its MLflow run recorded."""
+    problems = []
+    for root in memories(workdir):
+        try:
+            with reading(run_lock(workdir, root.name)):  # not a day a learn is finishing now
+                days = unfinished(Datastore.read(root))
+        except (OSError, ValueError, KeyError):  # an unreadable manifest: check_memory names it
+            continue
+        for date, missing in days.items():
+            missing += untracked(uri, root, date)
+            problem = {"where": str(root), "what": f"day {date} committed but {', '.join('not ' + m for m in missing)}",
+                       "repair": FINISH, "repaired": False}
+            if repair:
+                failed = _finish(uri, workdir, root, date)
+                problem |= {"repaired": failed is None} | ({"repair": f"{FINISH}: {failed}"} if failed else {})
+            problems.append(problem)
+    return problems
+
+
+def _finish(uri: str, workdir: str, root: Path, date: str) -> str | None:
+    """Learn a half-finished day again as a resume does (flows.stream.learn_stream: what the commit
+    holds is kept, what follows it done): None, or why it could not be."""
+    from monim.core.config import RunConfig
+
+    runs = [] if (db := sqlite_file(uri)) is not None and not db.exists() else memory_runs(client(uri), root, 1)
+    config = run_config(client(uri), runs[0].info.run_id) if runs else None
+    if config is None:
+        return "no MLflow run of this memory records its settings: `monim learn` with the run's options finishes it"
+    cfg = RunConfig.model_validate(config | {"workdir": workdir})
+    if cfg.name != root.name:
+        return f"its MLflow run learns {cfg.name!r}, not {root.name!r}"
+    if "prefect" not in sys.modules:  # this process's own Prefect API, set before Prefect is imported
+        from flows.cli.common import use_workdir
+
+        use_workdir(Path(workdir))
+    from flows.stream import learn_stream
+
+    try:
+        learn_stream(cfg, date, date, tracking_uri=uri)
+    except Exception as e:  # noqa: BLE001 (said in the problem's row: the source moved, the LM is gone, ...)
+        return f"failed: {type(e).__name__}: {e}"
+    return None

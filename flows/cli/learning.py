@@ -12,7 +12,7 @@ import typer
 import flows.servers.local as servers
 from monim.core import catalogue  # names and help only: no torch
 from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, day, emit, fail,
-                              learning_options, prefect_home, table, use_tracking, use_workdir)
+                              learning_options, prefect_home, said_when_full, table, use_tracking, use_workdir)
 
 if TYPE_CHECKING:
     from monim.core.config import RunConfig
@@ -85,12 +85,16 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     relearn = [day(d).isoformat() for d in relearn or []]
     check_source(spec, start, end, [spec.policy], relearn)
     preflight(spec, [spec.policy])
-    use_workdir(workdir)
-    use_tracking(workdir, tracking_uri)
-    from flows.stream import learn_stream
+    from tasks.tracking.store import tracking_uri as resolve
 
-    with clear_errors():
-        rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait, relearn=relearn)
+    with said_when_full(spec, start, end, relearn, resolve(str(workdir), tracking_uri)):
+        use_workdir(workdir)
+        use_tracking(workdir, tracking_uri)
+        from flows.stream import learn_stream
+
+        with clear_errors():
+            rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
+                                relearn=relearn)
     console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                             "entries", "ppl_lm", "ppl", "accuracy"]))
     root = memory_root(spec.workdir, spec.name)  # the bare LM and a parametric learner keep no memory

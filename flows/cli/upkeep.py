@@ -16,10 +16,13 @@ from flows.cli.learning import print_links, started
 
 
 def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
-                                                              "lexical counts, records, MLflow steps) and remove strays."),
+                                                              "lexical counts, records, MLflow steps), remove strays and "
+                                                              "finish half-finished days (loads the LM)."),
          tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Check every memory against its manifest (shards, checksums, index, strays), run records and
-    MLflow's steps against them; exit status 1 when something is wrong (and not repaired)."""
+    MLflow's steps against them, and each committed day for its calibration, row, registered version
+    and MLflow step; exit status 1 when something is wrong (and not repaired). Without --repair it
+    writes nothing (it runs on a full disk)."""
     if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
         raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
     use_workdir(workdir, api=False, prefect=False)  # a check runs no flow: no Prefect at all

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import NoReturn
 
-from monim.core.atomic import sqlite_damage
+from monim.core.atomic import out_of_room, sqlite_damage
 from monim.core.lock import hold
 
 BIN = Path(sys.executable).parent
@@ -88,11 +88,22 @@ def prefect_api(attempts: int = 3) -> str:
                               "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
                              f"http://127.0.0.1:{port}/api/health", env=env)
                 break
-            except RuntimeError:  # e.g. the port was taken meanwhile
+            except RuntimeError as e:  # e.g. the port was taken meanwhile
                 if attempt == attempts - 1:
-                    raise
+                    why = out_of_room(db)  # its database cannot grow: say so, not only the server's exit status
+                    raise RuntimeError(f"Prefect's API did not start ({e}){f': {why}' if why else ''}") from e
     atexit.register(stop, [proc])
-    return f"http://127.0.0.1:{port}/api"
+    global own_api
+    own_api = f"http://127.0.0.1:{port}/api"
+    return own_api
+
+
+own_api: str | None = None  # the Prefect API prefect_api started for this process
+
+
+def private_api() -> bool:
+    """Whether the Prefect API this process talks to is the one it started (its database is this work directory's)."""
+    return own_api is not None and os.environ.get("PREFECT_API_URL") == own_api
 
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:

@@ -17,8 +17,48 @@ from typing import Callable, Iterator
 TMP = ".tmp-"
 
 
+NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+           errno.EFBIG: "the file-size limit is reached (ulimit -f)"}
+SQLITE_FULL = "database or disk is full"  # SQLite's words for ENOSPC and EFBIG
+
+
 class DiskFull(OSError):
-    """The disk filled up while writing; what was there before is unchanged."""
+    """The disk filled up (or a file reached the file-size limit) while writing `path`; what was there
+    before is unchanged."""
+
+    def __init__(self, code: int, path: Path | str):
+        super().__init__(code, f"{NO_ROOM[code]} while writing {path}; what was there before is unchanged")
+        self.path = str(path)
+
+
+def no_room(error: BaseException) -> tuple[str, str] | None:
+    """Whether an error, or one it came from, is a full disk or a file-size limit: (what happened, the
+    file being written, '' where the error does not say); None where it is not."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, DiskFull):
+            return NO_ROOM[error.errno], error.path
+        if isinstance(error, OSError) and error.errno in NO_ROOM:
+            return NO_ROOM[error.errno], error.filename or ""
+        if SQLITE_FULL in str(error):
+            return SQLITE_FULL, ""
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def out_of_room(path: Path, margin: int = 1 << 20) -> str | None:
+    """Why a file at `path` cannot grow, where it cannot: its size within `margin` bytes of the process's
+    file-size limit, or less than `margin` free on its disk (an SQLite database grows by pages, its
+    journal beside it); None where there is room."""
+    import resource
+
+    limit, size = resource.getrlimit(resource.RLIMIT_FSIZE)[0], path.stat().st_size if path.exists() else 0
+    if limit != resource.RLIM_INFINITY and size + margin > limit:
+        return f"{NO_ROOM[errno.EFBIG]} while writing {path} ({size} bytes, the limit {limit})"
+    if path.parent.exists() and shutil.disk_usage(path.parent).free < margin:
+        return f"{NO_ROOM[errno.ENOSPC]} while writing {path} ({shutil.disk_usage(path.parent).free} bytes free)"
+    return None
 
 
 def is_stray(path: Path) -> bool:
@@ -52,7 +92,8 @@ def _aside(path: Path) -> Path:
 @contextmanager
 def replacing(path: Path | str) -> Iterator[Path]:
     """A temporary path beside `path` (same suffix) to write a file or folder to; when the block
-    ends without error it is flushed and renamed to `path`, else removed (ENOSPC raises DiskFull)."""
+    ends without error it is flushed and renamed to `path`, else removed (a full disk or a file-size
+    limit raises DiskFull)."""
     path = Path(path)
     tmp = _aside(path)
     try:
@@ -61,8 +102,8 @@ def replacing(path: Path | str) -> Iterator[Path]:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DiskFull(errno.ENOSPC, f"disk full while writing {path}; what was there before is unchanged") from e
+        if e.errno in NO_ROOM:
+            raise DiskFull(e.errno, path) from e
         raise
     finally:
         if tmp.is_dir():
@@ -102,6 +143,8 @@ def sqlite_damage(path: Path) -> str | None:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             found = db.execute("PRAGMA quick_check").fetchone()[0]
     except sqlite3.DatabaseError as e:
+        if "readonly" in str(e) and Path(f"{path}-journal").exists():
+            return None  # the journal of a write that failed (a full disk): rolled back by the next open that may write
         return str(e)
     return None if found == "ok" else found
 

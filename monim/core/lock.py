@@ -6,12 +6,15 @@ says who holds it (pid, host, command, since when) for the message a waiting wri
 On a network filesystem, Linux implements flock with the server's byte-range locks (NFSv4, or
 NLM for v3): the lock holds across hosts when the mount supports locking; where it does not
 (`nolock`), filelock falls back to a marker file whose holder is checked by pid and host.
-Readers take no lock: they read the manifest, which a writer replaces in one rename.
+Readers take no lock: they read the manifest, which a writer replaces in one rename. A check that
+must not meet a writer's half-finished day (fsck) waits with `reading`: a shared flock on the lock
+file opened read-only, which writes nothing (it runs on a full disk or a read-only mount).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import socket
@@ -68,3 +71,27 @@ def hold(path: Path | str, wait: bool = True, say: Callable[[str], None] | None 
         yield
     finally:
         lock.release()
+
+
+@contextmanager
+def reading(path: Path | str, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Wait until no writer holds the lock at `path` (`say` is told who does), and keep writers out while
+    the block reads: a shared flock on the lock file opened read-only, so nothing is written. No lock
+    file: no writer ever held it; this process holding it (`hold`): it reads what it writes."""
+    if FileLock(path, thread_local=False, is_singleton=True).is_locked:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            (say or print)(f"waiting for {Path(path).parent}: it is being written by {holder(Path(path))}")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)

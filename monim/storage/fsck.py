@@ -9,7 +9,6 @@ derived and names what cannot be recovered (a shard missing or corrupt: which da
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
-from monim.core.lock import hold
+from monim.core.lock import hold, reading
 from monim.storage.memory_settings import Settings
 from monim.storage.workdirs import record_path, run_lock, write_view
 
@@ -166,13 +165,12 @@ def _theta_problems(ds: Datastore) -> list[Problem]:
 def check_memory(root: Path | str, repair: bool = False, retrain: Callable[[Datastore], None] | None = None
                  ) -> list[Problem]:
     """Every problem of one memory directory (with `repair`, what can be is rebuilt or removed),
-    checked under its write lock (a writer's half-written day is not a stray); on a read-only mount,
-    without it (a check writes nothing). A damaged last calibrator is trained again by `retrain` (a
-    model's work, not the storage's: without it the problem is reported and left)."""
+    checked while no writer holds its lock (a writer's half-written day is not a stray): a repair
+    holds it, a check only waits for it and writes nothing (it runs on a full disk or a read-only
+    mount). A damaged last calibrator is trained again by `retrain` (a model's work, not the
+    storage's: without it the problem is reported and left)."""
     root = Path(root)
-    if not repair and not os.access(root, os.W_OK):
-        return _check_memory(root, repair, retrain)
-    with hold(root / ".lock"):
+    with hold(root / ".lock") if repair else reading(root / ".lock"):
         return _check_memory(root, repair, retrain)
 
 
@@ -202,6 +200,19 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
     return problems
 
 
+def unfinished(ds: Datastore) -> dict[str, list[str]]:
+    """The committed days a learn left half-finished (stopped after its commit, e.g. by `kill -9`): date
+    -> what the manifest lacks of what the day's recipe writes after the commit ("calibrated", where
+    the memory held entries then; "evaluated": its row of the run's record)."""
+    calibrated, evaluated, held, out = {t["date"] for t in ds.manifest["thetas"]}, ds.evaluations(), 0, {}
+    for day in ds.days:
+        held += day.entries  # a calibration needs entries (monim.learning.recalibration.calibrate)
+        missing = ["calibrated"] * (held > 0 and day.date not in calibrated) + ["evaluated"] * (day.date not in evaluated)
+        if missing:
+            out[day.date] = missing
+    return out
+
+
 def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
     """Each run record (a view) against its memory's manifest, which holds the evaluated days (with
     `repair`, the record is rewritten from the manifest; the stream learns again the days it lacks)."""
@@ -210,7 +221,7 @@ def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
         if not (root / "manifest.json").exists():
             continue
         path = record_path(workdir, root.name)
-        with hold(run_lock(workdir, root.name)):
+        with hold(run_lock(workdir, root.name)) if repair else reading(run_lock(workdir, root.name)):
             rows = json.loads(path.read_text()) if path.exists() else {}
             truth = Datastore.read(root).evaluations()
             if rows == truth:

@@ -26,7 +26,8 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from monim.core.config import RunConfig
 from monim.storage.datastore import Datastore
-from tasks.tracking.store import client, experiment_name, one_at_a_time, sqlite_file
+from tasks.tracking.store import (MARK, client, experiment_name, logged_steps, memory_runs, one_at_a_time, read_only,
+                                  sqlite_file, step_of)
 
 if TYPE_CHECKING:
     from monim.theta.memory import Memory
@@ -53,14 +54,16 @@ def model_name(cfg: RunConfig, uri: str | None = None, run_id: str | None = None
 
 
 def open_memory(config: dict) -> Memory:
-    """Θ a version references: its memory as of its day, opened as it describes itself (with the
-    version's read overrides, if any); refused if what Θ reads has changed since."""
+    """Θ a version references: its memory as of its day (in the work directory of the store it is loaded
+    through, where that was moved or copied since), opened as it describes itself (with the version's
+    read overrides, if any); refused if what Θ reads has changed since."""
     from monim.theta.memory import Memory  # the LM and the index load only where a version does: bookkeeping stays light
 
-    memory = Memory.open(config["memory"], as_of=config["as_of"], **config.get("overrides", {}))
+    root = here(mlflow.get_tracking_uri(), config["memory"], config["memory"])  # loaded through a copy's store: the copy's
+    memory = Memory.open(root, as_of=config["as_of"], **config.get("overrides", {}))
     found = memory.checksum()
     if found != config["checksum"]:
-        raise MlflowException(f"{config['memory']} as of {config['as_of']} has changed since this model version was "
+        raise MlflowException(f"{root} as of {config['as_of']} has changed since this model version was "
                               f"registered (checksum {found}, registered {config['checksum']}): register it again")
     return memory
 
@@ -191,15 +194,45 @@ def settle(name: str, version: str, champion: str | None, gate: dict, uri: str) 
     return False  # worse, or nothing to compare on (a day without validation articles): the champion stays
 
 
+def moved(uri: str, memory: str) -> tuple[Path, Path] | None:
+    """(where the work directory was, where it is) when a version's memory (`<workdir>/memories/<name>`)
+    was recorded in a local store that has been moved or copied since (the store lies in its work
+    directory, beside that memory); None where it has not."""
+    db, recorded = sqlite_file(uri), Path(memory)
+    if db is None or recorded.parent.name != "memories" or recorded.parents[1] == (now := db.resolve().parent):
+        return None
+    return (recorded.parents[1], now) if (now / "memories" / recorded.name / "manifest.json").exists() else None
+
+
+def here(uri: str, memory: str, recorded: str) -> str:
+    """Where a path or file URI that a version recorded inside its work directory (`memory`: the version's
+    memory) lies now: in this store's work directory where that moved or was copied since (a restored
+    backup's version reads the backup's files, never the original's)."""
+    if (found := moved(uri, memory)) is None:
+        return recorded
+    old, now = found
+    if recorded.startswith("file://"):
+        return recorded.replace(old.as_uri(), now.as_uri(), 1)
+    return str(now / Path(recorded).relative_to(old))
+
+
+def memory_versions(c, uri: str, memory: Path) -> list:
+    """The versions of Θ of the memory at this path, those recorded where its work directory was before
+    it was moved or copied included."""
+    root = str(Path(memory).resolve())
+    return c.search_model_versions(f"tags.`monim.memory` = '{root}'") or [
+        v for v in c.search_model_versions("") if here(uri, m := v.tags.get("monim.memory", ""), m) == root]
+
+
 def registered(uri: str, memory: Path) -> str:
     """The registered model of a memory directory's versions, or a clear error."""
-    found = client(uri).search_model_versions(f"tags.`monim.memory` = '{Path(memory).resolve()}'", max_results=1)
+    found = memory_versions(client(uri), uri, memory)
     if not found:
         raise ValueError(f"no registered model for {memory} at {uri} (a day is registered once learned with MLflow on)")
     return found[0].name
 
 
-@one_at_a_time
+@read_only
 def find_version(uri: str, memory: Path, version: str | None = None) -> dict:
     """What a registered version of a memory's model is (default: the one `champion` points to):
     model, version, day, memory, checksum and where its files lie."""
@@ -210,13 +243,15 @@ def find_version(uri: str, memory: Path, version: str | None = None) -> dict:
         raise ValueError(f"{name} has {'no champion' if version is None else f'no version {version}'}: "
                          f"`monim promote --workdir ...` sets one")
     return {"model": name, "version": str(found.version), "as_of": found.tags.get("monim.as_of"),
-            "memory": found.tags.get("monim.memory"), "checksum": found.tags.get("monim.checksum"),
-            "uri": c.get_model_version_download_uri(name, found.version)}
+            "memory": here(uri, recorded := found.tags.get("monim.memory", ""), recorded),
+            "checksum": found.tags.get("monim.checksum"),
+            "uri": here(uri, recorded, c.get_model_version_download_uri(name, found.version))}
 
 
 def load_theta(version: dict) -> Memory:
-    """A version found by find_version, loaded as MLflow loads it (its memory pinned): Θ, ready to answer."""
-    model = mlflow.pyfunc.load_model(version["uri"])
+    """A version found by find_version, loaded as MLflow loads it (its memory pinned), reading the memory
+    find_version says (this work directory's): Θ, ready to answer."""
+    model = mlflow.pyfunc.load_model(version["uri"], model_config={"memory": version["memory"]})
     return model.unwrap_python_model().memory
 
 
@@ -280,6 +315,22 @@ def stale_champion(uri: str, memory: Path) -> dict | None:
         return None
     now = changed_since(memory, champion["as_of"], champion["checksum"])
     return None if now is None else champion | {"checksum_now": now}
+
+
+@read_only
+def untracked(uri: str, memory: Path, date: str) -> list[str]:
+    """What MLflow lacks of a memory's committed day where an MLflow run learns the memory: "registered"
+    (no version of Θ as of the day) and "logged to MLflow" (no step of the day in the run)."""
+    if (db := sqlite_file(uri)) is not None and not db.exists():
+        return []
+    c = client(uri)
+    runs = memory_runs(c, memory, 1)
+    if not runs:
+        return []
+    versions = memory_versions(c, uri, memory)
+    origin = runs[0].data.tags.get("monim.origin")
+    logged = origin is not None and step_of(origin, date) in logged_steps(c, runs[0].info.run_id, MARK)
+    return ["registered"] * all(v.tags.get("monim.as_of") != date for v in versions) + ["logged to MLflow"] * (not logged)
 
 
 @one_at_a_time

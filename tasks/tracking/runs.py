@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import math
 import tempfile
 import time
@@ -20,7 +19,7 @@ from monim.core.config import DEFAULT_MODEL, RunConfig
 from monim.run import make_run
 from monim.data.stream import list_dates
 from tasks.tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
-from tasks.tracking.store import MARK, client, log_metrics, logged_steps, one_at_a_time
+from tasks.tracking.store import MARK, client, log_metrics, logged_steps, memory_runs, one_at_a_time
 
 
 KIND = "mlflow.experimentKind"
@@ -41,11 +40,6 @@ def experiment_id(uri: str, name: str, workdir: str) -> str:
     return found.experiment_id
 
 
-def step_of(origin: str, date: str) -> int:
-    """A day's MLflow step: days since the run's origin (its `monim.origin` tag)."""
-    return (dt.date.fromisoformat(date) - dt.date.fromisoformat(origin)).days
-
-
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 def run_params(cfg: RunConfig) -> dict:
     """The run's settings as MLflow's flat parameters: the policy's as it learns with them, the
@@ -62,8 +56,7 @@ def mlflow_run(cfg: RunConfig, experiment: str, uri: str, comparison: str | None
     same date, and readers can turn steps back into dates)."""
     c = client(uri)
     memory = str(workdirs.memory_root(cfg.workdir, cfg.name).resolve())
-    every = [e.experiment_id for e in c.search_experiments()]  # a renamed source keeps its run and experiment
-    runs = c.search_runs(every, filter_string=f"tags.`monim.memory` = '{memory}'", max_results=1) if every else []
+    runs = memory_runs(c, memory, 1)  # in any experiment: a renamed source keeps its run and experiment
     exp = runs[0].info.experiment_id if runs else experiment_id(uri, experiment, cfg.workdir)
     if runs:
         run_id = runs[0].info.run_id

@@ -6,14 +6,17 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
+import json
 import os
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import ContextManager
 
 from monim.storage import workdirs
 from monim.core.atomic import create_once, sqlite_damage
-from monim.core.lock import hold
+from monim.core.lock import hold, reading
 from tasks.tracking.charts import NOT_LOGGED, chart_name
 from tasks.logs import logger
 
@@ -30,17 +33,35 @@ def experiment_name(source: str) -> str:
     return "monim-" + Path(source.removeprefix("hf:")).name.split(".")[0]
 
 
-def one_at_a_time(fn):
+def store_lock(uri: str, write: bool = True) -> ContextManager:
+    """The lock of a local SQLite store (none for another store): a writer holds it; a reader
+    (`write` False) waits while a writer holds it, writing nothing (fsck runs on a full disk)."""
+    if (db := sqlite_file(uri)) is None:
+        return nullcontext()
+    return (hold if write else reading)(db.with_suffix(".lock"), say=lambda *a: logger().info(*a))
+
+
+def one_at_a_time(fn, write: bool = True):
     """Run a tracking call holding the lock of a local SQLite store: two processes must not use it at
-    once (its first use creates and migrates the schema; concurrent writers then collide)."""
+    once (its first use creates and migrates the schema; concurrent writers then collide). `write`
+    False: a call that only reads (store_lock)."""
 
     @functools.wraps(fn)
     def locked(*args, **kwargs):
-        db = sqlite_file(inspect.signature(fn).bind(*args, **kwargs).arguments["uri"])
-        with hold(db.with_suffix(".lock"), say=lambda *a: logger().info(*a)) if db else nullcontext():
+        with store_lock(inspect.signature(fn).bind(*args, **kwargs).arguments["uri"], write):
             return fn(*args, **kwargs)
 
     return locked
+
+
+def read_only(fn):
+    """A tracking call that only reads: it waits for a writer and writes nothing (one_at_a_time)."""
+    return one_at_a_time(fn, write=False)
+
+
+def step_of(origin: str, date: str) -> int:
+    """A day's MLflow step: days since the run's origin (its `monim.origin` tag)."""
+    return (dt.date.fromisoformat(date) - dt.date.fromisoformat(origin)).days
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -70,6 +91,24 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def memory_runs(c, memory: str | Path, max_results: int = 1000) -> list:
+    """The MLflow runs that learn the memory at this path (tag `monim.memory`)."""
+    every = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(every, filter_string=f"tags.`monim.memory` = '{Path(memory).resolve()}'",
+                         max_results=max_results) if every else []
+
+
+def run_config(c, run_id: str) -> dict | None:
+    """The settings a run learns with (its `config.json`, monim.core.config.RunConfig), or None where it has none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(c.download_artifacts(run_id, "config.json", tmp)).read_text())
+    except (OSError, ValueError, MlflowException):
+        return None
+
+
 def logged_steps(c, run_id: str, key: str) -> list[int]:
     """The steps a row's metric is logged at, under its section or under its plain name (as runs
     made before sections logged it: old runs stay as they are, charted in MLflow's last section)."""
@@ -92,7 +131,6 @@ def log_metrics(c, run_id: str, points: list[tuple[str, int, object]]) -> int:
     return len(batch)
 
 
-@one_at_a_time
 def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     """Each run's evaluated days against its MLflow runs: a day must be logged once (with `repair`,
     the metrics of a day not logged, or logged in part, are logged from the memory's manifest or the
@@ -102,13 +140,18 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     if (db := sqlite_file(uri)) is not None and not db.exists():
         return [{"where": f"MLflow at {uri}", "what": "no MLflow store: the runs' days are not logged here",
                  "repair": None, "repaired": False, "warning": True}] if workdirs.run_names(workdir) else []
+    with store_lock(uri, repair):  # a check only reads
+        return _check_steps(uri, workdir, repair)
+
+
+def _check_steps(uri: str, workdir: str, repair: bool) -> list[dict]:
     c = client(uri)
     experiments = [e.experiment_id for e in c.search_experiments()]
     problems = []
     for name in workdirs.run_names(workdir):
         rows = workdirs.read_rows(workdir, name)
         memory = str(workdirs.memory_root(workdir, name).resolve())
-        runs = c.search_runs(experiments, filter_string=f"tags.`monim.memory` = '{memory}'") if experiments else []
+        runs = memory_runs(c, memory)
         if not runs and rows:
             moved = [r for r in (c.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")
                                  if experiments else []) if r.data.tags.get("monim.memory")]
@@ -119,7 +162,8 @@ def check_steps(uri: str, workdir: str, repair: bool = False) -> list[dict]:
             run = moved[0]
             problems.append({"where": f"MLflow run {name} ({run.info.run_id})", "warning": True, "repaired": repair,
                              "what": f"names the memory at {run.data.tags['monim.memory']}: the work directory moved "
-                                     "or was copied (its registered versions keep naming the old place)",
+                                     "or was copied (its registered versions name the old place too, and read this "
+                                     "work directory's memory)",
                              "repair": "point the run at this work directory"})
             if repair:
                 c.set_tag(run.info.run_id, "monim.memory", memory)
