@@ -90,6 +90,7 @@ def forget(workdir: Path = WORKDIR,
     `monim serve-model` follows within its --follow-seconds). The feed still holds the articles, and
     the registry's older versions that held them are refused at load."""
     from monim.storage.datastore import Datastore
+    from monim.storage.forgotten import forgotten_ids
     from monim.theta.memory import Memory
     from monim.storage.workdirs import memories, write_view
 
@@ -98,7 +99,8 @@ def forget(workdir: Path = WORKDIR,
     days = [day(d).isoformat() for d in days or []]  # "not a date" before anything is read
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
-    held = {d for ds in stores for rec in ds.days for d in ds.shard_seen(rec.shard)}  # every article a day read
+    held = {d for ds in stores for rec in ds.days for d in ds.shard_seen(rec.shard)}  # every article a day read,
+    held |= {d for ds in stores for d in forgotten_ids(ds.manifest)}  # and those forgotten (a forget again changes nothing)
     dates = {rec.date for ds in stores for rec in ds.days}
     unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days if d not in dates]
     if unknown:
