@@ -5,7 +5,6 @@ deep; then a normal request, which must be answered as before the refusals.
 Usage: python benchmarks/serve_limits.py [--workdir monim-demo] (made with `monim run` when missing)
 """
 
-import http.client
 import json
 import subprocess
 import threading
@@ -15,28 +14,17 @@ from pathlib import Path
 
 import psutil
 
+from flows.servers import client
 from harness import MONIM, REPO, parser, save
 
 
 def send(port: int, headers: dict, chunks: list[bytes]) -> tuple:
-    """POST /invocations chunk by chunk (the server may answer and close first): (status, answer's start)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    conn.putrequest("POST", "/invocations")
-    for k, v in headers.items():
-        conn.putheader(k, v)
-    conn.endheaders()
+    """POST /invocations chunk by chunk: (status, answer's start), or (None, why) where none came."""
     try:
-        for chunk in chunks:
-            conn.send(chunk)
-    except OSError:
-        pass
-    try:
-        answer = conn.getresponse()
-        return answer.status, answer.read()[:200].decode(errors="replace")
+        status, answer = client.send(port, "POST", "/invocations", headers, chunks)
+        return status, answer[:200].decode(errors="replace")
     except OSError as e:
         return None, repr(e)
-    finally:
-        conn.close()
 
 
 def main() -> None:

@@ -262,7 +262,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     """A body over the size limit is refused (413) as declared and, chunked, once read that far; one nested
     too deep, or holding a lone surrogate, gets a 400 naming it; a route or method not served a 404/405:
     each the documented JSON object. The server then answers as before, and says it is ok."""
-    import http.client
+    from flows.servers import client
 
     port = served[0]
     body = {"dataframe_records": [{"text": texts(1, 300)[0]}]}
@@ -271,21 +271,10 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     assert status == 200 and limits["max_body_bytes"] == 12 * 20_000 * 32 + 65_536 and limits["max_depth"] == 32
 
     def send(method: str, path: str, headers: dict, chunks=()) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        conn.putrequest(method, path)
-        for k, v in headers.items():
-            conn.putheader(k, v)
-        conn.endheaders()
-        try:
-            for chunk in chunks:
-                conn.send(chunk)
-        except OSError:  # the server answered and closed before the whole body was sent
-            pass
-        answer = conn.getresponse()
-        out = json.loads(answer.read())
-        conn.close()
+        status, answer = client.send(port, method, path, headers, chunks, timeout=120)
+        out = json.loads(answer)
         assert set(out) == {"error_code", "message"}, out
-        return answer.status, out
+        return status, out
 
     mib = b" " * (1 << 20)
     status, out = send("POST", "/invocations", {"Content-Length": str(limits["max_body_bytes"] + 1)}, [b"{"])

@@ -3,6 +3,7 @@ callers asking at once (the load benchmarks' clients, and the tests')."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -20,6 +21,26 @@ def post(port: int, body: dict | bytes, timeout: float = 300) -> tuple[int, dict
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def send(port: int, method: str, path: str, headers: dict, chunks=(), timeout: float = 300) -> tuple[int, bytes]:
+    """A raw request, its body sent chunk by chunk as given (the server may answer and close before the
+    whole body is sent): (HTTP status, the answer's bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.putrequest(method, path)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        try:
+            for chunk in chunks:
+                conn.send(chunk)
+        except OSError:  # answered and closed before the whole body was sent
+            pass
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
 
 
 def health(port: int, timeout: float = 30) -> dict:
