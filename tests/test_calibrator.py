@@ -136,7 +136,7 @@ def synthetic(n: int, seed: int) -> Examples:
         knn_logp=np.repeat(knn[:, None], len(TEMPERATURES), 1),
         holdout=rng.random(n) < 0.3,
         seen=np.zeros(n, bool),
-        doc=np.full(n, ""),
+        doc_id=np.full(n, ""),
     ), good
 
 

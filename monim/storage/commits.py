@@ -88,17 +88,18 @@ class Commits:
         forgotten.refuse(self.manifest, date)
 
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
-               reason: str | None = None, retext: Retext | None = None) -> int:
+               reason: str | None = None, retext: Retext | None = None, store: Path | None = None) -> int:
         """Remove the entries of these documents and/or days; returns how many were removed. The last
         committed day, named, is uncommitted: the memory returns to its state before the day (its
         entries, evaluation and calibration gone). Whatever a forget changes is logged in the manifest
         (monim.storage.forgotten, with `reason`): a forgotten day is never learned again unless relearned by name.
         Nothing of what is forgotten stays in the memory's folder: a shard keeps no id, headline, text,
         lexical count or signature of it (`retext` makes a day's text arrays again from the articles it
-        keeps; without it they go), and its calibration tokens leave the calibration sets."""
+        keeps; without it they go), and its calibration tokens leave the calibration sets; with `store` (a
+        feature store), its features go too (monim.lm.features.forget: by its text, else its day's)."""
         drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()} - set(forgotten.forgotten_days(self.manifest))
         last = self.manifest["days"][-1]["date"] if self.manifest["days"] else None
-        removed, new_days, gone, held, texts, keys = 0, [], {}, {}, [], []
+        removed, new_days, gone, held, texts, keys, unkept = 0, [], {}, {}, [], [], set()
         for rec in map(dict, self.manifest["days"]):
             if rec["date"] in drop_days:
                 removed, gone[rec["date"]] = removed + rec["entries"], self.shard_seen(rec["shard"])
@@ -115,11 +116,17 @@ class Commits:
                     held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys([a[0] for a in hit], rec["date"]) \
                         | dict.fromkeys(read, rec["date"])
                     texts += [a[2] for a in hit]
+                    if (read | {names[i] for i in np.unique(docs[~keep])}) - {a[0] for a in hit}:
+                        unkept.add(rec["date"])  # a document whose text the day does not keep (held out)
                     keys.append(np.asarray(self.shard(rec["shard"], "keys"))[~keep])
                     rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),
                                **self._rewrite(rec, keep, drop_docs, retext))
             new_days.append(rec)
         if gone or held:
+            if store is not None:
+                from monim.lm.features import digest, forget as forget_features  # torch: only where a store is named
+
+                forget_features(store, {digest(t) for t in texts}, set(gone) | unkept)
             self._purge_calibration(set(gone), set(held) | {i for ids in gone.values() for i in ids}, keys)
             thetas = [t for t in self.manifest["thetas"] if last not in gone or t["date"] != last]
             event = forgotten.forget_event(gone, held, reason, Signatures.of(texts) if texts else None)
@@ -137,9 +144,8 @@ class Commits:
         for path in [*(self.root / "calibration").glob("*.npz"), *(self.root / "theta").glob("*/examples.npz")]:
             with np.load(path) as f:
                 arrays = {k: f[k] for k in f.files}
-            column = next((c for c in ("doc", "doc_id") if c in arrays), None)
-            if column is not None:
-                drop = np.isin(arrays[column].astype(str), list(doc_ids))
+            if "doc_id" in arrays:
+                drop = np.isin(arrays["doc_id"].astype(str), list(doc_ids))
             else:
                 drop = np.array([row.tobytes() in known for row in np.asarray(arrays["key"], np.float16)], bool)
             if drop.any():

@@ -45,7 +45,7 @@ class Examples:
     knn_logp: np.ndarray  # float32 [n, len(TEMPERATURES)] (empty [n, 0] when built for prediction)
     holdout: np.ndarray  # bool [n]: held back for early stopping
     seen: np.ndarray  # bool [n]: the memory holds the token's own context (its entries were left in the search)
-    doc: np.ndarray  # str [n]: the article of each token (a forget removes its tokens: monim.storage.commits)
+    doc_id: np.ndarray  # str [n]: the article of each token (a forget removes its tokens: monim.storage.commits)
 
     def __len__(self) -> int:
         return len(self.lm_logp)
@@ -65,7 +65,7 @@ class Examples:
         with np.load(path) as f:
             arrays = {k: f[k] for k in f.files}
         arrays.setdefault("seen", np.zeros(len(arrays["lm_logp"]), bool))  # examples saved before monim kept seen ones
-        arrays.setdefault("doc", np.full(len(arrays["lm_logp"]), ""))  # ... or named each token's article
+        arrays.setdefault("doc_id", np.full(len(arrays["lm_logp"]), ""))  # ... or named each token's article
         return cls(**arrays)
 
 
@@ -106,7 +106,7 @@ def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.nda
         knn_logp=np.zeros((n, 0), np.float32) if knn_logp is None else knn_logp.astype(np.float32),
         holdout=np.zeros(n, bool) if holdout is None else holdout,
         seen=np.zeros(n, bool) if seen is None else seen,
-        doc=np.asarray(batch.doc_id).astype(str),
+        doc_id=np.asarray(batch.doc_id).astype(str),
     )
 
 

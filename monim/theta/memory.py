@@ -19,7 +19,7 @@ from monim.storage.datastore import Datastore
 from monim.storage.verify import Verified, looked_again, verified
 from monim.core.manifest import recorded
 from monim.data.dedup import TWINS, Signatures, TwinIndex
-from monim.lm.features import Features, digest, forget as forget_features
+from monim.lm.features import Features
 from monim.storage.index import MemoryIndex
 from monim.storage.lexical import LexicalCounts
 from monim.lm.model import LM, cached_lm
@@ -156,17 +156,7 @@ class Memory(Searcher, ThetaRule):
         """Remove documents or days from the datastore (for good, and all of them: monim.storage.forgotten and
         Datastore.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
         with self.writing():
-            if store is not None:
-                texts, dates = set(), {str(d) for d in days or ()}
-                for d in self.ds.days:
-                    kept = {a[0]: a[2] for a in self.ds.shard_articles(d.shard)}
-                    for i in set(doc_ids or ()) & set(self.ds.shard_seen(d.shard)):
-                        if i in kept:
-                            texts.add(kept[i])
-                        else:  # a held-out article (its text is not kept): every folder of its day goes
-                            dates.add(d.date)
-                forget_features(store, {digest(t) for t in texts}, dates)
-            removed = self.ds.forget(doc_ids, days, reason, retext=self.day_text)
+            removed = self.ds.forget(doc_ids, days, reason, self.day_text, None if store is None else Path(store))
             self.sync()
         return removed
 
