@@ -65,7 +65,7 @@ def guarded(command):
     return run
 
 
-for command in (learning.run, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,
+for command in (learning.run, learning.demo_feed, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,
                 reading.report, reading.serve_model, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui,
                 upkeep.register, upkeep.promote, upkeep.rollback):
     app.command("eval" if command is reading.evaluate else None)(guarded(command))

@@ -70,6 +70,29 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     emit({"workdir": str(workdir), "policies": summary}, as_json)
 
 
+def demo_feed(path: Path = typer.Argument(..., help="Where to write it: a .jsonl.gz file (gzipped), else plain JSONL.")
+              ) -> None:
+    """Write the bundled news stream (Reuters-21578, 1987-03-02..03-13, one JSON article a line) to PATH."""
+    import gzip
+    import json
+    import shutil
+
+    from monim.core.config import DEMO_STREAM
+
+    if path.exists():
+        raise fail(f"{path} exists: name a new file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        shutil.copyfile(DEMO_STREAM, path)
+    else:
+        with gzip.open(DEMO_STREAM, "rb") as src, path.open("wb") as out:
+            shutil.copyfileobj(src, out)
+    with gzip.open(DEMO_STREAM, "rt") as src:
+        days = [json.loads(line)["date"] for line in src]
+    console.print(f"{path}: {len(days)} articles on {len(set(days))} days, {min(days)}..{max(days)} (fields: id, date, "
+                  "title, text)", highlight=False, soft_wrap=True)
+
+
 @learning_options
 def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
           workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
