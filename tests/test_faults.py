@@ -297,3 +297,24 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
         assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, check=False).returncode == 0
     finally:
         servers.stop([server])
+
+
+def test_a_prefect_database_that_cannot_be_read_for_want_of_room_is_said_so_not_damaged(tmp_path):
+    """Under a file-size limit a WAL database cannot be read (its shared-memory file cannot grow): that is
+    no room, said as such (the learn's exit status 74), not 'damaged, move it aside'."""
+    import resource
+    import sqlite3
+    import sys
+
+    db = sqlite3.connect(tmp_path / "prefect.db")
+    db.execute("PRAGMA journal_mode=wal")
+    db.execute("CREATE TABLE t (x)")
+    db.executemany("INSERT INTO t VALUES (?)", [("x" * 100,)] * 100)
+    db.commit()
+    db.close()  # its -wal and -shm files go
+    proc = subprocess.run([sys.executable, "-c", "import flows.servers.local as s; s.prefect_api()"], capture_output=True,
+                          text=True, env={**__import__("os").environ, "PREFECT_HOME": str(tmp_path)},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    said = proc.stderr.splitlines()[-1]
+    assert "Prefect's API did not start" in said and "the file-size limit is reached" in said, proc.stderr[-2000:]
+    assert "damaged" not in said

@@ -78,6 +78,8 @@ def prefect_api(attempts: int = 3) -> str:
     env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     home = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
     if (db := home / "prefect.db").exists() and (damage := sqlite_damage(db)):
+        if why := out_of_room(db):  # it cannot be read for want of room (its journal), not damaged
+            raise RuntimeError(f"Prefect's API did not start ({damage}): {why}")
         raise RuntimeError(f"{db}: Prefect's database is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
                            "the memories and MLflow do not depend on it")
     with hold(home / ".api-start.lock"):
