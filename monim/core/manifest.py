@@ -31,7 +31,8 @@ class Damaged(ValueError):
 
 
 def read_manifest(path: Path) -> dict:
-    """A memory's manifest, or a ManifestError naming the file, line and column."""
+    """A memory's manifest, or a ManifestError naming the file and what is wrong (a line and column, or a
+    format newer than this monim reads)."""
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -39,6 +40,9 @@ def read_manifest(path: Path) -> dict:
                             "`monim fsck` says what can be recovered)") from None
     if not isinstance(manifest, dict) or "days" not in manifest:
         raise ManifestError(f"{path}: not a monim manifest (no 'days')")
+    if isinstance(manifest.get("format"), int) and manifest["format"] > FORMAT:
+        raise ManifestError(f"{path}: field 'format': {manifest['format']}: written by a newer monim (this one reads "
+                            f"format {FORMAT} and older); read it with the monim that wrote it")
     return manifest
 
 
