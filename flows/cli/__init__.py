@@ -23,9 +23,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from monim import __version__
 
-        typer.echo(f"monim {version('monim')}")
+        typer.echo(f"monim {__version__}")
         raise typer.Exit()
 
 
