@@ -158,7 +158,7 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
-    if servers.free_port(port) != port:  # said at once, not once the LM has loaded (~10 s)
+    if port and servers.free_port(port) != port:  # said at once, not once the LM has loaded (~10 s)
         raise fail(f"--port {port}: something already listens on port {port} (another `monim serve-model`?): stop it, "
                    "or serve on another port (--port N)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
