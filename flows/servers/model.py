@@ -149,8 +149,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     @app.post("/invocations", summary="Score texts and continue prompts with Θ", response_model=schema.Predictions,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": {"$ref": "#/components/schemas/Invocation"}}}}},
-              responses={400: {"model": schema.Error}, 413: {"model": schema.Error}, 500: {"model": schema.Error},
-                         503: {"model": schema.Error}})
+              responses={status: {"model": schema.Error} for status in (400, 413, 500, 503)})
     async def invocations(request: Request) -> Response | dict:
         limits = service.limits
         try:

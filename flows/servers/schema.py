@@ -119,14 +119,26 @@ class Predictions(BaseModel):
     predictions: list[Score | Continuation]
 
 
+ERRORS = {  # every error_code the server answers: (its HTTP status, when)
+    "BAD_REQUEST": (400, "The body is not JSON in UTF-8, nests deeper than `max_depth`, or a field or param is "
+                    "refused (unknown, of the wrong type, over a limit, a lone surrogate): the message names it as "
+                    "the body wrote it, and the limit. The body is checked by the server itself: there is no 422."),
+    "REQUEST_ENTITY_TOO_LARGE": (413, "The body is over `max_body_bytes`, as declared (`Content-Length`) or once "
+                                 "read that far (chunked): the rest is never read."),
+    "BUSY": (503, "Nothing was answered: the server is stopping, Θ was busy for the request's whole `seconds`, or "
+             "a served file differs from its commit (damaged: `/ping` answers 503 too). Try again, or see `/health`."),
+    "INTERNAL_ERROR": (500, "Θ failed: the message says how, the trace is in the server's log (`/health` says "
+                       "failing until an answer succeeds)."),
+    "NOT_FOUND": (404, "A route not served."),
+    "METHOD_NOT_ALLOWED": (405, "A route asked with another method (`GET /invocations`)."),
+}
+
+
 class Error(BaseModel):
     """Every error, whatever its status: one JSON object naming what is wrong (the trace stays in the server's log)."""
 
-    error_code: str = Field(description="BAD_REQUEST (400: not JSON, nested deeper than max_depth, or a field refused: "
-                            "the message names it and the limit), REQUEST_ENTITY_TOO_LARGE (413: a body over "
-                            "max_body_bytes, refused before it is read whole), BUSY (503: the server is stopping, or "
-                            "Θ was busy for the request's whole budget), INTERNAL_ERROR (500); NOT_FOUND (404) and "
-                            "METHOD_NOT_ALLOWED (405) for a route or method not served.")
+    model_config = ConfigDict(extra="forbid")
+    error_code: Literal[tuple(ERRORS)] = Field(description=", ".join(f"{c} ({s})" for c, (s, _) in ERRORS.items()))
     message: str
 
 
