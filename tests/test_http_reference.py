@@ -134,6 +134,8 @@ def test_every_example_of_the_reference_is_answered_in_its_shape(server, invoke,
                 model = getattr(schema, content["application/json"]["schema"]["$ref"].split("/")[-1])
                 assert content["application/json"]["examples"][name]["value"] == example.answer
                 exactly(model, example.answer)
+                if name == "failed":  # no request makes Θ fail: the answer's form only
+                    continue
                 status, answer = sent(example)
                 assert status == example.status, (name, answer)
                 exactly(model, answer)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Example:
-    """A request (a POST's body, or None: a GET, or a body too large to show) and the server's answer."""
+    """A request (a POST's body, or None: a GET, a body too large to show, or a failure no request causes)
+    and the server's answer."""
 
     summary: str
     method: str
@@ -86,6 +87,9 @@ EXAMPLES = {
                     'damaged memory: forget the day (`monim forget --day 1987-03-02`) or restore the file (`monim '
                     'fsck` lists every damaged file)'},
         {'dataframe_records': [{'prompt': 'Ashton-Tate said it intends to'}], 'params': {'max_new_tokens': 8}}),
+    "failed": Example("Θ failed: the exception's type and message (not met in these examples: no request is shown)",
+                      "post", "/invocations", 500,
+        {'error_code': 'INTERNAL_ERROR', 'message': "RuntimeError: the exception's message"}),
     "ping": Example('Ready', "get", "/ping", 200,
         {'status': 'ok', 'problem': None}),
     "ping_damaged": Example('A served file differs from its commit', "get", "/ping", 503,

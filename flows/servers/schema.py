@@ -1,6 +1,7 @@
 """The served model's HTTP API as OpenAPI documents it: MLflow's scoring format (its four forms), the
 answers, the errors and the limits. `monim.serving.service.parse` checks a request (naming the field and the limit it breaks);
-these models describe the same fields for FastAPI's schema (tests/test_docs.py holds them equal)."""
+these models describe the same fields for FastAPI's schema (tests/test_docs.py holds them equal). The answers'
+models are the routes' response_model: each answer is exactly one (tests/test_http_reference.py)."""
 
 from __future__ import annotations
 
