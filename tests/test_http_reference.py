@@ -149,3 +149,19 @@ def test_every_example_of_the_reference_is_answered_in_its_shape(server, invoke,
                 values.write_bytes(good)
     while get(port, "/ping")[0] != 200:  # put back: answered again
         time.sleep(0.2)
+
+
+def test_the_serve_guide_shows_the_examples_requests_and_answers():
+    """The serve guide's curl commands send the reference's example requests, and its outputs show their
+    answers (the guide's run is where the examples come from)."""
+    import re
+    from pathlib import Path
+
+    from flows.servers.examples import EXAMPLES
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "serve.md").read_text()
+    sent = [json.loads(body) for body in re.findall(r"-d '(.*?)'", guide)]
+    shown = [json.loads(line) for block in re.findall(r"```text\n(.*?)```", guide, re.S)
+             for line in block.splitlines() if line.startswith("{")]
+    for name in ("text", "prompt", "retrieve", "refused"):
+        assert EXAMPLES[name].request in sent and EXAMPLES[name].answer in shown, name
