@@ -28,10 +28,17 @@ def cli_page() -> str:
     return docs + "\n\nEvery option's default and meaning is also in `monim <command> --help`.\n"
 
 
+def _shown(value) -> str:
+    """JSON as a page shows it: indented, a list of numbers on one line."""
+    text = json.dumps(value, indent=1, ensure_ascii=False)
+    return re.sub(r"\[([^\[\]{}\"]+)\]", lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+
+
 def http_page(spec_path: Path) -> str:
     """The served model's routes, limits, errors, bodies and real examples, from the FastAPI app's OpenAPI
     schema and the models it is made of (flows.servers.schema)."""
     from flows.servers import schema
+    from flows.servers.examples import EXAMPLES
     from flows.servers.model import openapi
 
     spec = openapi()
@@ -40,6 +47,9 @@ def http_page(spec_path: Path) -> str:
                        for method, op in ops.items())
     limits = "\n".join(f"| `{name}` | {f.default:,} | {f.description} |" for name, f in schema.Limits.model_fields.items())
     errors = "\n".join(f"| {status} | `{code}` | {when} |" for code, (status, when) in schema.ERRORS.items())
+    examples = "\n".join(f"### {e.summary}\n\n`{e.method.upper()} {e.path}`"
+                         + (f" with\n\n```json\n{_shown(e.request)}\n```\n\n" if e.request else ": ")
+                         + f"answered {e.status}:\n\n```json\n{_shown(e.answer)}\n```\n" for e in EXAMPLES.values())
     return f"""# HTTP API
 
 `monim serve-model` answers on one process; [the serve guide](../guides/serve.md) starts one and calls each
@@ -73,6 +83,12 @@ naming the field and the limit; never a trace.
 |---|---|---|
 {errors}
 
+## Examples
+
+Real requests to the server [the serve guide](../guides/serve.md) starts, and its answers (the guide's
+memory: two days of the bundled stream, then a third, with the default LM).
+
+{examples}
 ## Routes and bodies
 
 [OAD({spec_path})]

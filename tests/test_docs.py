@@ -37,7 +37,8 @@ def test_the_references_are_read_from_the_code(site):
     http = (site / "reference" / "http" / "index.html").read_text()
     assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "dataframe_split",
                                          "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
-                                         "REQUEST_ENTITY_TOO_LARGE"))
+                                         "REQUEST_ENTITY_TOO_LARGE", "/version", "Ashton-Tate said it intends to"))
+    assert "not accurate" not in http  # every example shown is a real one (flows.servers.examples), none generated
     settings = (site / "reference" / "settings" / "index.html").read_text()
     assert all(f"--{name.replace('_', '-')}" in settings for name in RunConfig.model_fields)
     python = (site / "reference" / "python" / "index.html").read_text()
