@@ -28,18 +28,71 @@ def cli_page() -> str:
     return docs + "\n\nEvery option's default and meaning is also in `monim <command> --help`.\n"
 
 
+def _shown(value) -> str:
+    """JSON as a page shows it: indented, a list of numbers on one line."""
+    text = json.dumps(value, indent=1, ensure_ascii=False)
+    return re.sub(r"\[([^\[\]{}\"]+)\]", lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+
+
 def http_page(spec_path: Path) -> str:
-    """The served model's routes and bodies, from the FastAPI app's OpenAPI schema."""
+    """The served model's routes, limits, errors, bodies and real examples, from the FastAPI app's OpenAPI
+    schema and the models it is made of (flows.servers.schema)."""
+    from flows.servers import schema
+    from flows.servers.examples import EXAMPLES
     from flows.servers.model import openapi
 
-    spec_path.write_text(json.dumps(openapi(), indent=1))
-    return ("# HTTP API\n\n`monim serve-model` answers on one process (see [Serve and follow the champion]"
-            "(../guides/serve.md)). The schema below is FastAPI's, read from the app at each build; a running "
-            "server also gives it at `GET /openapi.json`. A request is MLflow's scoring format in any of its four "
-            "forms (`dataframe_records`, `dataframe_split`, `inputs`, `instances`); its limits (`Limits`: bytes, "
-            "nesting depth, rows, characters, tokens, seconds) and errors (400, 413, 503, 500, each the `Error` "
-            "object) are below and, with an example of each form, in [the serve guide](../guides/serve.md#request-"
-            "formats-limits-and-errors).\n\n" + f"[OAD({spec_path})]\n")
+    spec = openapi()
+    spec_path.write_text(json.dumps(spec, indent=1))
+    routes = "\n".join(f"| `{method.upper()} {path}` | {op['summary']} |" for path, ops in spec["paths"].items()
+                       for method, op in ops.items())
+    limits = "\n".join(f"| `{name}` | {f.default:,} | {f.description} |" for name, f in schema.Limits.model_fields.items())
+    errors = "\n".join(f"| {status} | `{code}` | {when} |" for code, (status, when) in schema.ERRORS.items())
+    examples = "\n".join(f"### {e.summary}\n\n`{e.method.upper()} {e.path}`"
+                         + (f" with\n\n```json\n{_shown(e.request)}\n```\n\n" if e.request else ": ")
+                         + f"answered {e.status}:\n\n```json\n{_shown(e.answer)}\n```\n" for e in EXAMPLES.values())
+    return f"""# HTTP API
+
+`monim serve-model` answers on one process; [the serve guide](../guides/serve.md) starts one and calls each
+route. This page is read from the app at each build (a running server gives the same schema at
+`GET /openapi.json`); every example below is a real request and the answer the server gave it.
+
+| route | what it answers |
+|---|---|
+{routes}
+
+A request to `POST /invocations` is MLflow's scoring format in any of its four forms (`dataframe_records`,
+`dataframe_split`, `inputs`, `instances`: [the serve guide](../guides/serve.md#request-formats) shows each);
+a row is a `text` (answered with a `Score`) or a `prompt` (a `Continuation`, with the article retrieved
+before it where the row says `"retrieve": true`); the answer is `{{"predictions": [...]}}`, one a row, in order.
+
+## Limits
+
+Each request is checked against them before any work; `/health` shows a server's (`monim serve-model`'s
+options set the first four).
+
+| limit | default | what it bounds |
+|---|---|---|
+{limits}
+
+## Errors
+
+Every error, whatever its status, is one JSON object, `{{"error_code": ..., "message": ...}}`, the message
+naming the field and the limit; never a trace.
+
+| status | `error_code` | when |
+|---|---|---|
+{errors}
+
+## Examples
+
+Real requests to the server [the serve guide](../guides/serve.md) starts, and its answers (the guide's
+memory: two days of the bundled stream, then a third, with the default LM).
+
+{examples}
+## Routes and bodies
+
+[OAD({spec_path})]
+"""
 
 
 def settings_page() -> str:

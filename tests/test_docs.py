@@ -37,7 +37,8 @@ def test_the_references_are_read_from_the_code(site):
     http = (site / "reference" / "http" / "index.html").read_text()
     assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "dataframe_split",
                                          "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
-                                         "REQUEST_ENTITY_TOO_LARGE"))
+                                         "REQUEST_ENTITY_TOO_LARGE", "/version", "Ashton-Tate said it intends to"))
+    assert "not accurate" not in http  # every example shown is a real one (flows.servers.examples), none generated
     settings = (site / "reference" / "settings" / "index.html").read_text()
     assert all(f"--{name.replace('_', '-')}" in settings for name in RunConfig.model_fields)
     python = (site / "reference" / "python" / "index.html").read_text()
@@ -80,7 +81,7 @@ def test_every_monim_command_written_names_real_commands_and_options():
 
 def test_the_http_reference_describes_the_fields_the_server_accepts():
     from flows.servers import schema
-    from monim.serving.generate import GenerateConfig
+    from monim.serving.generate import GenerateConfig, Generation, Source
     from monim.serving.request import FORMATS, ROW_FIELDS, Limits
 
     assert set(schema.Row.model_fields) == set(schema.Columns.model_fields) == {*ROW_FIELDS, "retrieve"}
@@ -89,3 +90,7 @@ def test_the_http_reference_describes_the_fields_the_server_accepts():
     assert set(schema.Params.model_fields) == {f.name for f in fields(GenerateConfig)} - {"keep_distributions", "retrieve"}
     assert {f: schema.Params.model_fields[f].default for f in schema.Params.model_fields} == {
         f.name: f.default for f in fields(GenerateConfig) if f.name in schema.Params.model_fields}
+    # the answers: a prompt's Generation and its sentences' sources, field for field (tests/test_http_reference.py
+    # checks every answer the server gives against these models)
+    assert list(schema.Continuation.model_fields) == [f.name for f in fields(Generation) if f.name != "logprobs"]
+    assert list(schema.Cited.model_fields) == [f.name for f in fields(Source)]

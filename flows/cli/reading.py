@@ -152,7 +152,8 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
                                               "included (a continuation stops there and answers with what it wrote)."),
                 tracking_uri: Optional[str] = TRACKING) -> None:
     """Serve a registered Θ over HTTP on one process, following the champion (or one `--version`):
-    POST /invocations (MLflow's request format), GET /ping, GET /health. Ctrl-C or SIGTERM stop it within seconds."""
+    POST /invocations (MLflow's request format), GET /ping, GET /health, GET /version. Ctrl-C or SIGTERM stop it
+    within seconds."""
     import functools
     import logging
 
@@ -177,5 +178,5 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     follower = None if version is not None else Follower(service, find, load_theta, follow_seconds)
     console.print(f"serving {found['model']} version {found['version']} (Θ as of {found['as_of']}"
                   f"{', following the champion' if follower else ''}) at http://{host}:{port}: POST /invocations, "
-                  "GET /ping, GET /health; Ctrl-C stops it", highlight=False)
+                  "GET /ping, GET /health, GET /version; Ctrl-C stops it", highlight=False)
     serve(service, follower, host, port)

@@ -10,7 +10,8 @@ and follow the champion: a Follower checks the alias every few seconds, loads a 
 the background while the served one answers, and the worker swaps between requests (MLflow's
 server loads its model once).
 Routes: GET /ping (ready; 503 while the served files differ from their commit), GET /health (what is
-served, since when, the champion last seen), POST /invocations.
+served, since when, the champion last seen), GET /version (monim's, the LM's, Θ's), POST /invocations;
+each answer is a model of flows.servers.schema, which FastAPI's schema (the HTTP reference) is made of.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from flows.servers import schema
+from flows.servers.examples import EXAMPLES
 from monim import __version__
 from monim.theta.memory import Memory
 from monim.serving.request import BadRequest, loads
@@ -107,16 +109,18 @@ class Follower:
                 "champion": self.champion, "error": self.error}
 
 
+NOT_FOLLOWING = dict.fromkeys(("follows", "checked_every_s", "checked_at", "champion", "error"))  # --version N
+
+
 def health_of(service: Service, follower: Follower | None) -> dict:
     """/health's answer: "damaged" while the served files differ from their commit (nothing is
     answered: 503), "failing" while Θ's answers fail, "stale" while the champion cannot be served
     (the last good version answers), else "ok"; what is served, since when, and the limits."""
-    following = follower.health() if follower is not None else {"follows": None}
+    following = follower.health() if follower is not None else NOT_FOLLOWING
     damaged = service.look()
-    status = "damaged" if damaged else "failing" if service.failing else "stale" if following.get("error") else "ok"
-    problem = damaged or service.failing or following.get("error")
-    return ({"status": status} | ({"problem": problem} if problem else {}) | service.about | following
-            | {"limits": service.limits.__dict__})
+    status = "damaged" if damaged else "failing" if service.failing else "stale" if following["error"] else "ok"
+    return ({"status": status, "problem": damaged or service.failing or following["error"]} | service.about
+            | following | {"limits": service.limits.__dict__})
 
 
 def app_for(service: Service | None, follower: Follower | None = None) -> FastAPI:
@@ -125,23 +129,28 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     app = FastAPI(title="monim: the up-to-date model", version=__version__, docs_url=None, redoc_url=None,
                   description="Θ (the LM, its memory and calibrator) as of a registered day, answering MLflow's scoring format.")
 
-    @app.get("/ping", summary="Ready: 200 once the model is loaded, 503 while its files are damaged")
-    def ping() -> JSONResponse:
+    @app.get("/ping", summary="Ready: 200 once the model is loaded, 503 while its files are damaged",
+             response_model=schema.Ping, responses={503: {"model": schema.Ping, "description": "Damaged"}})
+    def ping(response: Response) -> dict:
         damaged = service.look() if service is not None else None
-        return JSONResponse({"status": "damaged", "problem": damaged} if damaged else {"status": "ok"},
-                            status_code=503 if damaged else 200)
+        response.status_code = 503 if damaged else 200
+        return {"status": "damaged" if damaged else "ok", "problem": damaged}
 
     @app.get("/health", summary="What is served, since when, the champion last seen, the limits",
-             responses={200: {"model": schema.Health}})
-    def health() -> JSONResponse:
-        return JSONResponse(health_of(service, follower))
+             response_model=schema.Health)
+    def health() -> dict:
+        return health_of(service, follower)
 
-    @app.post("/invocations", summary="Score texts and continue prompts with Θ",
+    @app.get("/version", summary="monim's version, the LM, and the version of Θ served", response_model=schema.Served)
+    def version() -> dict:
+        return {k: service.about.get(k) for k in schema.Version.model_fields} | {
+            "monim": __version__, "lm": service.memory.lm.name}
+
+    @app.post("/invocations", summary="Score texts and continue prompts with Θ", response_model=schema.Predictions,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": {"$ref": "#/components/schemas/Invocation"}}}}},
-              responses={200: {"model": schema.Predictions}, 400: {"model": schema.Error}, 413: {"model": schema.Error},
-                         500: {"model": schema.Error}, 503: {"model": schema.Error}})
-    async def invocations(request: Request) -> Response:
+              responses={status: {"model": schema.Error} for status in (400, 413, 500, 503)})
+    async def invocations(request: Request) -> Response | dict:
         limits = service.limits
         try:
             raw = await _read(request, limits.max_body_bytes)
@@ -164,7 +173,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
             return _error(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
         finally:
             watcher.cancel()
-        return JSONResponse({"predictions": answers})
+        return {"predictions": answers}
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: Request, e: StarletteHTTPException) -> Response:  # a route or method not served
@@ -183,11 +192,19 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
 
 
 def _documented(app: FastAPI) -> dict:
-    """FastAPI's schema of the app, with the request body it documents (read by the service itself)."""
+    """FastAPI's schema of the app, with the request body it documents (read by the service itself) and
+    the real requests and answers of flows.servers.examples."""
     if app.openapi_schema is None:
         spec = FastAPI.openapi(app)
         body = schema.Invocation.model_json_schema(ref_template="#/components/schemas/{model}")
         spec.setdefault("components", {}).setdefault("schemas", {}).update(body.pop("$defs") | {"Invocation": body})
+        for name, example in EXAMPLES.items():
+            route, shown = spec["paths"][example.path][example.method], {"summary": example.summary}
+            if example.request is not None:
+                content = route["requestBody"]["content"]["application/json"]
+                content.setdefault("examples", {})[name] = shown | {"value": example.request}
+            content = route["responses"][str(example.status)]["content"]["application/json"]
+            content.setdefault("examples", {})[name] = shown | {"value": example.answer}
         app.openapi_schema = spec
     return app.openapi_schema
 
