@@ -1,5 +1,7 @@
 """The typed run spec: what a deployment or the Prefect UI's form may pass, and what it may not."""
 
+import datetime as dt
+
 import pytest
 from pydantic import ValidationError
 
@@ -57,3 +59,33 @@ def test_evaluation_settings_are_validated_too():
     assert e.shots == (0, 3)
     with pytest.raises(ValidationError, match="period must be one of"):
         TypeAdapter(EvalConfig).validate_python({"period": "fortnight"})
+
+
+def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
+    """--date-field/--text-field/--id-field/--title-field/--missing-id, a deployment's `run` and Python's
+    RunConfig name the same fields, and a run reads its feed with them (the others are missing to it)."""
+    import typer.main
+
+    from flows.cli import app
+    from flows.cli.common import run_spec
+    from monim.data.stream import read_day
+    from monim.data.sources import StreamError
+
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text('{"published": "1987-03-02", "body": "Rates rose.", "uid": 7, "headline": "Rates"}\n'
+                    '{"published": "1987-03-02", "body": "Oil fell."}\n')
+    args = ["--source", str(feed), "--date-field", "published", "--text-field", "body", "--id-field", "uid",
+            "--title-field", "headline", "--missing-id", "hash"]
+    params = typer.main.get_command(app).commands["learn"].make_context("learn", args).params
+    spec = run_spec(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
+    deployed = RunConfig.model_validate({"source": str(feed), "date_field": "published", "text_field": "body",
+                                         "id_field": "uid", "title_field": "headline", "missing_id": "hash"})
+    assert spec == deployed
+    day = read_day(spec.source, dt.date(1987, 3, 2), fields=spec.fields())
+    (first, second) = day.train
+    assert (first.id, first.title, first.text) == ("7", "Rates", "Rates rose.")
+    assert second.id.startswith("h") and second.title == "" and second.text == "Oil fell."
+    with pytest.raises(StreamError, match="feed.jsonl:1: field 'date': missing"):
+        read_day(spec.source, dt.date(1987, 3, 2), fields=RunConfig(source=str(feed)).fields())
+    with pytest.raises(ValidationError, match="four different fields"):
+        RunConfig(text_field="date")
