@@ -38,8 +38,11 @@ def test_the_references_are_read_from_the_code(site):
     assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "dataframe_split",
                                          "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
                                          "REQUEST_ENTITY_TOO_LARGE"))
-    settings = (site / "reference" / "settings" / "index.html").read_text()
-    assert all(f"--{name.replace('_', '-')}" in settings for name in RunConfig.model_fields)
+    settings = (site / "reference" / "settings" / "index.html").read_text()  # its rows: tests/test_settings_page.py
+    learn = typer.main.get_command(app).commands["learn"]
+    assert all(flag in settings for p in learn.params for flag in p.opts if flag != "--help")
+    assert all(f"run.{name}" in settings for name in RunConfig.model_fields if name not in ("followed_memrate", "calibrator"))
+    assert "--followed-memrate" not in settings and str(REPO) not in settings
     python = (site / "reference" / "python" / "index.html").read_text()
     assert all(name in python for name in ("amt_threshold", "memorize_day", "Stages", "ThetaRule"))
     assert (site / "index.html").exists() and "make run" in (site / "index.html").read_text()
