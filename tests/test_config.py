@@ -1,6 +1,7 @@
 """The typed run spec: what a deployment or the Prefect UI's form may pass, and what it may not."""
 
 import datetime as dt
+import os
 
 import pytest
 from pydantic import ValidationError
@@ -89,3 +90,40 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
         read_day(spec.source, dt.date(1987, 3, 2), fields=RunConfig(source=str(feed)).fields())
     with pytest.raises(ValidationError, match="four different fields"):
         RunConfig(text_field="date")
+
+
+def test_which_setting_wins(tmp_path, monkeypatch):
+    """docs/reference/configuration.md's claims: the option, else $MLFLOW_TRACKING_URI, else the work directory's
+    SQLite file; Prefect's home in the work directory unless $PREFECT_HOME or $PREFECT_API_URL is set; a
+    memory's recorded settings refuse a run that brings others (the option's default too), naming the field,
+    while a reader's own may differ."""
+    from flows.cli.common import prefect_home
+    from monim.core.config import DEFAULT_MODEL
+    from monim.storage.memory_settings import READ, Settings, SettingsMismatch, refuse_other
+    from tasks.tracking.store import tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri(str(tmp_path)) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere/env.db")
+    assert tracking_uri(str(tmp_path)) == "sqlite:////elsewhere/env.db"
+    assert tracking_uri(str(tmp_path), "sqlite:////elsewhere/option.db") == "sqlite:////elsewhere/option.db"
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    prefect_home(tmp_path / "w1")
+    assert os.environ["PREFECT_HOME"] == str((tmp_path / "w1" / "prefect").resolve())
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "mine"))
+    prefect_home(tmp_path / "w2")
+    assert os.environ["PREFECT_HOME"] == str(tmp_path / "mine")
+    monkeypatch.delenv("PREFECT_HOME")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    prefect_home(tmp_path / "w3")
+    assert "PREFECT_HOME" not in os.environ and (tmp_path / "w3").is_dir()
+
+    learned = {"model": DEFAULT_MODEL, "settings": Settings.of(RunConfig(delta=-2.0)).as_dict()}
+    with pytest.raises(SettingsMismatch, match=r"field 'policy.delta': learned with -2.0, not -1.5"):
+        refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig()))  # `monim learn` without --delta -2.0
+    refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig(delta=-2.0)))
+    refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig(delta=-2.0, k=16)), READ)  # a reader's k
+    with pytest.raises(SettingsMismatch, match="field 'model'"):
+        refuse_other(learned, "gemma3-270m", Settings.of(RunConfig(delta=-2.0)))
