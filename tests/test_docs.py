@@ -53,11 +53,12 @@ def test_the_readme_is_a_screen_or_two():
 
 
 def commands(text: str) -> list[str]:
-    """The `monim ...` lines of a page's bash blocks, continuation lines joined (synopses with [...] left out)."""
+    """The `monim ...` lines of a page's bash blocks, continuation lines joined, each up to a redirection or the
+    next command (`> out.json`, `| tail`, `|| echo`; synopses with [...] left out)."""
     out = []
     for block in re.findall(r"```(?:bash|console)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip().removesuffix("&").strip()
+            line = re.split(r" (?:\d?>>?|\|\|?|&&|;) ", line.split(" #")[0])[0].strip().removesuffix("&").strip()
             if line.startswith("monim ") and not re.search(r"\[|\.\.\.|…|<", line):
                 out.append(line)
     return out
