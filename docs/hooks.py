@@ -113,12 +113,17 @@ def option_rows() -> list[dict]:
     return list(rows.values())
 
 
+SECTIONS = {"run.": "The run: `RunConfig`", "evaluation.": "The evaluation suite: `EvalConfig`",
+            "": "The flow's parameters and the command's own"}  # the page's tables, by where a setting lives
+
+
 def settings_page() -> str:
-    """The learning commands' options (`monim learn --help`), each beside its deployment parameter and Python name."""
+    """The learning commands' options (`monim learn --help`), each beside its deployment parameter and Python name,
+    in one table per kind of setting."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    lines = []
+    tables: dict[str, list[str]] = {prefix: [] for prefix in SECTIONS}
     for r in option_rows():
         only = "" if len(r["commands"]) == len(LEARNING) else f"(`{r['commands'][0]}` only) "
         default = "*required*" if r["default"] == "required" else f"`{r['default']}`" if r["default"] else "—"
@@ -126,8 +131,12 @@ def settings_page() -> str:
         every = len(r["deployments"]) == len(deployed("run"))
         where = (f"`{r['deployment']}`" + ("" if every else f" ({', '.join(r['deployments'])})") if r["deployment"]
                  else "— (not deployed)" if r["python"] else "—")
-        lines.append(f"| `{r['names']}` | `{cell(r['type'])}` | {cell(default)} | {only}{cell(r['help'])}{feed} | {where} | "
-                     + (f"`{r['python']}`" if r["python"] else "— (this command's output)") + " |")
+        python = f"`{r['python']}`" if r["python"] else "— (this command's output)"
+        prefix = next(p for p in SECTIONS if r["deployment"].startswith(p))
+        tables[prefix].append(f"| `{r['names']}`<br>`{r['type']}` | {cell(default)} | {only}{cell(r['help'])}{feed} | "
+                              f"{where}<br>{python} |")
+    body = "".join(f"## {SECTIONS[p]}\n\n| option, type | default | what it sets | deployment, Python |\n|---|---|---|---|\n"
+                   + "\n".join(lines) + "\n\n" for p, lines in tables.items())
     return ("# Settings\n\nThe options of the learning commands, `monim learn` and `monim compare`, as `monim learn "
             "--help` shows them (read from the command line at each build), each with the same setting in a "
             "deployment and in Python. A run's settings are the fields of `monim.core.config.RunConfig`, one name "
@@ -140,9 +149,7 @@ def settings_page() -> str:
             "defaults to the bundled Reuters stream. Which setting wins where several are given "
             "(the command line, a deployment, the environment, a memory's record) is in [Configuration]"
             "(configuration.md); what a feed's records hold (`--source`, `--date-field`, ...) in [Bring your own "
-            "model and feed](../guides/own-model-and-feed.md).\n\n"
-            "| option | type | default | what it sets | deployment (`parameters:`) | Python |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            "model and feed](../guides/own-model-and-feed.md).\n\n" + body)
 
 
 def on_files(files: Files, config) -> Files:

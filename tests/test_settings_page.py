@@ -47,9 +47,12 @@ def rows(text: str) -> list[dict]:
     out = []
     for line in text.splitlines():
         if line.startswith("| `-"):
-            cells = [c.strip().strip("`").replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-            cells[4:] = [c.replace("`", "") for c in cells[4:]]
-            out.append(dict(zip(("option", "type", "default", "help", "deployment", "python"), cells)))
+            kept = re.sub(r"`[^`]*`", lambda m: m[0].replace("|", "\0"), line)  # a `|` in a code span ends no cell
+            option, default, said, where = [c.strip().replace("\\|", "|").replace("\0", "|")
+                                            for c in re.split(r"(?<!\\)\|", kept)[1:-1]]
+            (names, kind), (deployment, python) = option.split("<br>"), where.replace("`", "").split("<br>")
+            out.append({"option": names.strip("`"), "type": kind.strip("`"), "default": default.strip("`"), "help": said,
+                        "deployment": deployment, "python": python})
     return out
 
 
@@ -144,14 +147,14 @@ def test_the_settings_page_is_the_command_lines_both_ways(page):
 
 
 @pytest.mark.parametrize("doctor, caught", [
-    (lambda p: p + "| `--followed-memrate` | `<float>` | — | Set by a comparison. | `run.followed_memrate` | "
+    (lambda p: p + "| `--followed-memrate`<br>`<float>` | — | Set by a comparison. | `run.followed_memrate`<br>"
      "`RunConfig(followed_memrate=…)` |\n", "--followed-memrate <float>: no such option"),
-    (lambda p: p + "| `--calibrator` | `<class 'monim.core.config.CalibratorConfig'>` | `CalibratorConfig(groups=…)` | "
-     "How. | `run.calibrator` | `RunConfig(calibrator=…)` |\n", "a path of the build machine: <class "),
+    (lambda p: p + "| `--calibrator`<br>`<class 'monim.core.config.CalibratorConfig'>` | `CalibratorConfig(groups=…)` | "
+     "How. | `run.calibrator`<br>`RunConfig(calibrator=…)` |\n", "a path of the build machine: <class "),
     (lambda p: p.replace("| *required* |", f"| `{REPO}/monim/data/reuters.jsonl.gz` |", 1), "a path of the build machine"),
-    (lambda p: p.replace("| `--delta` | `<float>` | `-1.5` |", "| `--delta` | `<float>` | `-1.0` |"),
+    (lambda p: p.replace("| `--delta`<br>`<float>` | `-1.5` |", "| `--delta`<br>`<float>` | `-1.0` |"),
      "--delta <float>: default '-1.0'"),
-    (lambda p: re.sub(r"\| `--skip` .*\n", "", p), "--skip <float> is not on the page"),
+    (lambda p: re.sub(r"\| `--skip`<br>.*\n", "", p), "--skip <float> is not on the page"),
     (lambda p: p.replace("`run.calibrator.skip_threshold`", "`run.calibrator.skip`"), "no setting run.calibrator.skip"),
     (lambda p: p.replace("`RunConfig(max_docs=…)`", "`RunConfig(max_doc=…)`"), "RunConfig takes no max_doc"),
     (lambda p: p.replace("`start` (backfill)", "`start` (daily)"), "deployment daily takes no parameter start"),

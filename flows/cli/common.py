@@ -295,8 +295,9 @@ def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, 
                           max_age=max_age)
 
 
-def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSONL/News Crawl file, a folder "
-                                              "of per-day files, or hf:NAME."),
+def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSON Lines file (an article a "
+                                              "line: id, date, text, title), a News Crawl file, a folder of per-day "
+                                              "files, or hf:NAME (a `datasets` dataset)."),
                   start: Optional[str] = START, end: Optional[str] = END, workdir: Path = WORKDIR,
                   period: Optional[str] = typer.Option(None, "--period", help="month or week: PPL on each period's test "
                                                        "set as of each period's end."),

@@ -213,7 +213,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a non-finite δ or rate means nothing
 
-    source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
+    source: str = Field(str(DEMO_STREAM), description="News stream: a JSON Lines file (an article a line: id, "
+                        "date, text, title), a News Crawl file, a folder of per-day files, or hf:NAME (a `datasets` dataset).")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
     policy: str = Field("monim-amt", description=catalogue.help_text())
     delta: float = Field(_POLICY.delta, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
