@@ -43,7 +43,6 @@ def http_page(spec_path: Path) -> str:
 
 
 LEARNING = {"learn": "flows.stream:learn_stream", "compare": "flows.compare:compare_policies"}  # command -> its flow
-FEED = {f"run.{name}" for name in ("source", "date_field", "text_field", "id_field", "title_field", "missing_id", "on_error")}
 
 
 def deployed(parameter: str) -> list[str]:
@@ -123,17 +122,20 @@ def settings_page() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
+    from flows.cli.options import FEED
+
+    feed = {f"run.{name}" for name in ("source", "on_error", *FEED)}  # the rows that link to a feed's records
     tables: dict[str, list[str]] = {prefix: [] for prefix in SECTIONS}
     for r in option_rows():
         only = "" if len(r["commands"]) == len(LEARNING) else f"(`{r['commands'][0]}` only) "
         default = "*required*" if r["default"] == "required" else f"`{r['default']}`" if r["default"] else "—"
-        feed = " [A feed's records](../guides/own-model-and-feed.md#a-feeds-records)" if r["deployment"] in FEED else ""
+        link = " [A feed's records](../guides/own-model-and-feed.md#a-feeds-records)" if r["deployment"] in feed else ""
         every = len(r["deployments"]) == len(deployed("run"))
         where = (f"`{r['deployment']}`" + ("" if every else f" ({', '.join(r['deployments'])})") if r["deployment"]
                  else "— (not deployed)" if r["python"] else "—")
         python = f"`{r['python']}`" if r["python"] else "— (this command's output)"
         prefix = next(p for p in SECTIONS if r["deployment"].startswith(p))
-        tables[prefix].append(f"| `{r['names']}`<br>`{r['type']}` | {cell(default)} | {only}{cell(r['help'])}{feed} | "
+        tables[prefix].append(f"| `{r['names']}`<br>`{r['type']}` | {cell(default)} | {only}{cell(r['help'])}{link} | "
                               f"{where}<br>{python} |")
     body = "".join(f"## {SECTIONS[p]}\n\n| option, type | default | what it sets | deployment, Python |\n|---|---|---|---|\n"
                    + "\n".join(lines) + "\n\n" for p, lines in tables.items())

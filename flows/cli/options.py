@@ -17,6 +17,7 @@ SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, p
 # calibrator's settings are one field, two of them with options of their own (CALIBRATOR)
 NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
 NAMES = {"calibrated": ("--calibrated/--constant-lam",), "review": ("--review", "--review-text")}  # older names kept
+FEED = ("date_field", "text_field", "id_field", "title_field", "missing_id")  # how a feed's records are read (Fields)
 CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
     "calibration": ("source", Optional[Literal[SOURCES]],
                     "Calibration examples: train (a sample of the day's training articles, their own near-duplicates "

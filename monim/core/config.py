@@ -247,7 +247,7 @@ class RunConfig(BaseModel):
                             "(YYYY-MM-DD, YYYYMMDD or an ISO timestamp): JSON Lines and `datasets` sources.")
     text_field: str = Field(_FIELDS.text, min_length=1, description="The record's field that holds an article's text.")
     id_field: str = Field(_FIELDS.id, min_length=1, description="The record's field that holds an article's id (a "
-                          "string or an integer; see missing_id).")
+                          "string or an integer).")
     title_field: str = Field(_FIELDS.title, min_length=1, description="The record's field that holds an article's "
                              "headline (optional in a record; shown as a source of generated text).")
     missing_id: Literal["error", "hash"] = Field(_FIELDS.missing_id, description="A record without an id: an error, or "
