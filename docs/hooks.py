@@ -25,7 +25,10 @@ def cli_page() -> str:
     command = typer.main.get_command(app)
     docs = get_docs_for_click(obj=command, ctx=click.Context(command, info_name="monim"), name="monim",
                               title="Command line")
-    return docs + "\n\nEvery option's default and meaning is also in `monim <command> --help`.\n"
+    return docs + ("\n\nEvery option's default and meaning is also in `monim <command> --help`. What `--source` reads "
+                   "(a feed's records, a folder, a `datasets` dataset) is in [Bring your own model and feed]"
+                   "(../guides/own-model-and-feed.md#a-feeds-records); the learning commands' options, each beside its "
+                   "deployment parameter and Python name, in [Settings](settings.md).\n")
 
 
 def http_page(spec_path: Path) -> str:
