@@ -1,5 +1,5 @@
 """MkDocs hooks: the reference pages made from the code at each build (the CLI from the Typer app,
-the HTTP API from FastAPI's OpenAPI schema, every setting from RunConfig's fields), and the README as
+the HTTP API from FastAPI's OpenAPI schema, the settings from the learning commands' options), and the README as
 the front page; nothing generated is committed."""
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def cli_page() -> str:
     command = typer.main.get_command(app)
     docs = get_docs_for_click(obj=command, ctx=click.Context(command, info_name="monim"), name="monim",
                               title="Command line")
-    return docs + "\n\nEvery option's default and meaning is also in `monim <command> --help`.\n"
+    return docs + ("\n\nEvery option's default and meaning is also in `monim <command> --help`. What `--source` reads "
+                   "(a feed's records, a folder, a `datasets` dataset) is in [Bring your own model and feed]"
+                   "(../guides/own-model-and-feed.md#a-feeds-records); the learning commands' options, each beside its "
+                   "deployment parameter and Python name, in [Settings](settings.md).\n")
 
 
 def _shown(value) -> str:
@@ -95,21 +98,116 @@ memory: two days of the bundled stream, then a third, with the default LM).
 """
 
 
-def settings_page() -> str:
-    """Every setting of a run: RunConfig's fields, each one name in Python, the CLI and the deployment."""
-    from monim.core.config import RunConfig
+LEARNING = {"learn": "flows.stream:learn_stream", "compare": "flows.compare:compare_policies"}  # command -> its flow
 
-    rows = []
-    for name, f in RunConfig.model_fields.items():
-        kind = re.sub(r"typing\.|<class '(\w+)'>", r"\1", str(f.annotation))
-        default = f.default if f.default_factory is None else f.default_factory()
-        rows.append(f"| `{name}` | `--{name.replace('_', '-')}` | `{kind}` | `{default!r}` | "
-                    f"{(f.description or '').replace('|', '/')} |")
-    return ("# Settings\n\nA run's settings are the fields of `monim.core.config.RunConfig`: the same name in "
-            "Python (`RunConfig(max_docs=16)`), on the command line (`--max-docs 16`) and in the deployment "
-            "(`parameters: {run: {max_docs: 16}}` in `deployments/prefect.yaml`). Read from the code at each "
-            "build.\n\n| field | option | type | default | what it sets |\n|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+
+def deployed(parameter: str) -> list[str]:
+    """The deployments of deployments/prefect.yaml whose flow takes this parameter."""
+    import importlib
+    import inspect
+
+    import yaml
+
+    out = []
+    for d in yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]:
+        path, name = d["entrypoint"].split(":")
+        module = path.removesuffix(".py").replace("/", ".")
+        if parameter in inspect.signature(getattr(importlib.import_module(module), name).fn).parameters:
+            out.append(d["name"])
+    return out
+
+
+def option_rows() -> list[dict]:
+    """Each option of the learning commands as `--help` shows it (names, type, default, help), with the
+    setting it is in a deployment and in Python, and the commands that take it."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    import click
+    import typer
+
+    from flows.cli import app
+    from flows.cli.options import CALIBRATOR
+    from monim.core.config import RunConfig
+    from monim.evaluation.suite import EvalConfig
+
+    group = typer.main.get_command(app)
+    rows: dict[str, dict] = {}
+    for verb, flow in LEARNING.items():
+        command = group.commands[verb]
+        module, function = flow.split(":")
+        takes = inspect.signature(getattr(importlib.import_module(module), function).fn).parameters
+        for p in command.params:
+            if p.param_type_name != "option":
+                continue
+            if p.name in rows:
+                rows[p.name]["commands"].append(verb)
+                if p.name in takes and rows[p.name]["python"].startswith(tuple(f.split(":")[1] for f in LEARNING.values())):
+                    rows[p.name]["python"] += f" or {function}(run, {p.name}=…)"
+                continue
+            shown, text = p.get_help_record(click.Context(command, info_name=verb))
+            names = ", ".join(p.opts) + (" / " + ", ".join(p.secondary_opts) if p.secondary_opts else "")
+            extra = re.fullmatch(r"(.*?)(?:  \[(.*)\])?", text, re.S)
+            said = dict(part.split(": ", 1) if ": " in part else (part, "") for part in (extra[2] or "").split("; ") if part)
+            if p.name in RunConfig.model_fields:
+                where, python = f"run.{p.name}", f"RunConfig({p.name}=…)"
+            elif p.name in CALIBRATOR:
+                field = CALIBRATOR[p.name][0]
+                where, python = f"run.calibrator.{field}", f'RunConfig(calibrator={{"{field}": …}})'
+            elif p.name in {f.name for f in dataclasses.fields(EvalConfig)}:
+                where, python = f"evaluation.{p.name}", f"EvalConfig({p.name}=…)"
+            elif p.name in takes:
+                where, python = p.name if deployed(p.name) else "", f"{function}(run, {p.name}=…)"
+            else:
+                where, python = "", ""  # the command's own (its output)
+            rows[p.name] = {"names": names, "type": shown[len(names):].strip() or "flag",
+                            "default": "required" if "required" in said else said.get("default", ""),
+                            "help": extra[1], "deployment": where, "deployments": deployed(where.split(".")[0]) if where else [],
+                            "python": python, "commands": [verb]}
+    return list(rows.values())
+
+
+SECTIONS = {"run.": "The run: `RunConfig`", "evaluation.": "The evaluation suite: `EvalConfig`",
+            "": "The flow's parameters and the command's own"}  # the page's tables, by where a setting lives
+
+
+def settings_page() -> str:
+    """The learning commands' options (`monim learn --help`), each beside its deployment parameter and Python name,
+    in one table per kind of setting."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    from flows.cli.options import FEED
+
+    feed = {f"run.{name}" for name in ("source", "on_error", *FEED)}  # the rows that link to a feed's records
+    tables: dict[str, list[str]] = {prefix: [] for prefix in SECTIONS}
+    for r in option_rows():
+        only = "" if len(r["commands"]) == len(LEARNING) else f"(`{r['commands'][0]}` only) "
+        default = "*required*" if r["default"] == "required" else f"`{r['default']}`" if r["default"] else "—"
+        link = " [A feed's records](../guides/own-model-and-feed.md#a-feeds-records)" if r["deployment"] in feed else ""
+        every = len(r["deployments"]) == len(deployed("run"))
+        where = (f"`{r['deployment']}`" + ("" if every else f" ({', '.join(r['deployments'])})") if r["deployment"]
+                 else "— (not deployed)" if r["python"] else "—")
+        python = f"`{r['python']}`" if r["python"] else "— (this command's output)"
+        prefix = next(p for p in SECTIONS if r["deployment"].startswith(p))
+        tables[prefix].append(f"| `{r['names']}`<br>`{r['type']}` | {cell(default)} | {only}{cell(r['help'])}{link} | "
+                              f"{where}<br>{python} |")
+    body = "".join(f"## {SECTIONS[p]}\n\n| option, type | default | what it sets | deployment, Python |\n|---|---|---|---|\n"
+                   + "\n".join(lines) + "\n\n" for p, lines in tables.items())
+    return ("# Settings\n\nThe options of the learning commands, `monim learn` and `monim compare`, as `monim learn "
+            "--help` shows them (read from the command line at each build), each with the same setting in a "
+            "deployment and in Python. A run's settings are the fields of `monim.core.config.RunConfig`, one name "
+            "each: `--max-docs 16` on the command line is `parameters: {run: {max_docs: 16}}` in "
+            "`deployments/prefect.yaml` (`run.max_docs` below) and `RunConfig(max_docs=16)` in Python; the "
+            "evaluation suite's are `monim.evaluation.suite.EvalConfig`'s (`parameters: {evaluation: {period: "
+            "month}}`); a few are the flow's own parameters (`start`, `end`: the `backfill` deployment's). "
+            "An option not given takes the default shown, the same in a deployment and in Python, but for `source`: the "
+            "command line needs it, a deployment reads it from `$MONIM_SOURCE` when deployed, and Python's RunConfig "
+            "defaults to the bundled Reuters stream. Which setting wins where several are given "
+            "(the command line, a deployment, the environment, a memory's record) is in [Configuration]"
+            "(configuration.md); what a feed's records hold (`--source`, `--date-field`, ...) in [Bring your own "
+            "model and feed](../guides/own-model-and-feed.md).\n\n" + body)
 
 
 def on_files(files: Files, config) -> Files:

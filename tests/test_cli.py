@@ -1,5 +1,6 @@
 """The `monim` console script, run as a user runs it: every verb on a small case, and bad input."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -368,3 +369,26 @@ def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(monim, tiny_model_
     result = json.loads(out.read_text())
     assert proc.returncode == 0, (result["differ"], result["fsck"])
     assert result["identical"] and result["fsck_clean"] and result["kills"] == 2 and result["files_compared"] > 10
+
+
+def test_commands_that_read_a_feed_name_its_fields_as_learn_does():
+    """eval and status read a feed with the record-field options learn takes (one name, one help), as Fields."""
+    import typer.main
+
+    from flows.cli import app
+    from flows.cli.common import feed_options
+    from flows.cli.options import FEED
+    from monim.core.config import Fields
+
+    commands = typer.main.get_command(app).commands
+    learned = {p.name: (p.opts, p.help, p.default) for p in commands["learn"].params if p.name in FEED}
+    for verb in ("eval", "status"):
+        assert {p.name: (p.opts, p.help, p.default) for p in commands[verb].params if p.name in FEED} == learned, verb
+
+    def read(fields: Fields, source: str = "feed.jsonl") -> tuple:
+        return fields, source
+
+    wrapped = feed_options(read)
+    assert list(inspect.signature(wrapped).parameters) == ["source", *FEED]
+    assert wrapped(source="x", date_field="published", text_field="body", id_field="uid", title_field="headline",
+                   missing_id="hash") == (Fields("published", "body", "uid", "headline", "hash"), "x")

@@ -1,5 +1,8 @@
 """The typed run spec: what a deployment or the Prefect UI's form may pass, and what it may not."""
 
+import datetime as dt
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -57,3 +60,70 @@ def test_evaluation_settings_are_validated_too():
     assert e.shots == (0, 3)
     with pytest.raises(ValidationError, match="period must be one of"):
         TypeAdapter(EvalConfig).validate_python({"period": "fortnight"})
+
+
+def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
+    """--date-field/--text-field/--id-field/--title-field/--missing-id, a deployment's `run` and Python's
+    RunConfig name the same fields, and a run reads its feed with them (the others are missing to it)."""
+    import typer.main
+
+    from flows.cli import app
+    from flows.cli.common import run_spec
+    from monim.data.stream import read_day
+    from monim.data.sources import StreamError
+
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text('{"published": "1987-03-02", "body": "Rates rose.", "uid": 7, "headline": "Rates"}\n'
+                    '{"published": "1987-03-02", "body": "Oil fell."}\n')
+    args = ["--source", str(feed), "--date-field", "published", "--text-field", "body", "--id-field", "uid",
+            "--title-field", "headline", "--missing-id", "hash"]
+    params = typer.main.get_command(app).commands["learn"].make_context("learn", args).params
+    spec = run_spec(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
+    deployed = RunConfig.model_validate({"source": str(feed), "date_field": "published", "text_field": "body",
+                                         "id_field": "uid", "title_field": "headline", "missing_id": "hash"})
+    assert spec == deployed
+    day = read_day(spec.source, dt.date(1987, 3, 2), fields=spec.fields())
+    (first, second) = day.train
+    assert (first.id, first.title, first.text) == ("7", "Rates", "Rates rose.")
+    assert second.id.startswith("h") and second.title == "" and second.text == "Oil fell."
+    with pytest.raises(StreamError, match="feed.jsonl:1: field 'date': missing"):
+        read_day(spec.source, dt.date(1987, 3, 2), fields=RunConfig(source=str(feed)).fields())
+    with pytest.raises(ValidationError, match="four different fields"):
+        RunConfig(text_field="date")
+
+
+def test_which_setting_wins(tmp_path, monkeypatch):
+    """docs/reference/configuration.md's claims: the option, else $MLFLOW_TRACKING_URI, else the work directory's
+    SQLite file; Prefect's home in the work directory unless $PREFECT_HOME or $PREFECT_API_URL is set; a
+    memory's recorded settings refuse a run that brings others (the option's default too), naming the field,
+    while a reader's own may differ."""
+    from flows.cli.common import prefect_home
+    from monim.core.config import DEFAULT_MODEL
+    from monim.storage.memory_settings import READ, Settings, SettingsMismatch, refuse_other
+    from tasks.tracking.store import tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri(str(tmp_path)) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere/env.db")
+    assert tracking_uri(str(tmp_path)) == "sqlite:////elsewhere/env.db"
+    assert tracking_uri(str(tmp_path), "sqlite:////elsewhere/option.db") == "sqlite:////elsewhere/option.db"
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    prefect_home(tmp_path / "w1")
+    assert os.environ["PREFECT_HOME"] == str((tmp_path / "w1" / "prefect").resolve())
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "mine"))
+    prefect_home(tmp_path / "w2")
+    assert os.environ["PREFECT_HOME"] == str(tmp_path / "mine")
+    monkeypatch.delenv("PREFECT_HOME")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    prefect_home(tmp_path / "w3")
+    assert "PREFECT_HOME" not in os.environ and (tmp_path / "w3").is_dir()
+
+    learned = {"model": DEFAULT_MODEL, "settings": Settings.of(RunConfig(delta=-2.0)).as_dict()}
+    with pytest.raises(SettingsMismatch, match=r"field 'policy.delta': learned with -2.0, not -1.5"):
+        refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig()))  # `monim learn` without --delta -2.0
+    refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig(delta=-2.0)))
+    refuse_other(learned, DEFAULT_MODEL, Settings.of(RunConfig(delta=-2.0, k=16)), READ)  # a reader's k
+    with pytest.raises(SettingsMismatch, match="field 'model'"):
+        refuse_other(learned, "gemma3-270m", Settings.of(RunConfig(delta=-2.0)))

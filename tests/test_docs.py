@@ -39,8 +39,11 @@ def test_the_references_are_read_from_the_code(site):
                                          "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
                                          "REQUEST_ENTITY_TOO_LARGE", "/version", "Ashton-Tate said it intends to"))
     assert "not accurate" not in http  # every example shown is a real one (flows.servers.examples), none generated
-    settings = (site / "reference" / "settings" / "index.html").read_text()
-    assert all(f"--{name.replace('_', '-')}" in settings for name in RunConfig.model_fields)
+    settings = (site / "reference" / "settings" / "index.html").read_text()  # its rows: tests/test_settings_page.py
+    learn = typer.main.get_command(app).commands["learn"]
+    assert all(flag in settings for p in learn.params for flag in p.opts if flag != "--help")
+    assert all(f"run.{name}" in settings for name in RunConfig.model_fields if name not in ("followed_memrate", "calibrator"))
+    assert "--followed-memrate" not in settings and str(REPO) not in settings
     python = (site / "reference" / "python" / "index.html").read_text()
     assert all(name in python for name in ("amt_threshold", "memorize_day", "Stages", "ThetaRule"))
     assert (site / "index.html").exists() and "make run" in (site / "index.html").read_text()
@@ -51,12 +54,12 @@ def test_the_readme_is_a_screen_or_two():
 
 
 def commands(text: str) -> list[str]:
-    """The `monim ...` lines of a page's bash blocks, continuation lines joined, each up to a shell operator
-    (`|`, `||`, `&&`, `;`, a redirection) (synopses with [...] left out)."""
+    """The `monim ...` lines of a page's bash blocks, continuation lines joined, each up to a redirection or the
+    next command (`> out.json`, `| tail`, `|| echo`; synopses with [...] left out)."""
     out = []
     for block in re.findall(r"```(?:bash|console)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            line = re.split(r" #| \|\|? | && |;| \d?> ", line)[0].strip().removesuffix("&").strip()  # the command alone
+            line = re.split(r" (?:\d?>>?|\|\|?|&&|;) ", line.split(" #")[0])[0].strip().removesuffix("&").strip()
             if line.startswith("monim ") and not re.search(r"\[|\.\.\.|…|<", line):
                 out.append(line)
     return out

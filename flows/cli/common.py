@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 import flows.servers.local as servers
-from flows.cli.options import SKIP_HELP, field_options
+from flows.cli.options import FEED, SKIP_HELP, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
     from monim.core.config import RunConfig
@@ -295,8 +295,9 @@ def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, 
                           max_age=max_age)
 
 
-def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSONL/News Crawl file, a folder "
-                                              "of per-day files, or hf:NAME."),
+def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSON Lines file (an article a "
+                                              "line: id, date, text, title), a News Crawl file, a folder of per-day "
+                                              "files, or hf:NAME (a `datasets` dataset)."),
                   start: Optional[str] = START, end: Optional[str] = END, workdir: Path = WORKDIR,
                   period: Optional[str] = typer.Option(None, "--period", help="month or week: PPL on each period's test "
                                                        "set as of each period's end."),
@@ -337,6 +338,22 @@ def learning_options(command):
 
     mine = [p for name, p in own.parameters.items() if name not in ("spec", "evaluation", *passed)]
     run.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()) + settings)
+    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
+    return run
+
+
+def feed_options(command):
+    """Give a command that reads a feed besides learning it (eval, status) the options that name its records'
+    fields, as `learn` takes them (flows.cli.options.FEED); it is called with them as `fields`
+    (monim.core.config.Fields)."""
+    own = inspect.signature(command)
+
+    @functools.wraps(command)
+    def run(**values):
+        return command(fields=run_spec(**{k: values.pop(k) for k in FEED}).fields(), **values)
+
+    mine = [p for name, p in own.parameters.items() if name != "fields"]
+    run.__signature__ = own.replace(parameters=mine + [p for p in field_options() if p.name in FEED])
     run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
     return run
 

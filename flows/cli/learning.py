@@ -128,7 +128,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
 @learning_options
 def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
             workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
-            policies: str = typer.Option("bare,fullmem,randmem,monim-amt", "--policies", help=f"Comma-separated runs: {catalogue.help_text()}")) -> None:
+            policies: str = typer.Option(",".join(catalogue.COMPARED), "--policies", help=f"Comma-separated runs: {catalogue.help_text()}")) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     names = policies.split(",")
     for policy in names:

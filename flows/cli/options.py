@@ -1,6 +1,6 @@
 """The learning commands' options, made from RunConfig's fields (monim.core.config): a setting has one name
 in Python, in a deployment's `run` parameter and on the command line (`merge_k` is `--merge-k`), its
-field's description as help and its field's default."""
+field's description as help and its field's default (what `--help` shows and a run gets)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, p
 # calibrator's settings are one field, two of them with options of their own (CALIBRATOR)
 NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
 NAMES = {"calibrated": ("--calibrated/--constant-lam",), "review": ("--review", "--review-text")}  # older names kept
+FEED = ("date_field", "text_field", "id_field", "title_field", "missing_id")  # how a feed's records are read (Fields)
 CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
     "calibration": ("source", Optional[Literal[SOURCES]],
                     "Calibration examples: train (a sample of the day's training articles, their own near-duplicates "
                     "left out), yesterday (the sample against the memory before the day) or validation (the paper's: "
-                    f"the validation articles). [default: {CalibratorConfig().source}]"),
+                    "the validation articles)."),
     "skip": ("skip_threshold", Optional[float], SKIP_HELP),
 }
 
@@ -49,17 +50,16 @@ def field_options() -> list[inspect.Parameter]:
         help_text = f.description + (f" {empty} means empty." if empty is not None else "")
         flag = f"--{name.replace('_', '-')}"
         flags = NAMES.get(name, (f"{flag}/--no-{flag[2:]}",) if kind == Optional[bool] else (flag,))
-        option = typer.Option(None, *flags, help=help_text, metavar="FLOAT|none" if empty == "none" else None,
-                              show_default=False if default is None else str(default))
+        option = typer.Option(default, *flags, help=help_text, metavar="FLOAT|none" if empty == "none" else None)
         out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
-    for name, (_, kind, help_text) in CALIBRATOR.items():
-        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, f"--{name}", help=help_text),
-                                     annotation=kind))
+    for name, (field, kind, help_text) in CALIBRATOR.items():
+        option = typer.Option(getattr(CalibratorConfig(), field), f"--{name}", help=help_text)
+        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
     return out
 
 
 def given_fields(options: dict) -> dict:
-    """RunConfig's fields from the options given (those not given keep RunConfig's defaults)."""
+    """RunConfig's fields from the options (an option not given is its field's default, or None: the default kept)."""
     out = {}
     for name, f in RunConfig.model_fields.items():
         value = options.get(name)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 import flows.servers.local as servers
 from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR,
-                              clear_errors, console, day, emit, evaluation, fail, memory_dir, open_memory, table,
-                              use_workdir)
+                              clear_errors, console, day, emit, evaluation, fail, feed_options, memory_dir, open_memory,
+                              table, use_workdir)
+
+if TYPE_CHECKING:
+    from monim.core.config import Fields
 
 
-def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
+@feed_options
+def status(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
            source: Optional[str] = typer.Option(None, "--source", help="The feed the memory learned: name the articles "
                                                 "each learned day got after it was learned (late, not learned)."),
            as_json: bool = AS_JSON) -> None:
@@ -38,28 +42,29 @@ def status(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
             console.print(table("forgotten (never learned again; `monim learn --relearn DAY` brings a day back)",
                                 forgotten, ["memory", "when", "what", "reason"]))
         if source is not None:
-            chosen["late"] = late_articles(root, source)
+            chosen["late"] = late_articles(root, source, fields)
     if weights:
         console.print(table(f"weights in {workdir}", [{"learner": k} | v for k, v in weights.items()],
                             ["learner", "days", "last_day", "tokens_trained", "steps", "bytes"]))
     emit(chosen | found, as_json)
 
 
-def late_articles(root: Path, source: str) -> dict[str, list]:
+def late_articles(root: Path, source: str, fields: Fields | None = None) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
     from monim.storage.datastore import Datastore
     from monim.storage.plan import arrivals
     from monim.data.sources import StreamError
 
     with clear_errors(FileNotFoundError, StreamError):
-        late = arrivals(source, Datastore.read(root).evaluations())
+        late = arrivals(source, Datastore.read(root).evaluations(), fields=fields)
     rows = [{"day": d, "article": f"{i} ({date})" if date else i} for d, found in late.items() for i, date in found]
     console.print(table(f"articles {source} got after {root.name} learned their day (not learned)", rows, ["day", "article"])
                   if rows else f"{source}: no article came after its day was learned")
     return late
 
 
-def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Optional[str] = AS_OF,
+@feed_options
+def evaluate(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Optional[str] = AS_OF,
              source: Optional[str] = typer.Option(None, "--source", help="Score a stream's articles (a file or folder)."),
              start: Optional[str] = typer.Option(None, "--start", help="Its first day (YYYY-MM-DD)."),
              end: Optional[str] = typer.Option(None, "--end", help="Its last day (YYYY-MM-DD)."),
@@ -83,7 +88,8 @@ def evaluate(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, as_of: Opt
     memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, skip_threshold=skip,
                          half_life=half_life, max_age=max_age)
     with clear_errors(FileNotFoundError, StreamError, ValueError):
-        result = evaluate_memory(memory, e, source, day(start), day(end), split, memory.features(workdir / "features"))
+        result = evaluate_memory(memory, e, source, day(start), day(end), split, memory.features(workdir / "features"),
+                                 fields)
     console.print(table(f"{memory.ds.root.name} as of {result['as_of']}", [result],
                         [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]))
     emit(result, as_json)

@@ -36,7 +36,8 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Fields:
-    """Names of the record fields that hold the date, the text and the document id."""
+    """Names of the record fields that hold the date, the text, the document id and the headline (a run's
+    date_field, text_field, id_field, title_field and missing_id: RunConfig.fields)."""
 
     date: str = "date"
     text: str = "text"
@@ -203,7 +204,7 @@ class Learner:
         return 1.0 / (1.0 + math.exp(-self.anneal_k * (step - self.anneal_t0))) if self.method == "recadam" else 1.0
 
 
-_LEARNER, _POLICY, _INDEX = Learner(), PolicyConfig(), IndexConfig()  # the defaults of the fields below
+_LEARNER, _POLICY, _INDEX, _FIELDS = Learner(), PolicyConfig(), IndexConfig(), Fields()  # the defaults of the fields below
 LEARNER_FIELDS = tuple(f.name for f in fields(Learner) if f.name not in ("method", "seed"))
 
 
@@ -212,7 +213,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a non-finite δ or rate means nothing
 
-    source: str = Field(str(DEMO_STREAM), description="News stream: a JSONL/News Crawl file, a folder of per-day files, or hf:NAME.")
+    source: str = Field(str(DEMO_STREAM), description="News stream: a JSON Lines file (an article a line: id, "
+                        "date, text, title), a News Crawl file, a folder of per-day files, or hf:NAME (a `datasets` dataset).")
     workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
     policy: str = Field("monim-amt", description=catalogue.help_text())
     delta: float = Field(_POLICY.delta, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
@@ -241,8 +243,15 @@ class RunConfig(BaseModel):
     on_error: Literal["raise", "skip"] = Field("raise", description="A bad record (a broken line, a missing field, an id "
                                                "met twice, a date after today): raise, or skip it (counted in the day's "
                                                "docs_skipped).")
-    missing_id: Literal["error", "hash"] = Field("error", description="A record without an id: an error, or named by a "
-                                                 "hash of its date and text.")
+    date_field: str = Field(_FIELDS.date, min_length=1, description="The record's field that holds an article's date "
+                            "(YYYY-MM-DD, YYYYMMDD or an ISO timestamp): JSON Lines and `datasets` sources.")
+    text_field: str = Field(_FIELDS.text, min_length=1, description="The record's field that holds an article's text.")
+    id_field: str = Field(_FIELDS.id, min_length=1, description="The record's field that holds an article's id (a "
+                          "string or an integer).")
+    title_field: str = Field(_FIELDS.title, min_length=1, description="The record's field that holds an article's "
+                             "headline (optional in a record; shown as a source of generated text).")
+    missing_id: Literal["error", "hash"] = Field(_FIELDS.missing_id, description="A record without an id: an error, or "
+                                                 "named by a hash of its date and text.")
     max_feed_lag: int = Field(1, ge=0, description="The daily run fails (monim.data.stream.FeedStalled) when the feed's last "
                               "article is dated more than this many days before yesterday, the day it should learn.")
     seed: int = Field(0, ge=0, description="Seed of the run's random draws: RandMem's tokens, calibration samples, a learner's batches.")
@@ -287,6 +296,8 @@ class RunConfig(BaseModel):
                 self.learner()
             except TypeError as e:
                 raise ValueError(f"{self.policy}: {e}") from None
+        if len({self.date_field, self.text_field, self.id_field, self.title_field}) < 4:
+            raise ValueError("date_field, text_field, id_field and title_field must name four different fields")
         if self.cluster and not self.feature_store:
             raise ValueError("cluster needs the feature store: the workers write the LM's features there")
         return self
@@ -311,7 +322,7 @@ class RunConfig(BaseModel):
 
     def fields(self) -> Fields:
         """How the source's records are read."""
-        return Fields(missing_id=self.missing_id)
+        return Fields(self.date_field, self.text_field, self.id_field, self.title_field, self.missing_id)
 
     def policy_config(self) -> PolicyConfig:
         """The parameters the run's policy reads (the others at their defaults): what its memory records."""

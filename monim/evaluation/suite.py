@@ -130,7 +130,8 @@ def qa_results(views: Iterable[View], path: str, first: dt.date, last: dt.date, 
 
 
 def evaluate_memory(memory, e: EvalConfig, source: str | None = None, start: dt.date | None = None,
-                    end: dt.date | None = None, split: str = "test", features: Features | None = None) -> dict:
+                    end: dt.date | None = None, split: str = "test", features: Features | None = None,
+                    fields: Fields | None = None) -> dict:
     """`monim eval`: one memory (as of its day) beside the LM alone, by the suite's rules: PPL on a
     source's articles overall and per period (e.period), on a text (e.text), and QA accuracy on the
     questions of the memory's window (e.qa)."""
@@ -143,7 +144,7 @@ def evaluate_memory(memory, e: EvalConfig, source: str | None = None, start: dt.
                          f"and {e.qa_days_after} days after)")
     result: dict = {"policy": memory.ds.root.name, "as_of": days[-1].date if days else None, "entries": len(memory)}
     if source is not None:
-        sets = period_sets(source, start, end, e.period or "month", split=split)
+        sets = period_sets(source, start, end, e.period or "month", split=split, fields=fields)
         by = {p: r["memory"] for p, r in period_results(view, sets).items()}
         result |= combine(list(by.values())) | {"documents": sum(len(d) for d in sets.values()),
                                                 f"ppl_by_{e.period}": {p: r["ppl"] for p, r in by.items()},
