@@ -54,7 +54,7 @@ def commands(text: str) -> list[str]:
     out = []
     for block in re.findall(r"```(?:bash|console)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip().removesuffix("&").strip()
+            line = re.split(r" #| \||\s\d?>|&&|;", line)[0].strip().removesuffix("&").strip()  # up to a pipe or redirect
             if line.startswith("monim ") and not re.search(r"\[|\.\.\.|…|<", line):
                 out.append(line)
     return out

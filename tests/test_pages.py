@@ -1,18 +1,27 @@
-"""Every command the README and the site show runs as written: a page's ```bash blocks (and its ```python
-blocks, each as `python - <<EOF`), in order, as one `bash -e` session in a fresh folder,
-the reader's clone after `make run` (its `.venv` is the test's venv), with `monim` and `python` on the PATH and the test session's Prefect server (a reader's first command starts
-one of its own: 10-20 s each). What a page shows a command printing is what the reader gets: a ```text block
-right after a block holds words (not numbers: they vary by machine) that the block really printed, each of them.
-A block the reader is not meant to paste is marked `<!-- not run: why -->` just above it; the results pages'
-blocks made their measurements (minutes to hours on the full data) and are not run, but each script they
-name exists. `make run` is the install (the test's own venv) and `monim run`, so a page's `make run` runs
-`monim run`; `make test` is this suite and is not run.
+"""Every command the README and the site show runs as written, and prints what the page shows.
 
-Pages that learn read the bundled stream (`monim demo-feed`) at the smallest sizes their options allow
-(--max-docs 2, two days) with the real LM (SmolLM2-135M), as all pages with a `monim learn`, `compare`,
-`generate`, `eval`, `serve-model` or `run` do: README.md (`monim run`, the tour), docs/quickstart.md
-(`monim run`), docs/tutorial.md, docs/guides/compare.md, serve.md, forget.md, schedule.md, dask.md,
-own-model-and-feed.md. On 2 cores README.md and the tutorial take about N minutes each, a guide 1-2.
+A page's ```bash blocks, and its ```python blocks (each as `python - <<'PYTHON' ... PYTHON`), run in
+order as one `bash -e -o pipefail` session (a `cd` or a variable carries over, the first failing command
+stops it) in a fresh folder standing for the reader's clone after `make run`: its `.venv` is the test's
+venv (`. .venv/bin/activate` works), `monim` and `python` are on the PATH, and commands share the test
+session's Prefect server (a reader's first command starts one of its own, 10-20 s each). `make run` is
+the install (this venv) and the demo, so a page's `make run` runs `monim run`. A block the reader is not
+meant to paste as is says why just above it, `<!-- not run: why, in three words or more -->` (`make
+test`: this suite). The results pages' blocks made their measurements (minutes to hours on the full data)
+and are not run, but each script they name exists.
+
+Output: each block's stdout and stderr (with those of the servers it starts) go to a file of their own.
+A ```text block right after a block is what the reader should see: each of its words that holds no digit
+(numbers, dates, ids and seconds vary by machine) must be in what the block printed, and it must show at
+least three such words, so a trimmed output passes and an invented or stale one fails.
+
+Pages need the real LM (SmolLM2-135M) where they learn, evaluate, generate or serve: README.md
+(`make run`: the 4-day demo, 4 min on 2 cores, then the tour), docs/quickstart.md, docs/tutorial.md and
+the guides that learn (compare, serve, forget, schedule, dask, own-model-and-feed). They read the bundled
+stream (`monim demo-feed`) at the smallest sizes (`--max-docs 2`, two days) and take 1-3 minutes each,
+the README about 8. A page that serves uses a port no other page uses (README 5001, serve guide 5002
+and 5003, tutorial 5004, troubleshooting 5091): the two files of pages run at once, on two workers.
+This file runs the README and the pages outside docs/guides/; tests/test_pages_guides.py the guides.
 """
 
 import os
@@ -77,7 +86,7 @@ def run_page(text: str, folder: Path, env: dict) -> tuple[subprocess.CompletedPr
     out = folder.parent / f"{folder.name}-out"
     out.mkdir()
     proc = subprocess.run(["bash", "-c", script(text, out)], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=1800)
     return proc, out
 
 
@@ -86,14 +95,22 @@ def last_output(out: Path) -> str:
     return f"block {files[-1].name}:\n{files[-1].read_text()[-4000:]}" if files else ""
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=name)
-def test_every_command_a_page_shows_runs_as_written_and_prints_what_it_shows(page, monim, tmp_path):
+def check(page: Path, monim, tmp_path: Path) -> None:
+    """Run a page's commands as a reader after `make run` would, and compare what they print with what it shows."""
     env = monim.env() | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     (folder := tmp_path / "reader").mkdir()
-    (folder / ".venv").symlink_to(sys.prefix)  # `. .venv/bin/activate`, as a reader after `make run`
+    (folder / ".venv").symlink_to(sys.prefix)  # `. .venv/bin/activate`, as in the reader's clone
     proc, out = run_page(text := page.read_text(), folder, env)
     assert proc.returncode == 0, f"{name(page)}: exit {proc.returncode}\n{last_output(out)}\n{proc.stderr[-3000:]}"
     assert not (said := missing(text, out)), f"{name(page)}: " + "\n".join(said)
+
+
+GUIDES = [p for p in PAGES if runnable(p) and name(p).startswith("docs/guides/")]  # tests/test_pages_guides.py
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p) and p not in GUIDES], ids=name)
+def test_every_command_a_page_shows_runs_as_written_and_prints_what_it_shows(page, monim, tmp_path):
+    check(page, monim, tmp_path)
 
 
 def test_a_page_that_shows_other_output_than_its_commands_print_fails(tmp_path):
