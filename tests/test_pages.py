@@ -114,20 +114,23 @@ def test_every_command_a_page_shows_runs_as_written_and_prints_what_it_shows(pag
 
 
 def test_a_page_that_shows_other_output_than_its_commands_print_fails(tmp_path):
-    """The check itself, on a page written here: a word the command did not print, or too few words, fails it."""
-    page = ("```bash\necho 'policy   days memrate'; echo 'fullmem 4 100.0%'\n```\n\n"
+    """The check itself, on a page written here: a word the command did not print, or too few words, fails it;
+    the blocks share one shell, and the first failing command stops the page."""
+    page = ("```bash\necho 'policy   days memrate'; echo 'fullmem 4 100.0%'\nmkdir sub; cd sub; kept=yes\n```\n\n"
             "```text\npolicy  days memrate\nfullmem  2  99.1%\n```\n"
             "```python\nprint('Oil prices rose, traders said')\n```\n```text\nOil prices fell, traders said\n```\n"
             "<!-- not run: the reader's own choice -->\n```bash\nfalse\n```\n```text\nnever checked here\n```\n"
-            "```bash\ncd sub 2>/dev/null || mkdir sub && cd sub && echo in $(basename $PWD) now\n```\n```text\n42\n```\n")
+            "```bash\necho \"in $(basename $PWD), kept=$kept\"\n```\n```text\n42\n```\n")
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     (folder := tmp_path / "reader").mkdir()
-    proc, out = run_page(page, folder, os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    proc, out = run_page(page, folder, env)
     assert proc.returncode == 0, proc.stderr
     assert words("fullmem  2  99.1%  ppl_lm, 1987-03-02 (MLflow:)") == {"fullmem", "ppl_lm", "MLflow"}
     said = missing(page, out)
     assert len(said) == 2 and "['fell']" in said[0] and "fewer than 3 words" in said[1], said
-    assert (out / "3").read_text() == "in sub now\n"  # the blocks share one shell: state carries over
-    assert subprocess.run(["bash", "-c", script("```bash\nfalse\necho after\n```\n", out)], cwd=folder).returncode == 1
+    assert (out / "3").read_text() == "in sub, kept=yes\n"
+    stopped = subprocess.run(["bash", "-c", script("```bash\nfalse\necho after\n```\n", out)], cwd=folder)
+    assert stopped.returncode == 1 and (out / "1").read_text() == ""
 
 
 def test_a_block_not_run_says_why_and_the_results_name_real_scripts():
