@@ -59,7 +59,7 @@ def commands(text: str) -> list[str]:
     out = []
     for block in re.findall(r"```(?:bash|console)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            line = re.split(r" (?:\d?>>?|\|\|?|&&|;) ", line.split(" #")[0])[0].strip().removesuffix("&").strip()
+            line = re.split(r" #| \|\|?|\s\d?>>?|&&|;", line)[0].strip().removesuffix("&").strip()  # up to a pipe, redirect or next command
             if line.startswith("monim ") and not re.search(r"\[|\.\.\.|…|<", line):
                 out.append(line)
     return out
