@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -318,15 +317,3 @@ def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invok
     proc.wait(timeout=10)  # stops within 10 s, a request in flight
     flying.join()
     assert not [p for p in children if p.is_running()]
-
-
-def test_the_readmes_serving_block_works_pasted_as_written(served, invoke):
-    """The README's commands, run by bash as written, beside the work directory (named as the README names it)."""
-    port, proc, log, workdir = served
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- serving-example -->\s*```bash\n(.*?)```", readme, re.S).group(1)
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "-ec", block], cwd=workdir.parent, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    predictions = json.loads(out.stdout.strip().splitlines()[-1])["predictions"]
-    assert predictions[0]["text"] and predictions[1]["ppl"] > 1
