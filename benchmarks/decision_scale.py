@@ -79,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     out = resume(args.out, {"sizes": [], "growth": []})
     run = make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt"))
-    day = run.ingest(args.date.isoformat())
+    day = run.ingest(args.date)
     if "lm_s" not in out:  # the day's own LM pass, once (the store keeps its features)
         lm = run.featurize(day, ("train",))
         out |= {"source": args.source.name, "date": args.date.isoformat(), "lm_s": lm["seconds"], "lm_tokens": lm["tokens"]}

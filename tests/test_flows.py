@@ -316,7 +316,7 @@ def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
     run = make_run(cfg)
     by_flow = read_rows(workdir, "monim-amt")
     for step, date in enumerate(DAYS):
-        row = run.day(date, step)
+        row = run.day(dt.date.fromisoformat(date), step)
         assert {k: row[k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")} == \
                {k: by_flow[date][k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")}
     assert read_rows(tmp_path, "monim-amt").keys() == set(DAYS)
