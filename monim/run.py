@@ -8,6 +8,7 @@ same steps, each a Prefect task, and registers Θ where the stream is tracked. T
 - MemoryRun, a memorization policy: memorizes and calibrates each day, predicts with Θ;
 - LearnerRun, a parametric learner: trains its weights each day, predicts with that day's weights.
 """
+
 from __future__ import annotations
 
 import datetime as dt
