@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Mapping
 
-from monim.data import dedup
 from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
+from monim.data import dedup
 from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")

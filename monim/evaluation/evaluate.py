@@ -10,14 +10,14 @@ import math
 
 import numpy as np
 
-from monim.theta.knnlm import ThetaScores
-from monim.lm.model import LM
+from monim.data.sources import Document
 from monim.lm.features import Features
+from monim.lm.model import LM
 from monim.lm.scoring import ScoreConfig, TokenScores, with_neighbors
+from monim.storage.memory_settings import SettingsMismatch, window_differences
+from monim.theta.knnlm import ThetaScores
 from monim.theta.memory import Memory
 from monim.theta.ralm import Pass, articles_of, in_context, score_with_articles
-from monim.storage.memory_settings import SettingsMismatch, window_differences
-from monim.data.sources import Document
 
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from monim.data.sources import StreamError, parse_date
 from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.model import LM
-from monim.theta.ralm import Prefixes, articles_of, in_context, reach
 from monim.lm.scoring import ScoreConfig, TokenScores, score_tokens
-from monim.data.sources import StreamError, parse_date
+from monim.theta.ralm import Prefixes, articles_of, in_context, reach
 
 
 @dataclass(frozen=True)

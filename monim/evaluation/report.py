@@ -14,8 +14,8 @@ import numpy as np
 
 from monim.core.catalogue import shown_order
 from monim.core.numbers import shown
-from monim.evaluation.totals import summarize
 from monim.evaluation.plots import bars, lines, panels
+from monim.evaluation.totals import summarize
 
 DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn",
          "ppl_novel", "ppl_lm_novel", "twin_share", "evaluate_seconds", "lm_tokens_per_token")

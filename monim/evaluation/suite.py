@@ -15,14 +15,13 @@ from typing import Callable, Hashable, Iterable
 
 import numpy as np
 
+from monim.core.recency import Recency
+from monim.data.sources import Document, Fields, open_source
+from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate_many
+from monim.evaluation.qa import answer_questions, read_questions
 from monim.lm.features import Features
 from monim.lm.model import LM
-from monim.evaluation.qa import answer_questions, read_questions
-from monim.core.recency import Recency
-from monim.data.sources import Fields
-from monim.data.sources import Document, open_source
-from monim.data.stream import iter_days
 
 View = tuple[LM, Features, dict]
 

@@ -27,16 +27,32 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from monim.theta.calibrator import LAM_CEIL, Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.core.atomic import checksum, replacing, write_json
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, interpolate, knn_logprobs_by_temperature,
-                         prior_lam, tune_grid)
-from monim.lm.features import Features
-from monim.lm.scoring import TokenScores
-from monim.storage.memory_settings import Settings
 from monim.data.sources import Document
 from monim.data.stream import Day
+from monim.lm.features import Features
+from monim.lm.scoring import TokenScores
+from monim.storage.datastore import Datastore
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import (
+    LAM_CEIL,
+    Calibrator,
+    CalibratorConfig,
+    Examples,
+    examples,
+    train_calibrator,
+    warm_epochs,
+)
+from monim.theta.knnlm import (
+    TEMPERATURES,
+    Interpolation,
+    choose_rule,
+    copies,
+    interpolate,
+    knn_logprobs_by_temperature,
+    prior_lam,
+    tune_grid,
+)
 
 if TYPE_CHECKING:
     from monim.theta.memory import Memory

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from monim.data.sources import Document
 from monim.evaluation.evaluate import score_texts
 from monim.serving.generate import Decoder, Row
 from monim.serving.request import BadRequest, Limits, Request, parse
 from monim.theta.memory import Memory
-from monim.data.sources import Document
 
 log = logging.getLogger(__name__)
 class Busy(RuntimeError):

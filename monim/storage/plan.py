@@ -9,12 +9,12 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Literal
 
-from monim.storage import workdirs
 from monim.core.config import RunConfig
-from monim.storage.forgotten import check_relearn, forgotten_days
 from monim.core.manifest import read_manifest
 from monim.data.sources import Fields
 from monim.data.stream import arrived_after, read_range, records
+from monim.storage import workdirs
+from monim.storage.forgotten import check_relearn, forgotten_days
 
 
 @dataclass

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from monim.theta.retriever import Article, ArticleIndex
+from monim.data.sources import Document
 from monim.lm.model import LM
 from monim.lm.scoring import TokenScores, fit_window, score_tokens
-from monim.data.sources import Document
+from monim.theta.retriever import Article, ArticleIndex
 
 SEPARATOR = "\n\n"  # between the article and the text it helps predict
 
