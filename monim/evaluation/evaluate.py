@@ -126,7 +126,7 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Featur
                 continue
             b = searched(lm, batch, memory)
             tallies[key].add(b, theta_of(b, memory), novel(key, batch))
-    out = {name: {} for name in memories}
+    out: dict[str, dict[str, float]] = {name: {} for name in memories}
     for key, ralm in in_context_passes(lm, memories, docs, features).items():
         for b in ralm.batches:
             b = searched(lm, b, memories[key])
@@ -146,7 +146,7 @@ def in_context_passes(lm: LM, memories: dict, docs: list[Document], features: Fe
             w = memory.settings.window
             groups.setdefault((ids, p.ralm_stride, p.ralm_query, w.context, w.stride), []).append(key)
     tokens = features.tokenize(docs) if groups else []
-    out = {}
+    out: dict[str, Pass] = {}
     for keys in groups.values():
         ralm = score_with_articles(lm, memories[keys[0]], docs, tokens, any(memories[k].retrieves for k in keys))
         out |= {k: ralm for k in keys}

@@ -135,7 +135,7 @@ def answer_questions(lm: LM, questions: list[Question], memories: dict, shots: i
     # short answers after long prompts: small strides, the rest of the window as context
     cfg = replace(cfg, stride=32, context=cfg.context + cfg.stride - 32, batch_size=32)
     seqs = choice_sequences(lm, questions, pool if pool is not None else questions, shots)
-    total = {name: {} for name in memories}  # name -> seq id -> [sum log P, tokens]
+    total: dict[str, dict[str, list[float]]] = {name: {} for name in memories}  # name -> seq id -> [sum log P, tokens]
     for memory in memories.values():
         if memory is not None:
             memory.sync()

@@ -131,7 +131,8 @@ def _qa(runs: dict, out: Path) -> str | None:
                   key=lambda k: int(k.removeprefix("qa_accuracy_").removesuffix("shot")))
     if not keys:
         return None
-    rows, groups = [], {}
+    rows: list[list] = []
+    groups: dict[str, dict[str, tuple[float, float, float]]] = {}
     for name in _ordered(runs):
         m = {k: v[-1][1] for k, v in runs[name]["metrics"].items() if k.startswith("qa_")}
         if not any(k in m for k in keys):

@@ -79,7 +79,8 @@ class Sample:
     """The LM features of a day's sampled training tokens, gathered while the day is memorized."""
 
     def __init__(self, doc_ids: set[str], budget: int):
-        self.doc_ids, self.budget, self.parts, self.n = doc_ids, budget, [], 0
+        self.doc_ids, self.budget, self.n = doc_ids, budget, 0
+        self.parts: list[TokenScores] = []
 
     @classmethod
     def of(cls, docs: list[Document], lengths: list[int], ccfg: CalibratorConfig) -> Sample:
@@ -183,7 +184,8 @@ def _draw(tokens: TokenScores) -> np.ndarray:
 
 def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Examples]]:
     """The newest days' examples whose training (not held-out) tokens add up to about `tokens`."""
-    kept, total = [], 0
+    kept: list[tuple[str, Examples]] = []
+    total = 0
     for name, ex in reversed(parts):
         if kept and total >= tokens:
             break

@@ -122,7 +122,8 @@ class Service:
         by one token and answers the requests whose rows are all done. A new Θ answers the requests
         that arrive after its swap on a decoder of its own, while the continuations in flight end on
         the old one's: every request is answered by one Θ, and none waits for a swap."""
-        decoders, running, closing = [Decoder(self.memory.lm, self.memory)], [], False  # running: (job, its decoder)
+        decoders, closing = [Decoder(self.memory.lm, self.memory)], False
+        running: list[tuple[_Job, Decoder]] = []  # (job, its decoder)
         while not (closing and not running):
             taken = [self._queue.get()] if not running else []
             while not self._queue.empty():

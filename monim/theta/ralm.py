@@ -57,7 +57,8 @@ class Prefixes:
     """Articles as token ids before a text (each article tokenized once)."""
 
     def __init__(self, lm: LM):
-        self.lm, self._ids = lm, {}  # article id -> its tokens
+        self.lm = lm
+        self._ids: dict[str, list[int]] = {}  # article id -> its tokens
         self.separator = lm.tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
 
     def of(self, article: Article | None, room: int) -> list[int]:
