@@ -264,8 +264,8 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
         parts = [held_out_examples(memory, validation, features, ccfg.holdout if paper else None, f"{date}-validation")]
         if not paper and (sample := day_sample(memory, day, features)) is not None:
             parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
-        parts = [p for p in parts if p is not None and len(p)]
-        new = Examples.concat(parts) if parts else None
+        found = [p for p in parts if p is not None and len(p)]
+        new = Examples.concat(found) if found else None
         previous = memory.calibration_files()
         previous = previous[:-1] if same_day else previous  # a forced re-run replaces the day's own examples
         name = f"{date}-{uuid.uuid4().hex[:8]}"
