@@ -227,12 +227,13 @@ class Service:
     def _answer(self, job: _Job) -> None:
         """A request whose continuations all ended: its answers, or its error (a refusal where they all
         stopped before their first token, still waiting for room in the batch)."""
-        if job.error is None and job.rows and not any(row.result.tokens for _, row in job.rows):
-            job.error = self._busy(job.rows[0][1].result.stopped)
-        for i, row in job.rows:
-            if row.result.stopped not in ("max_new_tokens", "eos", "request refused"):
-                log.warning("a continuation stopped after %d tokens: %s", len(row.result.tokens), row.result.stopped)
-            job.answers[i] = row.result.as_dict()
+        ended = [(i, row.result) for i, row in job.rows if row.result is not None]  # all of them, by now
+        if job.error is None and ended and not any(result.tokens for _, result in ended):
+            job.error = self._busy(ended[0][1].stopped)
+        for i, result in ended:
+            if result.stopped not in ("max_new_tokens", "eos", "request refused"):
+                log.warning("a continuation stopped after %d tokens: %s", len(result.tokens), result.stopped)
+            job.answers[i] = result.as_dict()
         self._finish(job, job.error)
 
     def _finish(self, job: _Job, error: Exception | None) -> None:

@@ -255,7 +255,7 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
         if nll < best_nll:
             best_nll, best_state, best_epoch = nll, copy.deepcopy(net.state_dict()), epoch
     net.load_state_dict(best_state)
-    record = {"warm_start": warm, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
+    record = {"warm_start": warm is not None, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
               "held_out_tokens": len(held), "held_out_nll_start": start_nll, "held_out_nll": best_nll,
               "seconds": time.perf_counter() - started}
     return Calibrator(net, temperature, cfg, record)

@@ -79,7 +79,9 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
     stride, query = policy.ralm_stride, policy.ralm_query
     context = fitted.context + fitted.stride - stride  # the text before a stride: as much as the LM alone reads
     index, prefixes = articles_of(memory), Prefixes(lm)
-    plans, queries, exclude = [], [], []
+    plans: list[tuple[str, list[int], int, int]] = []  # (document, its tokens, first target, end)
+    queries: list[str] = []
+    exclude: list[set[str]] = []
     for doc, toks in zip(docs, tokens):
         skip = index.twins_of(doc)
         for s in range(1, len(toks), stride):
@@ -98,8 +100,8 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
         out.lm_tokens += len(head) + e - p - 1
     cfg = replace(fitted, stride=stride, context=size - stride)
     for b in score_tokens(lm, seqs, cfg, keep_hidden=keep_hidden):
-        doc_id, offset = zip(*(where[k] for k in b.doc_id))
-        b.doc_id, b.position = np.array(doc_id, dtype=object), (b.position + np.array(offset)).astype(np.int32)
+        doc_ids, offsets = zip(*(where[k] for k in b.doc_id))
+        b.doc_id, b.position = np.array(doc_ids, dtype=object), (b.position + np.array(offsets)).astype(np.int32)
         out.batches.append(b)
         out.scored += len(b)
     out.seconds = time.perf_counter() - started
