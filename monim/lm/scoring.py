@@ -9,7 +9,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -215,7 +215,7 @@ def _nothing() -> None:
     """No pass queued: before the first pass, and behind the last."""
 
 
-def _ready(queued: Pending, new: Pending) -> Iterator[TokenScores]:
+def _ready(queued: Pending, new: Pending) -> Generator[TokenScores, None, Pending]:
     """Yield the previous pass's scores once the next pass is queued behind them; the next becomes the queued one."""
     if (scores := queued()) is not None:
         yield scores
