@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from monim.storage.datastore import Datastore
 from monim.data.stream import DEMO_STREAM
+from monim.storage.datastore import Datastore
 
 
 def refused(proc: subprocess.CompletedProcess, *says: str) -> None:

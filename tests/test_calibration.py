@@ -7,18 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from monim.learning.recalibration import calibrate
-from monim.theta.calibrator import CalibratorConfig
-from monim.storage.entries import Entries
 from monim.data.dedup import Signatures, containment, shingles, twin_groups
-from monim.evaluation.evaluate import evaluate, evaluate_many
-from monim.storage.index import IndexConfig, MemoryIndex
-from monim.theta.knnlm import LAMBDAS, tune_grid
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
 from monim.data.stream import Day, Document, iter_days, open_source, split_day
+from monim.evaluation.evaluate import evaluate, evaluate_many
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.learning.recalibration import calibrate
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig, MemoryIndex
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import CalibratorConfig
+from monim.theta.knnlm import LAMBDAS, tune_grid
+from monim.theta.memory import Memory
 
 D = dt.date(2022, 6, 1)
 WORDS = ("markets rates bank inflation vote storm court league senate heat fire price oil wheat power city "

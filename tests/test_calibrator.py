@@ -8,20 +8,28 @@ import numpy as np
 import pytest
 import torch
 
+from monim.data.stream import Day, Document, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
 from monim.learning.recalibration import calibrate
-from monim.theta.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
-                              train_calibrator)
+from monim.lm.scoring import TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
 from monim.storage.lexical import LexicalCounts, context_grams, day_counts
-from monim.lm.scoring import TokenScores
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
 from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
-from monim.data.stream import Day, Document, iter_days, open_source
+from monim.theta.calibrator import (
+    LAM_CEIL,
+    TOP,
+    CalibratorConfig,
+    Examples,
+    density_features,
+    distinct_prefix_counts,
+    examples,
+    train_calibrator,
+)
+from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
+from monim.theta.memory import Memory
 
 
 def brute_lexical(docs: list[list[int]]) -> tuple[Counter, dict]:

@@ -150,11 +150,12 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     the article's token where it leaves the text is one MoNIM did not store (Θ's guess, not memory's)."""
     import datetime as dt
 
-    from monim.storage.datastore import Datastore
-    from monim.serving.generate import GenerateConfig, generate
-    from monim.theta.memory import Memory
-    from monim.data.stream import iter_days, open_source
     from test_generate import first_words, words_continued
+
+    from monim.data.stream import iter_days, open_source
+    from monim.serving.generate import GenerateConfig, generate
+    from monim.storage.datastore import Datastore
+    from monim.theta.memory import Memory
 
     out = monim.last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json", own_api=True))
     policies = out["policies"]

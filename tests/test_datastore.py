@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
+from monim.core.manifest import MemoryMismatch
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.forgotten import ForgottenDay
-from monim.core.manifest import MemoryMismatch
 from monim.storage.index import IndexConfig, MemoryIndex, indexed_ids
 
 D = 8

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from monim.storage.entries import Entries
-from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
-from monim.storage.index import IndexConfig
-from monim.lm.model import load_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
 from monim.core.recency import Recency
 from monim.data.stream import DEMO_STREAM, Day, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.lm.model import load_lm
+from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig
+from monim.storage.memory_settings import Settings
+from monim.theta.memory import Memory
 
 K, LAM, T = 8, 0.4, 3.0
 
@@ -133,8 +133,8 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
 def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
-    from monim.serving.generate import _documents
     from monim.data.sources import TITLE_CAP
+    from monim.serving.generate import _documents
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     keys = np.random.default_rng(0).standard_normal((3, tiny.hidden_size)).astype(np.float16)

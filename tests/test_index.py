@@ -6,9 +6,9 @@ import faiss
 import numpy as np
 import pytest
 
+from monim.core.config import CalibratorConfig
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.core.config import CalibratorConfig
 from monim.storage.fsck import check_memory
 from monim.storage.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf
 

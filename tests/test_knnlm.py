@@ -4,14 +4,22 @@ import numpy as np
 import pytest
 import torch
 
+from monim.lm.scoring import TokenScores
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig, MemoryIndex
 from monim.theta.knnlm import (
-    TEMPERATURES, Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_logprobs_by_temperature,
-    knn_target_logprob, theta_scores, tune_interpolation,
+    TEMPERATURES,
+    Interpolation,
+    interpolate,
+    knn_full_logprobs,
+    knn_log_weights,
+    knn_logprobs_by_temperature,
+    knn_target_logprob,
+    perplexity,
+    theta_scores,
+    tune_interpolation,
 )
-from monim.lm.scoring import TokenScores
 
 V, D, N, K, T = 40, 16, 600, 32, 8.0
 

@@ -5,14 +5,14 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.storage.entries import Entries
-from monim.storage.index import IndexConfig
+from monim.data.stream import DEMO_STREAM, iter_days, open_source
 from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
 from monim.learning.merging import greedy_merge
 from monim.learning.policies import make_policy
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig
+from monim.storage.memory_settings import Settings
+from monim.theta.memory import Memory
 
 
 def cluster(center: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -56,10 +56,10 @@ def test_weights_enter_the_knn_distribution_as_log_priors(tiny, tmp_path):
                          weights=np.array([5, 1, 2, 1], np.int32))
     memory.ds.set_theta({"date": "2022-06-01", "lam": 0.5, "temperature": T})
     memory.sync()
-    from monim.theta.knnlm import knn_log_weights, knn_target_logprob
-    from monim.lm.scoring import TokenScores
-
     import torch
+
+    from monim.lm.scoring import TokenScores
+    from monim.theta.knnlm import knn_log_weights, knn_target_logprob
 
     q = rng.standard_normal((1, d)).astype(np.float16)
     batch = TokenScores(np.array(["q"], object), *(np.zeros(1, np.int32),) * 3, *(np.zeros(1, np.float32),) * 3,

@@ -6,17 +6,16 @@ import shutil
 import numpy as np
 import pytest
 
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import ThetaScores
-from monim.theta.calibrator import LAM_CEIL
-from monim.lm.model import load_lm
-from monim.learning.recalibration import calibrate
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal
-from monim.learning.threshold import amt_threshold
-from monim.learning.policies import make_policy
 from monim.data.stream import Day, Document, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy
+from monim.learning.recalibration import calibrate
+from monim.learning.threshold import amt_threshold
+from monim.lm.model import load_lm
+from monim.storage.datastore import Datastore
+from monim.theta.calibrator import LAM_CEIL
+from monim.theta.knnlm import ThetaScores
+from monim.theta.memory import Memory
 
 
 def test_amt_hand_computed():

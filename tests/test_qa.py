@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from monim.data.stream import Document, StreamError
+from monim.evaluation.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
+from monim.lm.scoring import score
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig
-from monim.lm.scoring import score
-from monim.theta.memory import Memory
 from monim.storage.memory_settings import Settings
-from monim.evaluation.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
-from monim.data.stream import Document, StreamError
+from monim.theta.memory import Memory
 
 
 def q(i: int, day: int, answer: int = 0) -> Question:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from monim.core.atomic import DiskFull, is_stray, replacing, write_json
+from monim.core.lock import Locked, hold
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.core.lock import Locked, hold
 
 D = 8
 
@@ -139,10 +139,10 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.learning.policies import make_policy
-    from monim.learning.memorize import memorize_day
-    from monim.theta.memory import Memory
     from monim.data.stream import DEMO_STREAM, iter_days, open_source
+    from monim.learning.memorize import memorize_day
+    from monim.learning.policies import make_policy
+    from monim.theta.memory import Memory
 
     days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
     days = [type(d)(d.date, d.train[:2], [], []) for d in days]
@@ -198,8 +198,8 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
     """A day's row lives in its memory's manifest (only for a committed day); runs/<name>.json is
     rewritten from it, and fsck finds a record that differs and rewrites it."""
     from monim.storage.fsck import check_records
-    from monim.theta.memory import Memory
     from monim.storage.workdirs import read_rows, record_path, write_row
+    from monim.theta.memory import Memory
 
     memory = Memory(tmp_path / "memories" / "fullmem", tiny)
     day = Entries(np.zeros((5, tiny.hidden_size), np.float16), np.arange(5, dtype=np.int32), ["d"] * 5, np.arange(5))

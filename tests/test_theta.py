@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from monim.core.config import RunConfig
-from monim.storage.index import IndexConfig
-from monim.lm.scoring import ScoreConfig, with_neighbors
 from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.lm.scoring import ScoreConfig, with_neighbors
+from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings, SettingsMismatch
 from monim.storage.workdirs import memory_root
 
@@ -41,9 +41,9 @@ def test_settings_round_trip_and_a_reader_may_change_only_how_it_reads():
 
 
 def test_a_writer_with_other_settings_is_refused_and_an_old_memory_adopts_them(tiny_model_dir, tmp_path):
+    from monim.learning.memorize import memorize_day
     from monim.learning.policies import make_policy
     from monim.lm.model import load_lm
-    from monim.learning.memorize import memorize_day
     from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))

@@ -10,8 +10,20 @@ from typing import Optional
 import typer
 
 import flows.servers.local as servers
-from flows.cli.common import (AS_JSON, POLICY, TRACKING, WORKDIR, clear_errors, console, day, emit, fail, memory_dir,
-                              table, use_workdir)
+from flows.cli.common import (
+    AS_JSON,
+    POLICY,
+    TRACKING,
+    WORKDIR,
+    clear_errors,
+    console,
+    day,
+    emit,
+    fail,
+    memory_dir,
+    table,
+    use_workdir,
+)
 from flows.cli.learning import print_links, started
 
 
@@ -46,8 +58,8 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
 
 def forgotten_log(workdir: Path) -> list[dict]:
     """What each memory forgot (monim.storage.forgotten), one row per forget; a manifest that cannot be read is fsck's problem."""
-    from monim.storage.forgotten import summary
     from monim.core.manifest import ManifestError, read_manifest
+    from monim.storage.forgotten import summary
     from monim.storage.workdirs import memories
 
     rows = []
@@ -91,8 +103,8 @@ def forget(workdir: Path = WORKDIR,
     the registry's older versions that held them are refused at load."""
     from monim.storage.datastore import Datastore
     from monim.storage.forgotten import forgotten_ids
-    from monim.theta.memory import Memory
     from monim.storage.workdirs import memories, write_view
+    from monim.theta.memory import Memory
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Mapping
 
-from monim.data import dedup
 from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
+from monim.data import dedup
 from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")
@@ -120,7 +120,8 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
     for i, g in enumerate(labels):
         members.setdefault(g, []).append(i)
     ranked = sorted(members.values(), key=lambda m: _rank(seed, docs[m[0]].id))
-    role, room = {}, {"validation": k, "test": k}
+    role: dict[int, str] = {}
+    room = {"validation": k, "test": k}
     for group in ranked:
         split = next((s for s, r in room.items() if r > 0 and (len(group) <= r or r == k)), None)
         if split is None:

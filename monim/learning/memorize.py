@@ -9,14 +9,14 @@ from typing import Callable
 
 import numpy as np
 
-from monim.storage import articles
-from monim.learning.recalibration import Sample, sample_path
-from monim.storage.entries import Entries
-from monim.lm.features import Features
-from monim.theta.memory import Memory
+from monim.data.stream import Day
 from monim.learning.decision import Decision
 from monim.learning.policies import Policy, policy_params
-from monim.data.stream import Day
+from monim.learning.recalibration import Sample, sample_path
+from monim.lm.features import Features
+from monim.storage import articles
+from monim.storage.entries import Entries
+from monim.theta.memory import Memory
 
 
 @dataclass

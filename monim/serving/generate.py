@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from monim.data.sources import short_title
 from monim.lm.model import LM
+from monim.lm.scoring import TokenScores
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
-from monim.lm.scoring import TokenScores
-from monim.data.sources import short_title
 
 SENTENCE_END = (".", "!", "?")  # and a blank line
 

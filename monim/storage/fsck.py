@@ -17,12 +17,12 @@ from typing import Callable
 import numpy as np
 
 from monim.core.atomic import checksum, is_stray, write_json
+from monim.core.lock import hold, reading
 from monim.core.manifest import DayRecord
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
-from monim.core.lock import hold, reading
 from monim.storage.memory_settings import Settings
 from monim.storage.workdirs import record_path, run_lock, write_view
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from monim.core import catalogue
 from monim.core.atomic import write_json
-from monim.storage.datastore import Datastore
-from monim.storage import forgotten
-from monim.storage.forgotten import forgotten_ids
-from monim.core.manifest import recorded
 from monim.core.lock import hold
+from monim.core.manifest import recorded
+from monim.storage import forgotten
+from monim.storage.datastore import Datastore
+from monim.storage.forgotten import forgotten_ids
 
 
 def record_path(workdir: str | Path, name: str) -> Path:
