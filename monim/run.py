@@ -22,25 +22,25 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from monim.storage import forgotten, workdirs
-from monim.learning.recalibration import calibrate as calibrate_memory
 from monim.core.catalogue import BARE, LEARNER, MEMORY
 from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
 from monim.core.manifest import MemoryMismatch, read_manifest
-from monim.storage.datastore import Datastore
-from monim.evaluation.evaluate import evaluate_many
-from monim.lm.features import Features
-from monim.storage.fsck import damage
-from monim.theta.knnlm import RULES
-from monim.lm.model import LM, cached_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.learning.policies import policy_params, run_policy
-from monim.learning.parametric import Weights, load_day, train_day, trained_copy
 from monim.core.recency import Recency
-from monim.storage.memory_settings import Settings
 from monim.data.stream import SPLITS, Day, read_day
+from monim.evaluation.evaluate import evaluate_many
 from monim.evaluation.totals import so_far
+from monim.learning.memorize import memorize_day
+from monim.learning.parametric import Weights, load_day, train_day, trained_copy
+from monim.learning.policies import policy_params, run_policy
+from monim.learning.recalibration import calibrate as calibrate_memory
+from monim.lm.features import Features
+from monim.lm.model import LM, cached_lm
+from monim.storage import forgotten, workdirs
+from monim.storage.datastore import Datastore
+from monim.storage.fsck import damage
+from monim.storage.memory_settings import Settings
+from monim.theta.knnlm import RULES
+from monim.theta.memory import Memory
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)
 

@@ -27,7 +27,6 @@ from monim.run import LearnerRun, MemoryRun, Run
 from monim.theta.knnlm import RULES
 from tasks.logs import logger
 
-
 LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
 
 

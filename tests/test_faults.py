@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.storage.datastore import Datastore
 from monim.data.stream import DEMO_STREAM
+from monim.storage.datastore import Datastore
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) -> Path:

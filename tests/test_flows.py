@@ -209,9 +209,9 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
 
     import mlflow
 
+    from monim.data.stream import Document
     from monim.lm.model import load_lm
     from monim.theta.memory import Memory
-    from monim.data.stream import Document
 
     workdir, model, summary = compared
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
