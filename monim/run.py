@@ -53,11 +53,15 @@ def recorded_days(cfg: RunConfig) -> dict[str, dict]:
 class Run:
     """The LM alone, evaluated beside the others: it needs the frozen LM on the test articles only."""
 
-    splits: tuple[str, ...] = ("test",)
     frozen: bool = True  # predicts with the frozen LM (its scores shared with every run that does)
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits the LM featurizes: the test articles only."""
+        return ("test",)
 
     @cached_property
     def lm(self) -> LM:

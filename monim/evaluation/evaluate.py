@@ -7,6 +7,7 @@ documents with one pass of the LM: its hidden states are kept per batch and sear
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -187,4 +188,5 @@ def score_texts(lm: LM, docs: list[Document], memory: Memory | None = None, feat
 
 def _rows(batch: TokenScores, rows: np.ndarray) -> TokenScores:
     """Some rows of a searched batch, neighbours included."""
-    return TokenScores(**{f: None if v is None else v[rows] for f, v in vars(batch).items()})
+    picked: dict[str, Any] = {f: None if v is None else v[rows] for f, v in vars(batch).items()}
+    return TokenScores(**picked)

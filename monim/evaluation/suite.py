@@ -117,7 +117,7 @@ def text_results(views: Iterable[View], doc: Document) -> dict:
     return out
 
 
-def qa_results(views: Iterable[View], path: str, first: dt.date, last: dt.date, e: EvalConfig) -> dict[int, dict]:
+def qa_results(views: Iterable[View], path: str, first: dt.date | None, last: dt.date | None, e: EvalConfig) -> dict[int, dict]:
     """{shots: {key: accuracy, interval, n}} on the questions of the window a run learned from
     `first` to `last` is asked (EvalConfig.qa_window); solved examples come from the whole file."""
     questions, pool = read_questions(path, *e.qa_window(first, last)), read_questions(path)
