@@ -35,10 +35,7 @@ from monim.theta.searcher import Searcher
 
 
 class Memory:
-    """A memory directory read as Θ: its datastore, FAISS index and lexical counts, its searcher and Θ's rule.
-
-    It owns its searcher (monim.theta.searcher.Searcher: the entries searched as of its day) and Θ's
-    rule (monim.theta.rule.ThetaRule: the calibration and λ as of its day), and answers for both.
+    """A memory directory read as Θ: its datastore, index and lexical counts, its Searcher and its ThetaRule.
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
     per-token λ (`settings.calibrated`) or the constant λ, both trained daily by
@@ -137,8 +134,6 @@ class Memory:
             twins = self._twins[1]
         return twins.has_twin(Signatures.of([d.text for d in docs]))
 
-    # --- searched (monim.theta.searcher.Searcher) -------------------------------------------
-
     def sync(self, retrain: bool = False) -> dict:
         """Bring the index up to the committed entries (Searcher.sync)."""
         return self._searcher.sync(retrain)
@@ -174,8 +169,6 @@ class Memory:
         if wanted.any():
             dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)
         return Found(dist, self._searcher.values_of(ids), ids, self._searcher.prior(ids), ~wanted)
-
-    # --- Θ's rule (monim.theta.rule.ThetaRule) ----------------------------------------------
 
     def theta(self) -> dict:
         """Θ's settings (λ, T, date, dir): the last calibration, or the last one up to `as_of`."""
@@ -225,8 +218,6 @@ class Memory:
     def theta_logprobs(self, batch: TokenScores, lm_logp: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Θ's log P over the vocabulary, each token's λ and its neighbours' kNN weights (ThetaRule.theta_logprobs)."""
         return self._rule.theta_logprobs(batch, lm_logp)
-
-    # --- the memory's life --------------------------------------------------------------------
 
     @contextmanager
     def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
