@@ -28,9 +28,9 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
         assert (b["entries"], b["tokens_seen"]) == (a["entries"], a["tokens_seen"])
         assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-3) and b["ppl_lm"] == pytest.approx(a["ppl_lm"], rel=1e-3)
     one, two = (Datastore.read(tmp_path / w / "memories" / "fullmem") for w in ("one", "two"))
-    np.testing.assert_array_equal(two.array("values"), one.array("values"))
-    np.testing.assert_array_equal(two.array("positions"), one.array("positions"))
-    np.testing.assert_allclose(two.array("keys").astype(np.float32), one.array("keys").astype(np.float32), atol=2e-2)
+    np.testing.assert_array_equal(two.shards.array("values"), one.shards.array("values"))
+    np.testing.assert_array_equal(two.shards.array("positions"), one.shards.array("positions"))
+    np.testing.assert_allclose(two.shards.array("keys").astype(np.float32), one.shards.array("keys").astype(np.float32), atol=2e-2)
 
 
 def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefect, tiny_model_dir, tmp_path):

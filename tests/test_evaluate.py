@@ -85,7 +85,7 @@ def test_one_lm_pass_for_many_memories_equals_scoring_each(tiny, stream, memorie
 
 def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path, random_datastore):
     ds = random_datastore((200, 300, 200))
-    all_keys = ds.array("keys").astype(np.float64)
+    all_keys = ds.shards.array("keys").astype(np.float64)
     queries = np.random.default_rng(1).standard_normal((9, 8)).astype(np.float32)
     for kind, cfg in (("flat", IndexConfig(k=10)), ("ivfpq", IndexConfig(k=10, exact_below=500, code_bytes=8, nprobe=64))):
         index = MemoryIndex(tmp_path / kind, 8, cfg)

@@ -43,7 +43,7 @@ def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
 
 def arrays(workdir: Path) -> tuple[list[str], dict]:
     ds = Datastore.read(workdir / "memories" / "fullmem")
-    return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "positions")}
+    return [d.date for d in ds.days], {a: ds.shards.array(a) for a in ("keys", "values", "positions")}
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,9 @@ def entries(memory):
     ds = memory.ds
     out = {}
     for day in ds.days:
-        docs, pos = ds.shard(day.shard, "docs"), ds.shard(day.shard, "positions")
-        vals, keys = ds.shard(day.shard, "values"), ds.shard(day.shard, "keys")
-        names = ds.shard_docs(day.shard)
+        docs, pos = ds.shards.shard(day.shard, "docs"), ds.shards.shard(day.shard, "positions")
+        vals, keys = ds.shards.shard(day.shard, "values"), ds.shards.shard(day.shard, "keys")
+        names = ds.shards.shard_docs(day.shard)
         for i in range(len(vals)):
             out[(names[docs[i]], int(pos[i]))] = (int(vals[i]), np.asarray(keys[i], np.float32))
     return out

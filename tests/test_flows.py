@@ -258,7 +258,7 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
     shutil.copytree(workdir / "memories" / "monim-amt", copy)
     assert len(open_memory(config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
     ds = Datastore.read(copy)
-    assert ds.forget(doc_ids=[ds.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
+    assert ds.commits.forget(doc_ids=[ds.shards.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
     with pytest.raises(MlflowException, match="has changed since this model version was registered"):
         open_memory(config | {"memory": str(copy)})
 

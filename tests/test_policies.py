@@ -180,7 +180,7 @@ def test_certain_decisions_by_hand():
 
 def entries(memory):
     ds = memory.ds
-    return {a: np.concatenate([np.asarray(ds.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
+    return {a: np.concatenate([np.asarray(ds.shards.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
 
 
 EXACT = {"search_margin": None, "search_context": False}  # MoNIM deciding every token the memory could flip
@@ -248,8 +248,8 @@ def test_the_decision_leaves_to_the_lm_only_the_tokens_its_margin_and_context_se
     def kept(name: str) -> set[tuple[str, int]]:  # day 2's stored tokens as (document, position)
         ds = Memory(tmp_path / name, smollm).ds
         shard = ds.days[-1].shard
-        names = ds.shard_docs(shard)
-        return {(names[d], int(p)) for d, p in zip(ds.shard(shard, "docs"), ds.shard(shard, "positions"))}
+        names = ds.shards.shard_docs(shard)
+        return {(names[d], int(p)) for d, p in zip(ds.shards.shard(shard, "docs"), ds.shards.shard(shard, "positions"))}
 
     assert kept("rough") ^ kept("exact") <= settled - probes
     assert len(skip_side) > len(token) / 4 and len(store_side) > len(token) / 10  # both rules left tokens out

@@ -224,7 +224,7 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
 
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
     memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
-    other.ds.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
+    other.ds.commits.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(2), (12, 6))]
     first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}
     then = {"dataframe_records": [{"prompt": prompts[1]}], "params": {"max_new_tokens": 8}}

@@ -176,8 +176,8 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(moni
     assert [(d.date, d.entries, d.forgotten) for d in a.days] == [(d.date, d.entries, d.forgotten) for d in b.days]
     assert a.days[0].forgotten > 0 and len(a.days) == 3
     for name in ("values", "positions", "ids"):
-        np.testing.assert_array_equal(a.array(name), b.array(name))
-    np.testing.assert_array_equal(a.array("keys"), b.array("keys"))
+        np.testing.assert_array_equal(a.shards.array(name), b.shards.array(name))
+    np.testing.assert_array_equal(a.shards.array("keys"), b.shards.array("keys"))
     fsck = subprocess.run([monim.script, "fsck", "--workdir", racing, "--json"], env=env, capture_output=True, text=True,
                           timeout=600)
     assert fsck.returncode == 0 and json.loads(fsck.stdout.strip().splitlines()[-1])["clean"], fsck.stdout

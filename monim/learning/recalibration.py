@@ -133,8 +133,8 @@ def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: st
     the rule choice)."""
     ds = memory.ds
     record = next(d for d in ds.days if d.date == day.date.isoformat())
-    ids, docs = np.asarray(ds.shard(record.shard, "ids")), np.asarray(ds.shard(record.shard, "docs"))
-    names = ds.shard_docs(record.shard)
+    ids, docs = np.asarray(ds.shards.shard(record.shard, "ids")), np.asarray(ds.shards.shard(record.shard, "docs"))
+    names = ds.shards.shard_docs(record.shard)
     k = memory.index.cfg.k
     dist, values = np.full((len(sample), k), np.inf, np.float32), np.full((len(sample), k), -1, np.int32)
     keys = sample.key.astype(np.float32)
@@ -239,7 +239,7 @@ def retrain_calibrator(ds: Datastore) -> None:
     calibrator.record["date"] = theta["date"]
     with replacing(folder / "calibrator.pt") as tmp:
         calibrator.save(tmp)
-    ds.set_theta(theta | {"checksums": theta_checksums(folder)})
+    ds.commits.set_theta(theta | {"checksums": theta_checksums(folder)})
 
 
 def calibrate(memory: Memory, day: Day, features: Features | None = None, force: bool = False) -> dict:
@@ -293,7 +293,7 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
                 new.save(tmp / "examples.npz")
             calibrator.save(tmp / "calibrator.pt")
             write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
-        memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
+        memory.ds.commits.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
                              "dir": f"theta/{name}", "nll": nll, "checksums": theta_checksums(root / "theta" / name)})
         for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
             (root / p).unlink(missing_ok=True)

@@ -46,8 +46,8 @@ def day_counts(documents: Iterable[Sequence[int]]) -> dict[str, np.ndarray]:
 
 
 class Days(Protocol):
-    """What the counts read of a datastore (monim.storage.datastore.Datastore, which keeps a day's counts
-    in its shards: it is not imported here)."""
+    """What the counts read of a datastore's shards (monim.storage.shards.Shards, which keep each day's
+    counts: not imported here)."""
 
     root: Path
 
