@@ -14,13 +14,13 @@ from typing import Callable
 
 import numpy as np
 
+from monim.core.atomic import checksum, replacing, write_json
+from monim.core.manifest import DayRecord
 from monim.data.dedup import TWINS, Signatures
 from monim.data.sources import Document
 from monim.storage import articles, forgotten, lexical
-from monim.core.atomic import checksum, replacing, write_json
 from monim.storage.entries import DTYPES, Entries
 from monim.storage.shards import WEIGHTS, Shards
-from monim.core.manifest import DayRecord
 
 Retext = Callable[[list[Document]], dict[str, np.ndarray]]  # a day's text arrays from its articles (articles.day_text)
 TEXT = (*lexical.TEXT_ARRAYS, lexical.GRAMS, *TWINS, articles.ARRAY, articles.SEEN)  # a day's text arrays: none per entry

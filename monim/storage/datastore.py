@@ -20,11 +20,10 @@ import hashlib
 import json
 from pathlib import Path
 
-
 from monim.core.atomic import checksum
+from monim.core.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 from monim.storage.commits import Commits
 from monim.storage.shards import Shards
-from monim.core.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 
 
 class Datastore:

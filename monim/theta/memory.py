@@ -14,22 +14,22 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from monim.theta.calibrator import Calibrator, examples
+from monim.core.lock import hold
+from monim.core.manifest import DayRecord, recorded
+from monim.core.recency import Recency
+from monim.data.dedup import TWINS, Signatures, TwinIndex
+from monim.data.sources import Document
+from monim.lm.features import Features
+from monim.lm.model import LM, cached_lm
+from monim.lm.scoring import Found, TokenScores, score
 from monim.storage import articles
 from monim.storage.datastore import Datastore
-from monim.storage.verify import Verified, looked_again, verified
-from monim.core.manifest import DayRecord, recorded
-from monim.data.dedup import TWINS, Signatures, TwinIndex
-from monim.lm.features import Features
 from monim.storage.index import MemoryIndex
 from monim.storage.lexical import LexicalCounts
-from monim.lm.model import LM, cached_lm
-from monim.core.lock import hold
-from monim.core.recency import Recency
-from monim.theta.knnlm import Interpolation, ThetaScores
-from monim.lm.scoring import Found, TokenScores, score
-from monim.data.sources import Document
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
+from monim.storage.verify import Verified, looked_again, verified
+from monim.theta.calibrator import Calibrator, examples
+from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
 

@@ -7,21 +7,31 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from monim.core.atomic import checksum
-from monim.theta.calibrator import LAM_CEIL, Calibrator, examples
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import (Interpolation, ThetaScores, choose_rule, copies, interpolate, knn_full_logprobs, knn_log_weights,
-                         prior_lam, row_lam, theta_scores)
 from monim.lm.model import LM
 from monim.lm.scoring import TokenScores
+from monim.storage.datastore import Datastore
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import LAM_CEIL, Calibrator, examples
+from monim.theta.knnlm import (
+    Interpolation,
+    ThetaScores,
+    choose_rule,
+    copies,
+    interpolate,
+    knn_full_logprobs,
+    knn_log_weights,
+    prior_lam,
+    row_lam,
+    theta_scores,
+)
 
 
 class ThetaRule:

@@ -12,11 +12,11 @@ import os
 import faiss
 import numpy as np
 
-from monim.storage.datastore import Datastore
-from monim.core.manifest import DayRecord
-from monim.storage.index import MemoryIndex
 from monim.core.lock import Locked, hold
+from monim.core.manifest import DayRecord
 from monim.core.recency import Recency
+from monim.storage.datastore import Datastore
+from monim.storage.index import MemoryIndex
 
 
 class Searcher:
