@@ -1,13 +1,13 @@
 # `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests;
 # `make test-fast`: the tests without the real LM, flows, servers or shared data (about 3 minutes); `make docs`: the site;
-# both on two pytest-xdist workers, a test file per worker; PYTEST_ARGS picks files or tests
-# (`make test PYTEST_ARGS=tests/test_dashboards.py`).
+# `make lint`: ruff and mypy as pyproject.toml sets them (seconds, run first by CI); the tests on two pytest-xdist
+# workers, a test file per worker; PYTEST_ARGS picks files or tests (`make test PYTEST_ARGS=tests/test_dashboards.py`).
 VENV ?= .venv
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast docs browser clean
+.PHONY: run test test-fast lint docs browser clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv --clear $(VENV)  # anew: a changed dependency (faiss-cpu -> faiss-gpu) never mixes with the old
@@ -25,6 +25,10 @@ test: $(STAMP) browser
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The documentation site on http://127.0.0.1:8000, rebuilt as its pages change (the references are read from the code).
 docs: $(STAMP)

@@ -87,7 +87,7 @@ def main() -> None:
             follows = catalogue.followed_memrate(name, memrates)
             run.cfg = RunConfig.model_validate(run.cfg.model_dump() | {"followed_memrate": follows})
             started = time.perf_counter()
-            row = run.day(date.isoformat(), step)
+            row = run.day(date, step)
             learned[name] = stages(row, time.perf_counter() - started)
             memrates[name] = row["memrate"]
         lm = lm_seconds.get(date.isoformat())

@@ -45,7 +45,7 @@ def grow(run, target: int, keys: Keys) -> list[dict]:
         t, n = len(memory.ds.days), min(DAY, target - len(memory))
         rng = np.random.default_rng(t)
         with memory.writing():
-            memory.ds.commit_day(START + dt.timedelta(days=t), Entries(
+            memory.ds.commits.commit_day(START + dt.timedelta(days=t), Entries(
                 keys.day(t, n, seed=1000 + t).astype(np.float16), rng.integers(0, vocab, n).astype(np.int32),
                 [f"synthetic-{t}"] * n, np.arange(n)), n, "synthetic", text=day_counts([]))
             stats = memory.sync()
@@ -61,7 +61,7 @@ def decide(run, day) -> dict:
     entries = len(memory)
     stats = run.memorize(day)
     with memory.writing():
-        memory.ds.forget(days=[day.date.isoformat()])
+        memory.ds.commits.forget(days=[day.date.isoformat()])
         memory.sync()
     seconds = stats["seconds"]
     return {"entries": entries, "nlist": memory.index.meta.get("nlist"), "tokens": stats["tokens_seen"],
@@ -79,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     out = resume(args.out, {"sizes": [], "growth": []})
     run = make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt"))
-    day = run.ingest(args.date.isoformat())
+    day = run.ingest(args.date)
     if "lm_s" not in out:  # the day's own LM pass, once (the store keeps its features)
         lm = run.featurize(day, ("train",))
         out |= {"source": args.source.name, "date": args.date.isoformat(), "lm_s": lm["seconds"], "lm_tokens": lm["tokens"]}

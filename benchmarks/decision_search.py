@@ -81,7 +81,7 @@ def main() -> None:
         for step, date in enumerate(dates):
             if any(r["date"] == date.isoformat() for r in done):
                 continue
-            row = run.day(date.isoformat(), step)
+            row = run.day(date, step)
             done.append({"date": row["date"]} | {k: row.get(k) for k in KEPT})
             print(json.dumps(done[-1]), flush=True)
             save(args.out, out)  # after each day: a stopped run resumes here

@@ -102,7 +102,7 @@ def last_json(p: subprocess.CompletedProcess) -> dict:
 
 def arrays(workdir: Path) -> tuple[list[str], dict]:
     ds = Datastore.read(workdir / "memories" / "fullmem")
-    return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "positions")}
+    return [d.date for d in ds.days], {a: ds.shards.array(a) for a in ("keys", "values", "positions")}
 
 
 def same(a: Path, b: Path) -> bool:

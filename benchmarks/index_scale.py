@@ -53,7 +53,7 @@ def exact_search(ds: Datastore, queries: np.ndarray, k: int, chunk: int = 250_00
     best_d = np.full((len(queries), 0), np.inf, np.float32)
     best_i = np.zeros((len(queries), 0), np.int64)
     for day in ds.days:
-        keys, ids = ds.shard(day.shard, "keys"), np.asarray(ds.shard(day.shard, "ids"))
+        keys, ids = ds.shards.shard(day.shard, "keys"), np.asarray(ds.shards.shard(day.shard, "ids"))
         for i in range(0, len(ids), chunk):
             dist, at = faiss.knn(queries, np.asarray(keys[i : i + chunk], np.float32), k)
             best_d = np.concatenate([best_d, dist], 1)
@@ -83,7 +83,7 @@ def main() -> None:
         n = min(args.day, args.n - t * args.day)
         started = time.perf_counter()
         x = keys.day(t, n, seed=1000 + t)
-        ds.commit_day(f"2000-01-{t + 1:02d}" if t < 31 else f"2000-02-{t - 30:02d}",
+        ds.commits.commit_day(f"2000-01-{t + 1:02d}" if t < 31 else f"2000-02-{t - 30:02d}",
                       Entries(x.astype(np.float16), np.arange(n, dtype=np.int32), [f"t{t}"] * n, np.arange(n)), n, "fullmem")
         commit_s = time.perf_counter() - started
         stats = index.sync(ds)

@@ -52,7 +52,7 @@ def lm_test_seconds(run: MemoryRun, docs: list) -> float:
 
 def learn_day(date: dt.date, runs: dict[str, MemoryRun]) -> dict:
     first = next(iter(runs.values()))
-    day = first.ingest(date.isoformat())  # the product's reading: capped articles, as every run reads them
+    day = first.ingest(date)  # the product's reading: capped articles, as every run reads them
     started = time.perf_counter()
     lm_tokens = first.featurize(day, ("train", "validation", "test"))["tokens"]
     row = {"date": date.isoformat(), "articles": len(day.train), "test_articles": len(day.test),

@@ -90,8 +90,8 @@ def main() -> None:
             memory, features = run.memory, run.features
             sizes = dict(zip((d.id for d in synthetic.train), (len(t) - 1 for t in features.tokenize(synthetic.train))))
             shard = next(d.shard for d in memory.ds.days if d.date == args.day.isoformat())
-            names = memory.ds.shard_docs(shard)
-            stored = Counter(names[i] for i in np.asarray(memory.ds.shard(shard, "docs")))
+            names = memory.ds.shards.shard_docs(shard)
+            stored = Counter(names[i] for i in np.asarray(memory.ds.shards.shard(shard, "docs")))
             on_replaced = sum(stored.get(i, 0) for i in ids) / max(sum(sizes[i] for i in ids), 1)
             rows[key] = {"kind": kind, "share": share, "replaced_token_share": sum(sizes[i] for i in ids) / sum(sizes.values()),
                          "memrate": stats["memrate"], "memrate_replaced": on_replaced if ids else None,

@@ -35,7 +35,7 @@ def build(root: Path, n: int) -> Datastore:
     for t, part in enumerate(np.array_split(np.arange(n), DAYS)):
         keys = rng.standard_normal((len(part), D), np.float32).astype(np.float16)
         values = rng.integers(0, 49152, len(part)).astype(np.int32)
-        ds.commit_day(f"2000-01-{t + 1:02d}", Entries(keys, values, [f"d{t}"] * len(part), np.arange(len(part))),
+        ds.commits.commit_day(f"2000-01-{t + 1:02d}", Entries(keys, values, [f"d{t}"] * len(part), np.arange(len(part))),
                       len(part), "fullmem")
     return ds
 
@@ -65,8 +65,8 @@ def measure(root: Path, n: int) -> dict:
 
     def open_rest():  # a reader's open but the check, the LM and the index: manifest, shards mapped, values table
         read = Datastore.read(root)
-        read.pin()
-        read.values_by_id()
+        read.shards.pin()
+        read.shards.values_by_id()
 
     rest, _ = timed(open_rest)
     look, problem = timed(lambda: looked_again(files))

@@ -10,8 +10,8 @@ from pathlib import Path
 from prefect import flow
 
 from monim.core.config import RunConfig
-from monim.lm.features import balanced_parts
 from monim.data.stream import Day
+from monim.lm.features import balanced_parts
 from monim.run import Run
 from tasks.learning import featurize, featurize_part
 from tasks.logs import logger

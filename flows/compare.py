@@ -12,11 +12,11 @@ from flows.report import report_runs
 from flows.stream import learn_stream
 from monim.core import catalogue
 from monim.core.config import RunConfig
-from monim.evaluation.suite import EvalConfig
 from monim.evaluation.report import policies_table
+from monim.evaluation.suite import EvalConfig
 from monim.evaluation.totals import summarize
-from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
 from tasks.tracking.runs import ended, fetch_runs, log_side_by_side, open_comparison
+from tasks.tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
 
 
 @flow(name="monim-compare")

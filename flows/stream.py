@@ -11,16 +11,16 @@ from prefect import flow
 from flows.day import learn_day
 from flows.evaluate import evaluate_runs
 from monim.core.config import RunConfig
-from monim.storage import workdirs
-from monim.evaluation.suite import EvalConfig
 from monim.core.lock import hold
-from monim.storage.plan import Plan, last_read, plan
 from monim.data.stream import FeedStalled, check_feed
+from monim.evaluation.suite import EvalConfig
 from monim.run import open_run, recorded_days
+from monim.storage import workdirs
+from monim.storage.plan import Plan, last_read, plan
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
-from tasks.tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
 from tasks.tracking.runs import describe, ended, log_summary, mlflow_run
+from tasks.tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:

@@ -1,9 +1,8 @@
 """One run as a library object: a policy (or the bare LM, or a parametric learner) learning a stream
 into a work directory, built from its settings (monim.core.config.RunConfig). It holds the LM, the feature
 store and the memory (or the learner's weights), and learns a day by one recipe (`Run.day`): ingest,
-featurize, learn (memorize and calibrate, or train), evaluate, register, record. `Stages` carries out
-each stage: here a call on the run; the day flow (flows.day) makes each a Prefect task, in the same
-order. The benchmarks learn through it.
+featurize, learn (memorize and calibrate, or train), evaluate, record. The day flow (flows.day) runs the
+same steps, each a Prefect task, and registers Θ where the stream is tracked. The benchmarks learn through it.
 
 - Run, the bare LM: learns nothing, predicts with the frozen LM;
 - MemoryRun, a memorization policy: memorizes and calibrates each day, predicts with Θ;
@@ -23,28 +22,27 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from monim.storage import forgotten, workdirs
-from monim.learning.recalibration import calibrate as calibrate_memory
 from monim.core.catalogue import BARE, LEARNER, MEMORY
 from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
 from monim.core.manifest import MemoryMismatch, read_manifest
-from monim.storage.datastore import Datastore
-from monim.evaluation.evaluate import evaluate_many
-from monim.lm.features import Features
-from monim.storage.fsck import damage
-from monim.theta.knnlm import RULES
-from monim.lm.model import LM, cached_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.learning.policies import policy_params, run_policy
-from monim.learning.parametric import Weights, load_day, train_day, trained_copy
 from monim.core.recency import Recency
-from monim.storage.memory_settings import Settings
 from monim.data.stream import SPLITS, Day, read_day
+from monim.evaluation.evaluate import evaluate_many
 from monim.evaluation.totals import so_far
+from monim.learning.memorize import memorize_day
+from monim.learning.parametric import Weights, load_day, train_day, trained_copy
+from monim.learning.policies import policy_params, run_policy
+from monim.learning.recalibration import calibrate as calibrate_memory
+from monim.lm.features import Features
+from monim.lm.model import LM, cached_lm
+from monim.storage import forgotten, workdirs
+from monim.storage.datastore import Datastore
+from monim.storage.fsck import damage
+from monim.storage.memory_settings import Settings
+from monim.theta.knnlm import RULES
+from monim.theta.memory import Memory
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)
-Registry = Callable[[RunConfig, Memory, Day], dict]  # registers a run's Θ as of a day; the registry's row
 
 
 def recorded_days(cfg: RunConfig) -> dict[str, dict]:
@@ -52,45 +50,18 @@ def recorded_days(cfg: RunConfig) -> dict[str, dict]:
     return workdirs.read_rows(cfg.workdir, cfg.name)
 
 
-class Stages:
-    """How each stage of a run's day is carried out: here, a call on the run; the day flow carries out
-    each as a Prefect task (retries, progress, logging), MLflow's registry and log where the run is tracked."""
-
-    registry: Registry | None = None  # without one, `register` registers nothing
-
-    def ingest(self, run: Run, date: str, since: str | None) -> Day:
-        return run.ingest(date, since)
-
-    def featurize(self, run: Run, day: Day) -> dict:
-        return run.featurize(day)
-
-    def memorize(self, run: MemoryRun, day: Day) -> dict:
-        return run.memorize(day)
-
-    def calibrate(self, run: MemoryRun, day: Day) -> dict:
-        return run.calibrate(day)
-
-    def train(self, run: LearnerRun, day: Day, index: int) -> dict:
-        return run.train(day, index)
-
-    def evaluate(self, run: Run, day: Day) -> dict:
-        return run.evaluate(day)
-
-    def register(self, run: Run, day: Day) -> dict:
-        return run.register(day, self.registry)
-
-    def record(self, run: Run, row: dict) -> None:
-        run.record(row)
-
-
 class Run:
     """The LM alone, evaluated beside the others: it needs the frozen LM on the test articles only."""
 
-    splits: tuple[str, ...] = ("test",)
     frozen: bool = True  # predicts with the frozen LM (its scores shared with every run that does)
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits the LM featurizes: the test articles only."""
+        return ("test",)
 
     @cached_property
     def lm(self) -> LM:
@@ -115,14 +86,13 @@ class Run:
         waits for the whole day, so the day's readers never meet a shard it replaced."""
         return nullcontext()
 
-    def ingest(self, date: str, since: str | None = None) -> Day:
+    def ingest(self, date: dt.date, since: dt.date | None = None) -> Day:
         """Read the day's news slice, with the records of the days from `since` that hold no article, its
         training articles capped at the run's `max_docs` (the one place the cap applies); an id the
         memory read on another day is a bad record; an article the memory forgot (or a near-duplicate of
         one) is left out, named in the day's `forgotten`."""
         cfg = self.cfg
-        day = read_day(cfg.source, dt.date.fromisoformat(date), cfg.seed, cfg.on_error, cfg.fields(),
-                       dt.date.fromisoformat(since) if since else None, workdirs.known_ids(self.root))
+        day = read_day(cfg.source, date, cfg.seed, cfg.on_error, cfg.fields(), since, workdirs.known_ids(self.root))
         if day is None:
             raise ValueError(f"{cfg.source} has no articles on {date}")
         manifest = read_manifest(self.root / "manifest.json") if (self.root / "manifest.json").exists() else {}
@@ -144,12 +114,8 @@ class Run:
                 tokens += self.features.prepare(day.split(split), f"{day.date}-{split}", update)
         return {"tokens": tokens, "seconds": time.perf_counter() - started}
 
-    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
-        """Learn the day (memorize and calibrate, or train), each step carried out by `stages`; the day's row of what it did."""
-        return {}
-
-    def register(self, day: Day, registry: Registry | None) -> dict:
-        """Register what the run predicts with as of the day (a memory's Θ) with `registry`: its row."""
+    def learn(self, day: Day, step: int) -> dict:
+        """Learn the day, the stream's `step`-th (memorize and calibrate, or train): the day's row of what it did."""
         return {}
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
@@ -176,23 +142,27 @@ class Run:
         """Record a finished day's row in the memory's manifest and the run's record (atomically)."""
         workdirs.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
 
-    def day(self, date: str, step: int = 0, since: str | None = None, stages: Stages = Stages()) -> dict:
-        """A run's day, the one recipe: ingest, featurize, learn, evaluate, register and record, in that
-        order, each carried out by `stages`; its row. `since`: the first day whose records it counts
-        (monim.storage.plan.Plan.since). The day is read once and handed to every stage."""
-        day = stages.ingest(self, date, since)
-        row = {"date": date, "policy": self.cfg.name, "step": step} | {f"docs_{k}": v for k, v in day.counts().items()}
-        lm_pass = stages.featurize(self, day)
+    def row(self, day: Day, step: int, lm_pass: dict, learned: dict, seconds_learn: float, metrics: dict) -> dict:
+        """The day's row: its articles, the LM's pass (`featurize`), what learning did (`learn`) and its seconds,
+        the evaluation as of the day (`evaluate`), and the run's totals with the days recorded before it."""
+        row = {"date": day.date.isoformat(), "policy": self.cfg.name, "step": step} | {
+            f"docs_{k}": v for k, v in day.counts().items()} | {
+            "tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
+            "featurize_workers": lm_pass.get("workers", 1)} | learned | {"seconds_learn": seconds_learn} | metrics
+        return row | so_far([r for d, r in sorted(recorded_days(self.cfg).items()) if d < row["date"]] + [row])
+
+    def day(self, date: dt.date, step: int = 0, since: dt.date | None = None) -> dict:
+        """A run's day, the recipe: ingest, featurize, learn, evaluate and record, in that order; its row.
+        `step`: the day's index in the stream; `since`: the first day whose records it counts
+        (monim.storage.plan.Plan.since). The day is read once and handed to every step."""
+        day = self.ingest(date, since)
+        lm_pass = self.featurize(day)
         started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
-        row |= {"tokens_featurized": lm_pass["tokens"], "seconds_featurize": lm_pass["seconds"],
-                "featurize_workers": lm_pass.get("workers", 1)}
         with self.writing():  # learned, evaluated and recorded as one: a forget waits for the whole day
-            row |= self.learn(day, step, stages)
-            row["seconds_learn"] = time.perf_counter() - started
-            row |= stages.evaluate(self, day)  # as of the day, even when re-run later
-            row |= so_far([r for d, r in sorted(recorded_days(self.cfg).items()) if d < date] + [row])
-            row |= stages.register(self, day)
-            stages.record(self, row)
+            learned = self.learn(day, step)
+            seconds_learn = time.perf_counter() - started
+            row = self.row(day, step, lm_pass, learned, seconds_learn, self.evaluate(day))
+            self.record(row)
         return row
 
 
@@ -290,12 +260,9 @@ class MemoryRun(Run):
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
         } | stats["index"] | {k: v for k, v in theta.items() if k != "record"} | {f"seconds_{k}": v for k, v in seconds.items()}
 
-    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
-        stats = stages.memorize(self, day)
-        return self.learned(stats, stages.calibrate(self, day) if self.calibrates else {})
-
-    def register(self, day: Day, registry: Registry | None) -> dict:
-        return registry(self.cfg, self.memory.at(day.date.isoformat()), day) if registry else {}
+    def learn(self, day: Day, step: int) -> dict:
+        stats = self.memorize(day)
+        return self.learned(stats, self.calibrate(day) if self.calibrates else {})
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
         memory = self.memory.recent(recency)
@@ -357,8 +324,8 @@ class LearnerRun(Run):
         return {k: meta[k] for k in ("tokens_trained", "review_tokens", "steps", "train_loss")} | {
             "tokens_seen": meta["tokens_trained"], "memory_bytes": Weights(self.cfg.weights_dir).bytes_on_disk()}
 
-    def learn(self, day: Day, step: int, stages: Stages = Stages()) -> dict:
-        return self.trained(stages.train(self, day, step))
+    def learn(self, day: Day, step: int) -> dict:
+        return self.trained(self.train(day, step))
 
     def predictor(self, date: str | None, recency: Recency = Recency()) -> tuple[LM, Features, Memory | None]:
         lm = self.lm_at(date)

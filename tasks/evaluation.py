@@ -18,9 +18,18 @@ from prefect import task
 
 from monim.core.config import RunConfig
 from monim.data.stream import Day
+from monim.evaluation.suite import (
+    EvalConfig,
+    View,
+    period_of,
+    period_results,
+    period_sets,
+    qa_results,
+    text_document,
+    text_results,
+)
 from monim.lm.model import resolved_dtype
 from monim.run import Run, open_run
-from monim.evaluation.suite import EvalConfig, View, period_of, period_results, period_sets, qa_results, text_document, text_results
 from tasks.logs import logger
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.storage import workdirs
 from monim.core.config import RunConfig
+from monim.data.stream import Day
 from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features
+from monim.storage import workdirs
 from monim.theta.memory import Memory
-from monim.data.stream import Day
 from tasks.logs import logger
 from tasks.tracking.registry import CHAMPION, aliased, here, model_for, new_version, settle
 from tasks.tracking.store import client

@@ -1,9 +1,11 @@
-"""Tasks of one streaming day (the stages of monim.run.Run.day): ingest, featurize, memorize (and
-update the index), calibrate; or, for a parametric learner, train the weights; and record the day.
-Each acts on the run it is handed (monim.run.open_run opens it once per process)."""
+"""Tasks of one streaming day (the steps of monim.run.Run.day, called in order by the day flow,
+flows.day): ingest, featurize, memorize (and update the index), calibrate; or, for a parametric
+learner, train the weights; and record the day. Each is one call on the run it is handed
+(monim.run.open_run opens it once per process), with its retries, progress and log lines."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import sys
@@ -24,7 +26,6 @@ from monim.lm.model import cached_lm
 from monim.run import LearnerRun, MemoryRun, Run
 from monim.theta.knnlm import RULES
 from tasks.logs import logger
-
 
 LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
 
@@ -57,7 +58,7 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def ingest(run: Run, date: str, since: str | None = None) -> Day:
+def ingest(run: Run, date: dt.date, since: dt.date | None = None) -> Day:
     """Read the day's news slice (once: the other tasks are handed it) and report its split sizes."""
     day = run.ingest(date, since)
     logger().info("%s: %s", date, day.counts())

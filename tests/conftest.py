@@ -99,7 +99,7 @@ def random_datastore(tmp_path):
         ds = Datastore(tmp_path, {"model": "random", "hidden_size": 8, "tokenizer": "vocab"})
         for i, n in enumerate(sizes):
             keys = rng.standard_normal((n, 8)).astype(np.float16)
-            ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)),
+            ds.commits.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)),
                           n, "fullmem")
         return ds
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from monim.storage.datastore import Datastore
 from monim.data.stream import DEMO_STREAM
+from monim.storage.datastore import Datastore
 
 
 def refused(proc: subprocess.CompletedProcess, *says: str) -> None:
@@ -92,7 +92,7 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
 def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
-    reused = memory(workdir).shard_docs(memory(workdir).days[0].shard)[0]  # an article of 1987-03-02, learned
+    reused = memory(workdir).shards.shard_docs(memory(workdir).days[0].shard)[0]  # an article of 1987-03-02, learned
     write(source, [r for r in rows] + [{"id": reused, "date": "1987-03-04", "text": "Another story, the same id."}])
     refused(learn(monim, source, workdir, model, "--start", "1987-03-04"), f"{source}:10: field 'id'", f"{reused!r} again",
             "learned an article of 1987-03-02")

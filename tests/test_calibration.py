@@ -7,18 +7,18 @@ import math
 import numpy as np
 import pytest
 
-from monim.learning.recalibration import calibrate
-from monim.theta.calibrator import CalibratorConfig
-from monim.storage.entries import Entries
 from monim.data.dedup import Signatures, containment, shingles, twin_groups
-from monim.evaluation.evaluate import evaluate, evaluate_many
-from monim.storage.index import IndexConfig, MemoryIndex
-from monim.theta.knnlm import LAMBDAS, tune_grid
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
 from monim.data.stream import Day, Document, iter_days, open_source, split_day
+from monim.evaluation.evaluate import evaluate, evaluate_many
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.learning.recalibration import calibrate
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig, MemoryIndex
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import CalibratorConfig
+from monim.theta.knnlm import LAMBDAS, tune_grid
+from monim.theta.memory import Memory
 
 D = dt.date(2022, 6, 1)
 WORDS = ("markets rates bank inflation vote storm court league senate heat fire price oil wheat power city "
@@ -31,7 +31,7 @@ def story(seed: int, n: int = 120) -> str:
 
 def test_index_leaves_out_excluded_ids_exactly(tmp_path, random_datastore):
     ds = random_datastore((300, 300, 200))
-    keys = ds.array("keys").astype(np.float64)
+    keys = ds.shards.array("keys").astype(np.float64)
     queries = np.random.default_rng(1).standard_normal((7, 8)).astype(np.float32)
     exclude = np.r_[650:700, 720:730]  # an article's entries among the last day's
     d = ((queries[:, None].astype(np.float64) - keys[None]) ** 2).sum(-1)
@@ -183,17 +183,17 @@ def test_first_stage_search_is_exact_on_an_ivfpq_memory(tiny, tmp_path):
     d = tiny.hidden_size
     for i, n in enumerate((400, 300)):
         keys = rng.standard_normal((n, d)).astype(np.float16)
-        memory.ds.commit_day(f"2022-06-0{i + 1}", Entries(keys, rng.integers(0, 50, n).astype(np.int32), ["d"] * n,
+        memory.ds.commits.commit_day(f"2022-06-0{i + 1}", Entries(keys, rng.integers(0, 50, n).astype(np.int32), ["d"] * n,
                                                            np.arange(n)), n, "fullmem")
     memory.sync()
     assert memory.index.meta["kind"] == "ivfpq"
-    stored = memory.ds.array("keys").astype(np.float32)
-    np.testing.assert_array_equal(memory.ds.keys_of(np.array([[3, 650], [0, 699]])), stored[[[3, 650], [0, 699]]])
+    stored = memory.ds.shards.array("keys").astype(np.float32)
+    np.testing.assert_array_equal(memory.ds.shards.keys_of(np.array([[3, 650], [0, 699]])), stored[[[3, 650], [0, 699]]])
     queries = stored[[5, 450, 699]]
     dist, values = memory.neighbors(queries, 4, exact=True)
     approx, _ = memory.index.search(queries, 4)
     assert (dist[:, 0] == 0).all() and (approx[:, 0] > 0).all()
-    np.testing.assert_array_equal(values[:, 0], memory.ds.values_by_id()[[5, 450, 699]])
+    np.testing.assert_array_equal(values[:, 0], memory.ds.shards.values_by_id()[[5, 450, 699]])
     ref = ((queries[:, None] - stored[None]) ** 2).sum(-1)
     found = np.sort(ref, 1)[:, :4]
     assert (dist >= found - 1e-3).all()  # exact distances of the candidates IVF-PQ found, in order

@@ -8,20 +8,28 @@ import numpy as np
 import pytest
 import torch
 
+from monim.data.stream import Day, Document, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
 from monim.learning.recalibration import calibrate
-from monim.theta.calibrator import (LAM_CEIL, TOP, CalibratorConfig, Examples, density_features, distinct_prefix_counts, examples,
-                              train_calibrator)
+from monim.lm.scoring import TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
 from monim.storage.lexical import LexicalCounts, context_grams, day_counts
-from monim.lm.scoring import TokenScores
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
 from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
-from monim.data.stream import Day, Document, iter_days, open_source
+from monim.theta.calibrator import (
+    LAM_CEIL,
+    TOP,
+    CalibratorConfig,
+    Examples,
+    density_features,
+    distinct_prefix_counts,
+    examples,
+    train_calibrator,
+)
+from monim.theta.knnlm import LAMBDAS, TEMPERATURES, Interpolation, interpolate, perplexity, theta_scores
+from monim.theta.memory import Memory
 
 
 def brute_lexical(docs: list[list[int]]) -> tuple[Counter, dict]:
@@ -46,11 +54,11 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     def commit(i, force=False):
         entries = Entries(np.zeros((2, 4), np.float16), np.array([1, 2], np.int32), [f"d{i}-0", f"d{i}-1"], np.array([1, 2], np.int32))
         docs = [Document(f"d{i}-{j}", dt.date(2022, 6, i + 1), " ".join(map(str, d))) for j, d in enumerate(days[i])]
-        ds.commit_day(f"2022-06-0{i + 1}", entries, 2, "fullmem", force=force, text=text(docs))
+        ds.commits.commit_day(f"2022-06-0{i + 1}", entries, 2, "fullmem", force=force, text=text(docs))
 
     def check(docs):
         count, succ = brute_lexical(docs)
-        lex = LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"}))
+        lex = LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"}).shards)
         prev = np.array([0, 5, 7, 29, 2**20, 2**21, 31])  # 2**21 and 31: never seen
         want = np.log1p([[count[t], len(succ[t])] for t in prev])
         np.testing.assert_allclose(lex.features(prev), want, rtol=1e-6)
@@ -68,15 +76,15 @@ def test_lexical_counts_equal_brute_force_across_commits_and_forget(tmp_path):
     days[2] = [[3, 4, 5, 3, 4, 6]]
     commit(2, force=True)  # the last day replaced: its old text no longer counts
     check(days[0] + days[1] + days[2])
-    ds.forget(days=["2022-06-02"])  # a forgotten day's text is forgotten too
+    ds.commits.forget(days=["2022-06-02"])  # a forgotten day's text is forgotten too
     check(days[0] + days[2])
-    ds.forget(doc_ids=["d0-0"], retext=text)  # a forgotten document's text is counted no more, its day's other texts are
+    ds.commits.forget(doc_ids=["d0-0"], retext=text)  # a forgotten document's text is counted no more, its day's other texts are
     check(days[0][1:] + days[2])
-    ds.forget(doc_ids=["d2-1"])  # where the day's text cannot be made again, none of it counts
+    ds.commits.forget(doc_ids=["d2-1"])  # where the day's text cannot be made again, none of it counts
     check(days[0][1:])
     (tmp_path / "shards" / ds.days[0].shard / "lex_grams.npy").unlink()  # a day from before contexts were kept
     (tmp_path / "lexical.npz").unlink()
-    assert LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"})).seen(
+    assert LexicalCounts.of(Datastore(tmp_path, {"model": "m", "hidden_size": 4, "tokenizer": "t"}).shards).seen(
         np.arange(5, dtype=np.uint64)).all()  # its contexts unknown: every one may be held
 
 

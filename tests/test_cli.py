@@ -111,11 +111,11 @@ def test_compare_ralm_alone_and_with_monim(monim, tiny_model_dir, tmp_path):
     from monim.storage.datastore import Datastore
 
     ralm = Datastore.read(tmp_path / "memories" / "ralm")
-    article = ralm.shard_articles(ralm.days[0].shard)[0][0]
+    article = ralm.shards.shard_articles(ralm.days[0].shard)[0][0]
     out = monim.last_json(monim("forget", "--workdir", tmp_path, "--doc", article, "--policy", "ralm", "--json"))
     assert out["removed"] == {"ralm": 0} and "ralm" in out["registered"]
     ralm = Datastore.read(tmp_path / "memories" / "ralm")
-    assert article not in {a[0] for d in ralm.days for a in ralm.shard_articles(d.shard)}
+    assert article not in {a[0] for d in ralm.days for a in ralm.shards.shard_articles(d.shard)}
 
 
 def test_clear_errors(monim, learned, tmp_path):
@@ -150,11 +150,12 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     the article's token where it leaves the text is one MoNIM did not store (Θ's guess, not memory's)."""
     import datetime as dt
 
-    from monim.storage.datastore import Datastore
-    from monim.serving.generate import GenerateConfig, generate
-    from monim.theta.memory import Memory
-    from monim.data.stream import iter_days, open_source
     from test_generate import first_words, words_continued
+
+    from monim.data.stream import iter_days, open_source
+    from monim.serving.generate import GenerateConfig, generate
+    from monim.storage.datastore import Datastore
+    from monim.theta.memory import Memory
 
     out = monim.last_json(monim("run", "--days", 1, "--max-docs", 2, "--workdir", tmp_path, "--json", own_api=True))
     policies = out["policies"]
@@ -165,8 +166,8 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     for name in ("fullmem", "monim-amt"):
         root = tmp_path / "memories" / name
         memory, ds = Memory.open(root, smollm), Datastore.read(root)
-        stored = {(ds.shard_docs(d.shard)[i], int(p)) for d in ds.days
-                  for i, p in zip(ds.shard(d.shard, "docs"), ds.shard(d.shard, "positions"))}
+        stored = {(ds.shards.shard_docs(d.shard)[i], int(p)) for d in ds.days
+                  for i, p in zip(ds.shards.shard(d.shard, "docs"), ds.shards.shard(d.shard, "positions"))}
         for doc in day.train:
             prompt = first_words(doc.text, 25)
             gen = generate(smollm, prompt, memory, GenerateConfig(max_new_tokens=16))
@@ -258,7 +259,7 @@ def memory_arrays(workdir, name="fullmem"):
     from monim.storage.datastore import Datastore
 
     ds = Datastore.read(workdir / "memories" / name)
-    return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "ids", "positions")}
+    return [d.date for d in ds.days], {a: ds.shards.array(a) for a in ("keys", "values", "ids", "positions")}
 
 
 def test_two_writers_on_one_run_make_the_memory_of_one(monim, learned, tmp_path):

@@ -13,8 +13,8 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
 
     from flows.stream import learn_stream
     from monim.core.config import RunConfig
-    from monim.storage.datastore import Datastore
     from monim.data.stream import DEMO_STREAM
+    from monim.storage.datastore import Datastore
 
     base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=6, policy="fullmem")
     alone = learn_stream(RunConfig(workdir=str(tmp_path / "one"), **base), *DAYS)
@@ -28,9 +28,9 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
         assert (b["entries"], b["tokens_seen"]) == (a["entries"], a["tokens_seen"])
         assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-3) and b["ppl_lm"] == pytest.approx(a["ppl_lm"], rel=1e-3)
     one, two = (Datastore.read(tmp_path / w / "memories" / "fullmem") for w in ("one", "two"))
-    np.testing.assert_array_equal(two.array("values"), one.array("values"))
-    np.testing.assert_array_equal(two.array("positions"), one.array("positions"))
-    np.testing.assert_allclose(two.array("keys").astype(np.float32), one.array("keys").astype(np.float32), atol=2e-2)
+    np.testing.assert_array_equal(two.shards.array("values"), one.shards.array("values"))
+    np.testing.assert_array_equal(two.shards.array("positions"), one.shards.array("positions"))
+    np.testing.assert_allclose(two.shards.array("keys").astype(np.float32), one.shards.array("keys").astype(np.float32), atol=2e-2)
 
 
 def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefect, tiny_model_dir, tmp_path):
@@ -40,9 +40,9 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
 
     from flows.cluster import featurize_day
     from monim.core.config import RunConfig
+    from monim.data.stream import DEMO_STREAM, read_day
     from monim.lm.features import Features
     from monim.lm.model import load_lm
-    from monim.data.stream import DEMO_STREAM, read_day
     from monim.run import make_run
 
     day = read_day(DEMO_STREAM, dt.date(1987, 3, 2)).capped(8)
@@ -62,8 +62,8 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
 
 
 def test_balanced_parts_put_each_article_on_the_lightest_part():
-    from monim.lm.features import balanced_parts
     from monim.data.stream import Document
+    from monim.lm.features import balanced_parts
 
     docs = [Document(str(n), "1987-03-02", "x" * n) for n in (1, 10, 2, 9, 1)]
     parts = balanced_parts(docs, 2)

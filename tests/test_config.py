@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from monim.core.config import RunConfig
+from monim.evaluation.suite import EvalConfig
 from monim.storage.workdirs import memory_root
 from tasks.tracking.runs import run_params
-from monim.evaluation.suite import EvalConfig
 
 
 @pytest.mark.parametrize("fields, where", [
@@ -69,8 +69,8 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
 
     from flows.cli import app
     from flows.cli.common import run_spec
-    from monim.data.stream import read_day
     from monim.data.sources import StreamError
+    from monim.data.stream import read_day
 
     feed = tmp_path / "feed.jsonl"
     feed.write_text('{"published": "1987-03-02", "body": "Rates rose.", "uid": 7, "headline": "Rates"}\n'

@@ -45,7 +45,7 @@ def test_the_references_are_read_from_the_code(site):
     assert all(f"run.{name}" in settings for name in RunConfig.model_fields if name not in ("followed_memrate", "calibrator"))
     assert "--followed-memrate" not in settings and str(REPO) not in settings
     python = (site / "reference" / "python" / "index.html").read_text()
-    assert all(name in python for name in ("amt_threshold", "memorize_day", "Stages", "ThetaRule"))
+    assert all(name in python for name in ("amt_threshold", "memorize_day", "make_run", "ThetaRule"))
     assert (site / "index.html").exists() and "make run" in (site / "index.html").read_text()
 
 

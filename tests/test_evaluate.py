@@ -6,17 +6,17 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.theta.calibrator import CalibratorConfig
+from monim.data.stream import DEMO_STREAM, iter_days, open_source
 from monim.evaluation.evaluate import combine, evaluate, evaluate_many
 from monim.evaluation.suite import EvalConfig, period_of, period_sets
-from monim.storage.index import IndexConfig, MemoryIndex
-from monim.lm.scoring import score, with_neighbors
-from monim.learning.recalibration import calibrate
 from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
 from monim.learning.policies import make_policy
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.learning.recalibration import calibrate
+from monim.lm.scoring import score, with_neighbors
+from monim.storage.index import IndexConfig, MemoryIndex
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import CalibratorConfig
+from monim.theta.memory import Memory
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3), dt.date(1987, 3, 4))
 FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed=8)
@@ -85,7 +85,7 @@ def test_one_lm_pass_for_many_memories_equals_scoring_each(tiny, stream, memorie
 
 def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path, random_datastore):
     ds = random_datastore((200, 300, 200))
-    all_keys = ds.array("keys").astype(np.float64)
+    all_keys = ds.shards.array("keys").astype(np.float64)
     queries = np.random.default_rng(1).standard_normal((9, 8)).astype(np.float32)
     for kind, cfg in (("flat", IndexConfig(k=10)), ("ivfpq", IndexConfig(k=10, exact_below=500, code_bytes=8, nprobe=64))):
         index = MemoryIndex(tmp_path / kind, 8, cfg)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.storage.torch_search import TorchExact, search_backend
 from monim.storage.index import IndexConfig, backend
+from monim.storage.torch_search import TorchExact, search_backend
 
 GB = 1 << 30
 

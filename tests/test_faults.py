@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.storage.datastore import Datastore
 from monim.data.stream import DEMO_STREAM
+from monim.storage.datastore import Datastore
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) -> Path:
@@ -43,7 +43,7 @@ def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
 
 def arrays(workdir: Path) -> tuple[list[str], dict]:
     ds = Datastore.read(workdir / "memories" / "fullmem")
-    return [d.date for d in ds.days], {a: ds.array(a) for a in ("keys", "values", "positions")}
+    return [d.date for d in ds.days], {a: ds.shards.array(a) for a in ("keys", "values", "positions")}
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
     cfg = RunConfig(source=str(source), workdir=str(workdir), model=str(model), policy="fullmem")
     run = open_run(cfg)
-    day = run.ingest(date, plan(cfg).since(date))
+    day = run.ingest(dt.date.fromisoformat(date), dt.date.fromisoformat(plan(cfg).since(date)))
     run.featurize(day)
     run.memorize(day)  # committed; then the process dies (kill -9): no calibration, row, version or step
     assert arrays(workdir)[0][-1] == date

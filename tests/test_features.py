@@ -5,18 +5,18 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.learning.recalibration import calibrate
-from monim.theta.calibrator import CalibratorConfig
-from monim.evaluation.evaluate import evaluate
-from monim.lm.features import Features, gc
-from monim.storage.index import IndexConfig
-from monim.lm.model import load_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
-from monim.lm.scoring import ScoreConfig
 from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.evaluation.evaluate import evaluate
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.learning.recalibration import calibrate
+from monim.lm.features import Features, gc
+from monim.lm.model import load_lm
+from monim.lm.scoring import ScoreConfig
+from monim.storage.index import IndexConfig
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import CalibratorConfig
+from monim.theta.memory import Memory
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3))
 FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed=8)
@@ -42,9 +42,9 @@ def entries(memory):
     ds = memory.ds
     out = {}
     for day in ds.days:
-        docs, pos = ds.shard(day.shard, "docs"), ds.shard(day.shard, "positions")
-        vals, keys = ds.shard(day.shard, "values"), ds.shard(day.shard, "keys")
-        names = ds.shard_docs(day.shard)
+        docs, pos = ds.shards.shard(day.shard, "docs"), ds.shards.shard(day.shard, "positions")
+        vals, keys = ds.shards.shard(day.shard, "values"), ds.shards.shard(day.shard, "keys")
+        names = ds.shards.shard_docs(day.shard)
         for i in range(len(vals)):
             out[(names[docs[i]], int(pos[i]))] = (int(vals[i]), np.asarray(keys[i], np.float32))
     return out

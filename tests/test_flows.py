@@ -57,6 +57,27 @@ def test_memories_hold_what_each_policy_stores(compared, tiny_model_dir):
     assert sorted(stored) == sorted(texts)
 
 
+def test_a_days_flow_run_holds_the_recipes_tasks_in_order(compared):
+    """The Prefect UI's view of a day: one task run per step of the recipe, named and ordered as
+    flows/day.py calls them (the bare LM learns and registers nothing)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+    workdir = compared[0]
+    memory = ["ingest", "featurize", "memorize", "calibrate", "evaluate", "register_day", "log_day", "record_day"]
+    expected = {"bare": ["ingest", "featurize", "evaluate", "log_day", "record_day"], "fullmem": memory, "monim-amt": memory}
+    with get_client(sync_client=True) as client:
+        for policy, steps in expected.items():
+            names = [f"{policy}-{d}" for d in DAYS]
+            flow_runs = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names)))
+                         if r.parameters["cfg"]["workdir"] == str(workdir)]
+            assert sorted(r.name for r in flow_runs) == names
+            for flow_run in flow_runs:
+                task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+                assert [t.name.rsplit("-", 1)[0] for t in sorted(task_runs, key=lambda t: t.start_time)] == steps, flow_run.name
+                assert all(t.state.is_completed() for t in task_runs)
+
+
 def test_mlflow_holds_every_day_of_every_policy(compared):
     workdir, model, summary = compared
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -188,9 +209,9 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
 
     import mlflow
 
+    from monim.data.stream import Document
     from monim.lm.model import load_lm
     from monim.theta.memory import Memory
-    from monim.data.stream import Document
 
     workdir, model, summary = compared
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
@@ -237,7 +258,7 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
     shutil.copytree(workdir / "memories" / "monim-amt", copy)
     assert len(open_memory(config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
     ds = Datastore.read(copy)
-    assert ds.forget(doc_ids=[ds.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
+    assert ds.commits.forget(doc_ids=[ds.shards.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
     with pytest.raises(MlflowException, match="has changed since this model version was registered"):
         open_memory(config | {"memory": str(copy)})
 
@@ -316,7 +337,7 @@ def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
     run = make_run(cfg)
     by_flow = read_rows(workdir, "monim-amt")
     for step, date in enumerate(DAYS):
-        row = run.day(date, step)
+        row = run.day(dt.date.fromisoformat(date), step)
         assert {k: row[k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")} == \
                {k: by_flow[date][k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")}
     assert read_rows(tmp_path, "monim-amt").keys() == set(DAYS)

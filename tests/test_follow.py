@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from monim.data.stream import DEMO_STREAM
-
 from flows.servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
+from monim.data.stream import DEMO_STREAM
 
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
 BOUND_S = 60  # the README's bound on the time to follow (a check, a load, the request in flight)
@@ -189,8 +188,9 @@ def test_a_served_file_changed_under_the_server_is_never_answered_from_and_a_dam
     import urllib.error
     import urllib.request
 
-    import flows.servers.local as servers
     import numpy as np
+
+    import flows.servers.local as servers
 
     port, workdir, env, learn = following
     wait_for(port, lambda h: h["status"] == "ok" and h["version"] == (h["champion"] or {}).get("version", "1"), "settled")

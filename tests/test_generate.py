@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from monim.storage.entries import Entries
-from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
-from monim.storage.index import IndexConfig
-from monim.lm.model import load_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.storage.memory_settings import Settings
-from monim.learning.policies import make_policy
 from monim.core.recency import Recency
 from monim.data.stream import DEMO_STREAM, Day, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.lm.model import load_lm
+from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
+from monim.storage.entries import Entries
+from monim.storage.index import IndexConfig
+from monim.storage.memory_settings import Settings
+from monim.theta.memory import Memory
 
 K, LAM, T = 8, 0.4, 3.0
 
@@ -31,7 +31,7 @@ def stream():
 
 def constant_theta(memory: Memory, lam: float, temperature: float) -> None:
     """Θ's constant λ and T, set by hand (no calibration)."""
-    memory.ds.set_theta({"date": memory.ds.days[-1].date, "lam": lam, "temperature": temperature})
+    memory.ds.commits.set_theta({"date": memory.ds.days[-1].date, "lam": lam, "temperature": temperature})
 
 
 def reference_step(lm, prefix: list[int], keys: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
@@ -58,8 +58,8 @@ def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp
     memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=K)))
     memorize_day(memory, stream[0].capped(2), make_policy("fullmem"))
     constant_theta(memory, LAM, T)
-    keys = memory.ds.array("keys").astype(np.float64)
-    values = memory.ds.array("values")
+    keys = memory.ds.shards.array("keys").astype(np.float64)
+    values = memory.ds.shards.array("values")
     prompt = stream[0].train[0].text[:80]
     for cfg in (GenerateConfig(max_new_tokens=6, keep_distributions=True),
                 GenerateConfig(max_new_tokens=6, temperature=0.9, top_p=0.8, seed=3, keep_distributions=True)):
@@ -110,7 +110,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
     memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=8)))
     keys = rng.standard_normal((3, 4, d)).astype(np.float16)
     for i, date in enumerate(("2022-06-01", "2022-06-11", "2022-06-21")):
-        memory.ds.commit_day(date, Entries(keys[i], np.arange(4, dtype=np.int32) + 10 * i, [f"doc{i}"] * 4,
+        memory.ds.commits.commit_day(date, Entries(keys[i], np.arange(4, dtype=np.int32) + 10 * i, [f"doc{i}"] * 4,
                                            np.arange(4, dtype=np.int32)), 4, "fullmem")
     memory.sync()
     queries = keys.reshape(12, d)[[0, 5, 10]].astype(np.float32)
@@ -133,12 +133,12 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
 def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
-    from monim.serving.generate import _documents
     from monim.data.sources import TITLE_CAP
+    from monim.serving.generate import _documents
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     keys = np.random.default_rng(0).standard_normal((3, tiny.hidden_size)).astype(np.float16)
-    memory.ds.commit_day("2022-06-01", Entries(keys, np.arange(3, dtype=np.int32), ["a", "a", "b"],
+    memory.ds.commits.commit_day("2022-06-01", Entries(keys, np.arange(3, dtype=np.int32), ["a", "a", "b"],
                                                np.arange(3, dtype=np.int32)), 3, "fullmem", titles={"a": "x" * 10**6, "b": "B"})
     found = _documents(memory, [0, 2])
     assert found[0] == ("2022-06-01", "a", "x" * (TITLE_CAP - 1) + "…") and found[2] == ("2022-06-01", "b", "B")
@@ -153,7 +153,7 @@ def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
     days = ("2022-06-01", "2022-06-05", "2022-06-06")
     keys = [rng.standard_normal((n, d)).astype(np.float16) for n in (1600, 40, 30)]
     for date, k in zip(days, keys):
-        memory.ds.commit_day(date, Entries(k, rng.integers(0, 100, len(k)).astype(np.int32), ["doc"] * len(k),
+        memory.ds.commits.commit_day(date, Entries(k, rng.integers(0, 100, len(k)).astype(np.int32), ["doc"] * len(k),
                                            np.arange(len(k), dtype=np.int32)), len(k), "fullmem")
     memory.sync()
     assert memory.index.meta["kind"] == "ivfpq"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_serving import texts  # the demo's texts the Θ tests read
 
 from monim.data.stream import DEMO_STREAM
-from test_serving import texts  # the demo's texts the Θ tests read
 
 REPO = Path(__file__).resolve().parents[1]
 

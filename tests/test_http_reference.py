@@ -11,7 +11,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from test_serving import theta  # noqa: F401  (a calibrated memory of two days, the tiny LM)
 
 

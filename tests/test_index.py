@@ -6,9 +6,9 @@ import faiss
 import numpy as np
 import pytest
 
+from monim.core.config import CalibratorConfig
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.core.config import CalibratorConfig
 from monim.storage.fsck import check_memory
 from monim.storage.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf
 
@@ -17,7 +17,7 @@ D = 16
 
 def commit(ds: Datastore, day: int, keys: np.ndarray, searched: int = 0) -> None:
     n = len(keys)
-    ds.commit_day(f"2022-06-{day:02d}", Entries(keys.astype(np.float16), np.arange(n, dtype=np.int32) % 97,
+    ds.commits.commit_day(f"2022-06-{day:02d}", Entries(keys.astype(np.float16), np.arange(n, dtype=np.int32) % 97,
                                                  [f"d{day}"] * n, np.arange(n)), n, "fullmem", searched=searched)
 
 
@@ -35,7 +35,7 @@ def test_ivf_codecs_find_the_brute_force_neighbours_within_time_and_exclusions(t
     index = MemoryIndex(tmp_path, D, small_cfg(codec=codec))
     index.sync(ds)
     assert index.meta["kind"] == "ivfpq" and index.meta["codec"] == codec and index.ntotal == 4000
-    keys = ds.array("keys").astype(np.float32)
+    keys = ds.shards.array("keys").astype(np.float32)
     queries = rng.standard_normal((100, D)).astype(np.float32)
     banned = np.arange(0, 3000, 7)
     allowed = np.setdiff1d(np.arange(3000), banned)  # time travel to day 1, every 7th entry left out

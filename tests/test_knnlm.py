@@ -4,14 +4,22 @@ import numpy as np
 import pytest
 import torch
 
+from monim.lm.scoring import TokenScores
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig, MemoryIndex
 from monim.theta.knnlm import (
-    TEMPERATURES, Interpolation, interpolate, perplexity, knn_full_logprobs, knn_log_weights, knn_logprobs_by_temperature,
-    knn_target_logprob, theta_scores, tune_interpolation,
+    TEMPERATURES,
+    Interpolation,
+    interpolate,
+    knn_full_logprobs,
+    knn_log_weights,
+    knn_logprobs_by_temperature,
+    knn_target_logprob,
+    perplexity,
+    theta_scores,
+    tune_interpolation,
 )
-from monim.lm.scoring import TokenScores
 
 V, D, N, K, T = 40, 16, 600, 32, 8.0
 
@@ -23,7 +31,7 @@ def memory(tmp_path):
     keys = rng.standard_normal((N, D)).astype(np.float16)
     values = rng.integers(0, V, N).astype(np.int32)
     ds = Datastore(tmp_path, {"model": "random", "hidden_size": D, "tokenizer": "vocab"})
-    ds.commit_day("2022-06-01", Entries(keys, values, ["d"] * N, np.arange(N)), N, "fullmem")
+    ds.commits.commit_day("2022-06-01", Entries(keys, values, ["d"] * N, np.arange(N)), N, "fullmem")
     index = MemoryIndex(tmp_path, D, IndexConfig(k=K))
     index.sync(ds)
     queries = rng.standard_normal((25, D)).astype(np.float32)
@@ -46,7 +54,7 @@ def brute_force(queries, keys, values, k, temperature):
 def search(memory):
     ds, index, queries, keys, values = memory
     dist, ids = index.search(queries)
-    return torch.from_numpy(dist), torch.from_numpy(ds.values_by_id()[ids]).long()
+    return torch.from_numpy(dist), torch.from_numpy(ds.shards.values_by_id()[ids]).long()
 
 
 def test_target_and_full_paths_equal_brute_force(memory):
@@ -108,7 +116,7 @@ def fake_batch(memory, seed=2):
     rng = np.random.default_rng(seed)
     lm_logp = torch.log_softmax(torch.from_numpy(rng.standard_normal((len(queries), V)) * 2), -1).numpy()
     dist, ids = index.search(queries)
-    vals = ds.values_by_id()[ids]
+    vals = ds.shards.values_by_id()[ids]
     target = rng.integers(0, V, len(queries)).astype(np.int32)
     n = len(queries)
     batch = TokenScores(

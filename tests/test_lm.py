@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from monim.data.stream import Document
 from monim.lm.model import last_mlp, load_lm
 from monim.lm.scoring import Found, ScoreConfig, score, score_tokens, windows
-from monim.data.stream import Document
 
 TEXT = (
     "The central bank raised its benchmark rate by half a point on Tuesday, the largest increase in "
@@ -189,8 +189,11 @@ def test_statistics_read_once_a_pass_equal_those_read_per_chunk_and_the_passes_a
     # 7 one-step documents (9 tokens: 8 inputs) fill 7 rows of 8, 4 a pass: 2 passes; the 3 longer ones
     # step together, leaving as they end: ceil(29/8) = 4 steps
     assert passes[0] == 2 + 4 and len(plain) == passes[0]
-    empty = lambda b: Found(np.full((len(b), 1), np.inf, np.float32), np.full((len(b), 1), -1, np.int32),
-                            np.full((len(b), 1), -1, np.int64))
+
+    def empty(b):
+        return Found(np.full((len(b), 1), np.inf, np.float32), np.full((len(b), 1), -1, np.int32),
+                     np.full((len(b), 1), -1, np.int64))
+
     searched = list(score_tokens(lm, seqs, cfg, empty))
     for f in ("doc_id", "position", "prev", "target", "logp", "max_logp", "entropy", "argmax", "key"):
         a, b = (np.concatenate([getattr(x, f) for x in part]) for part in (plain, searched))

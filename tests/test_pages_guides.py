@@ -2,7 +2,6 @@
 file of their own: the pages take minutes each, and the two files run on two workers at once."""
 
 import pytest
-
 from test_pages import GUIDES, check, name
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from monim.core.config import RunConfig
-from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 from monim.data.stream import DEMO_STREAM, Document
+from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 
 
 def doc(text: str, i: int = 0) -> Document:
@@ -126,11 +126,11 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
-    from monim.evaluation.suite import EvalConfig
     from monim.data.stream import iter_days, open_source
+    from monim.evaluation.suite import EvalConfig
     from monim.run import recorded_days
-    from tasks.tracking.store import experiment_name, tracking_uri
     from tasks.tracking.runs import fetch_runs
+    from tasks.tracking.store import experiment_name, tracking_uri
 
     model = str(tiny_model_dir("llama"))
     text = tmp_path / "general.txt"

@@ -6,17 +6,16 @@ import shutil
 import numpy as np
 import pytest
 
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import ThetaScores
-from monim.theta.calibrator import LAM_CEIL
-from monim.lm.model import load_lm
-from monim.learning.recalibration import calibrate
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal
-from monim.learning.threshold import amt_threshold
-from monim.learning.policies import make_policy
 from monim.data.stream import Day, Document, iter_days, open_source
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy
+from monim.learning.recalibration import calibrate
+from monim.learning.threshold import amt_threshold
+from monim.lm.model import load_lm
+from monim.storage.datastore import Datastore
+from monim.theta.calibrator import LAM_CEIL
+from monim.theta.knnlm import ThetaScores
+from monim.theta.memory import Memory
 
 
 def test_amt_hand_computed():
@@ -181,7 +180,7 @@ def test_certain_decisions_by_hand():
 
 def entries(memory):
     ds = memory.ds
-    return {a: np.concatenate([np.asarray(ds.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
+    return {a: np.concatenate([np.asarray(ds.shards.shard(d.shard, a)) for d in ds.days]) for a in ("ids", "keys", "values", "docs", "positions")}
 
 
 EXACT = {"search_margin": None, "search_context": False}  # MoNIM deciding every token the memory could flip
@@ -249,8 +248,8 @@ def test_the_decision_leaves_to_the_lm_only_the_tokens_its_margin_and_context_se
     def kept(name: str) -> set[tuple[str, int]]:  # day 2's stored tokens as (document, position)
         ds = Memory(tmp_path / name, smollm).ds
         shard = ds.days[-1].shard
-        names = ds.shard_docs(shard)
-        return {(names[d], int(p)) for d, p in zip(ds.shard(shard, "docs"), ds.shard(shard, "positions"))}
+        names = ds.shards.shard_docs(shard)
+        return {(names[d], int(p)) for d, p in zip(ds.shards.shard(shard, "docs"), ds.shards.shard(shard, "positions"))}
 
     assert kept("rough") ^ kept("exact") <= settled - probes
     assert len(skip_side) > len(token) / 4 and len(store_side) > len(token) / 10  # both rules left tokens out

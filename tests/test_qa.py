@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from monim.data.stream import Document, StreamError
+from monim.evaluation.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
+from monim.lm.scoring import score
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig
-from monim.lm.scoring import score
-from monim.theta.memory import Memory
 from monim.storage.memory_settings import Settings
-from monim.evaluation.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
-from monim.data.stream import Document, StreamError
+from monim.theta.memory import Memory
 
 
 def q(i: int, day: int, answer: int = 0) -> Question:
@@ -86,8 +86,8 @@ def test_a_memory_holding_the_answers_answers_them(tiny, tmp_path):
     docs = [Document(x.id, x.date, prompt(x, []) + " " + x.choices[x.answer[0]]) for x in QUESTIONS]
     memory = Memory(tmp_path, tiny, Settings(index=IndexConfig(k=8)))
     parts = [Entries(b.key, b.target, list(b.doc_id), b.position) for b in score(tiny, docs)]
-    memory.ds.commit_day("2022-06-01", Entries.concat(parts, tiny.hidden_size), sum(len(p) for p in parts), "fullmem")
-    memory.ds.set_theta({"lam": 0.9, "temperature": 0.01, "date": "2022-06-01"})  # exact matches dominate
+    memory.ds.commits.commit_day("2022-06-01", Entries.concat(parts, tiny.hidden_size), sum(len(p) for p in parts), "fullmem")
+    memory.ds.commits.set_theta({"lam": 0.9, "temperature": 0.01, "date": "2022-06-01"})  # exact matches dominate
     out = answer_questions(tiny, QUESTIONS, {"memory": memory, "lm": None})
     assert out["memory"]["qa_accuracy"] == 1.0 > out["lm"]["qa_accuracy"]
 

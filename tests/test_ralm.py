@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from monim.theta.retriever import Article, ArticleIndex
 from monim.core.config import PolicyConfig, ScoreConfig
-from monim.serving.generate import GenerateConfig, generate
-from monim.lm.model import load_lm
-from monim.learning.memorize import memorize_day
-from monim.theta.memory import Memory
-from monim.learning.policies import make_policy
-from monim.theta.ralm import SEPARATOR, articles_of, score_with_articles
-from monim.storage.memory_settings import Settings, SettingsMismatch
 from monim.data.sources import Document
 from monim.data.stream import Day
+from monim.learning.memorize import memorize_day
+from monim.learning.policies import make_policy
+from monim.lm.model import load_lm
+from monim.serving.generate import GenerateConfig, generate
+from monim.storage.memory_settings import Settings, SettingsMismatch
+from monim.theta.memory import Memory
+from monim.theta.ralm import SEPARATOR, articles_of, score_with_articles
+from monim.theta.retriever import Article, ArticleIndex
 
 D1, D2 = dt.date(2022, 6, 1), dt.date(2022, 6, 2)
 TEXTS = {

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from monim.core.atomic import DiskFull, is_stray, replacing, write_json
+from monim.core.lock import Locked, hold
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
-from monim.core.lock import Locked, hold
 
 D = 8
 
@@ -75,7 +75,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
 
 def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monkeypatch):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
     manifest = (tmp_path / "manifest.json").read_bytes()
     real_save = np.save
 
@@ -88,16 +88,16 @@ def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monke
 
     monkeypatch.setattr(np, "save", full)
     with pytest.raises(DiskFull, match="the disk is full while writing .*unchanged"):
-        ds.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+        ds.commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == manifest
     assert [p.name for p in (tmp_path / "shards").iterdir()] == [ds.days[0].shard]  # no half-written shard
-    assert Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"}).commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    assert Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"}).commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
 
 
 def test_a_commit_records_each_shard_file_checksum(tmp_path):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
     folder = tmp_path / "shards" / ds.days[0].shard
     files = sorted(p.name for p in folder.iterdir())
     assert files == ["docs.json", "docs.npy", "ids.npy", "keys.npy", "positions.npy", "values.npy"]
@@ -139,10 +139,10 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.learning.policies import make_policy
-    from monim.learning.memorize import memorize_day
-    from monim.theta.memory import Memory
     from monim.data.stream import DEMO_STREAM, iter_days, open_source
+    from monim.learning.memorize import memorize_day
+    from monim.learning.policies import make_policy
+    from monim.theta.memory import Memory
 
     days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
     days = [type(d)(d.date, d.train[:2], [], []) for d in days]
@@ -156,7 +156,7 @@ def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     reopened = Datastore.read(tmp_path / "m")
     assert [d.date for d in reopened.days] == ["1987-03-02", "1987-03-03"]
     for array in ("keys", "values", "ids", "positions"):
-        np.testing.assert_array_equal(reopened.array(array), alone.ds.array(array))
+        np.testing.assert_array_equal(reopened.shards.array(array), alone.ds.shards.array(array))
 
 
 def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_derived(random_datastore, tmp_path):
@@ -198,12 +198,12 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
     """A day's row lives in its memory's manifest (only for a committed day); runs/<name>.json is
     rewritten from it, and fsck finds a record that differs and rewrites it."""
     from monim.storage.fsck import check_records
-    from monim.theta.memory import Memory
     from monim.storage.workdirs import read_rows, record_path, write_row
+    from monim.theta.memory import Memory
 
     memory = Memory(tmp_path / "memories" / "fullmem", tiny)
     day = Entries(np.zeros((5, tiny.hidden_size), np.float16), np.arange(5, dtype=np.int32), ["d"] * 5, np.arange(5))
-    memory.ds.commit_day("2022-06-01", day, 5, "fullmem")
+    memory.ds.commits.commit_day("2022-06-01", day, 5, "fullmem")
     row = {"date": "2022-06-01", "ppl": 12.5, "step": 0}
     with pytest.raises(ValueError, match="2022-06-02 is not committed"):
         write_row(tmp_path, "fullmem", {"date": "2022-06-02", "ppl": 1.0}, memory.ds)
@@ -219,7 +219,7 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
     (problem,) = check_records(tmp_path)
     assert "2022-06-02 recorded but not evaluated" in problem.what and not problem.repaired
     # replacing the last day forgets its evaluation; the bare LM's record is its own truth
-    memory.ds.commit_day("2022-06-01", day, 5, "fullmem", force=True)
+    memory.ds.commits.commit_day("2022-06-01", day, 5, "fullmem", force=True)
     assert read_rows(tmp_path, "fullmem") == {}
     write_row(tmp_path, "bare", row, None)
     assert read_rows(tmp_path, "bare") == {"2022-06-01": row}
@@ -230,9 +230,9 @@ def test_theta_history_is_kept_once(random_datastore, tmp_path):
     ds = random_datastore((5, 5))
     first, second = ({"lam": lam, "temperature": 1.0, "date": d, "dir": f"theta/{d}"} for lam, d in
                      ((0.2, "2022-06-01"), (0.3, "2022-06-02")))
-    ds.set_theta(first)
-    ds.set_theta(second)
-    ds.set_theta(second | {"lam": 0.4})  # the day calibrated again
+    ds.commits.set_theta(first)
+    ds.commits.set_theta(second)
+    ds.commits.set_theta(second | {"lam": 0.4})  # the day calibrated again
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert "theta" not in manifest and manifest["thetas"] == [first, second | {"lam": 0.4}]
     assert ds.theta_at()["lam"] == 0.4 and ds.theta_at("2022-06-01") == first
@@ -249,7 +249,7 @@ def test_a_reader_on_a_read_only_mount_syncs_a_stale_index_without_writing(tiny,
     root = tmp_path / "m"
     n = 40
     keys = np.random.default_rng(0).standard_normal((n, tiny.hidden_size)).astype(np.float16)
-    Datastore.for_lm(root, tiny).commit_day("2022-06-01", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n,
+    Datastore.for_lm(root, tiny).commits.commit_day("2022-06-01", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n,
                                                                   np.arange(n, dtype=np.int32)), n, "fullmem")
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     monkeypatch.setattr(monim.theta.searcher.os, "access", lambda path, mode: Path(path) != root)
@@ -267,7 +267,7 @@ def two_days(root: Path, lm):
     memory = Memory(root, lm)
     for i, date in enumerate(("2022-06-01", "2022-06-02")):
         rng = np.random.default_rng(i)
-        memory.ds.commit_day(date, Entries(rng.standard_normal((6, lm.hidden_size)).astype(np.float16),
+        memory.ds.commits.commit_day(date, Entries(rng.standard_normal((6, lm.hidden_size)).astype(np.float16),
                                            rng.permutation(50).astype(np.int32)[:6], ["d"] * 6, np.arange(6)), 6, "fullmem")
     return memory
 
@@ -304,7 +304,7 @@ def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(ti
     with pytest.raises(Damaged, match="keys.npy corrupt.*day 2022-06-01"):
         Memory.open(tmp_path, tiny)
     with pytest.raises(Damaged, match=f"{keys}: cannot be read .*the shard of day 2022-06-01 is damaged"):
-        Datastore.read(tmp_path).shard(memory.ds.days[0].shard, "keys")
+        Datastore.read(tmp_path).shards.shard(memory.ds.days[0].shard, "keys")
 
 
 def test_a_served_file_written_in_place_stops_every_answer_and_a_damaged_champion_is_not_swapped_in(tiny, tmp_path):

@@ -12,18 +12,18 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from monim.data.stream import DEMO_STREAM, Document, iter_days, open_source
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
-from monim.data.stream import DEMO_STREAM, Document, iter_days, open_source
 from monim.storage.memory_settings import Settings
 
 
 @pytest.fixture(scope="module")
 def theta(tiny_model_dir, tmp_path_factory):
     """A calibrated memory of two days (tiny LM), its skip rule on: every reader path has work to do."""
+    from monim.learning.memorize import memorize_day
     from monim.learning.recalibration import calibrate
     from monim.lm.model import load_lm
-    from monim.learning.memorize import memorize_day
     from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
@@ -219,12 +219,12 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     sent after the swap is answered by the new Θ without waiting for it: each answer is one Θ's, as
     that Θ answers it alone."""
     from monim.learning.memorize import memorize_day
-    from monim.theta.memory import Memory
     from monim.serving.service import Service
+    from monim.theta.memory import Memory
 
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
     memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
-    other.ds.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
+    other.ds.commits.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(2), (12, 6))]
     first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}
     then = {"dataframe_records": [{"prompt": prompts[1]}], "params": {"max_new_tokens": 8}}

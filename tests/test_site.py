@@ -12,7 +12,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-
 from test_dashboards import browser
 
 REPO = Path(__file__).resolve().parents[1]

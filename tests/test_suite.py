@@ -6,13 +6,13 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
+from monim.core.config import RunConfig
+from monim.data.stream import DEMO_STREAM
 from monim.evaluation.evaluate import evaluate
+from monim.evaluation.qa import Question, answer_questions, read_questions
 from monim.evaluation.suite import period_sets
 from monim.lm.model import load_lm
 from monim.theta.memory import Memory
-from monim.evaluation.qa import Question, answer_questions, read_questions
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM
 
 DAYS = ("1987-03-07", "1987-03-09")  # a Saturday and the next Monday: two ISO weeks
 EXPERIMENT = "monim-reuters-1987-03-02_03-13"

@@ -64,15 +64,15 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
     learn(monim, source, workdir, model)
     ds = Datastore.read(workdir / "memories" / "fullmem")
     last = ds.days[-1]
-    taken, *kept = ds.shard_articles(last.shard)  # a training article of the last day: [id, title, text]
+    taken, *kept = ds.shards.shard_articles(last.shard)  # a training article of the last day: [id, title, text]
     doc_id, title, text = taken
-    assert kept and title and doc_id in ds.shard_docs(last.shard)
+    assert kept and title and doc_id in ds.shards.shard_docs(last.shard)
 
     # what would give the article away: its headline, its text, its token 8-grams (as any integer array
     # holds them), the lexical contexts only it has, and the LM's keys and hidden states of its tokens
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokens = tokenizer(text)["input_ids"]
-    others = [tokenizer(a[2])["input_ids"] for d in ds.days for a in ds.shard_articles(d.shard) if a[0] != doc_id]
+    others = [tokenizer(a[2])["input_ids"] for d in ds.days for a in ds.shards.shard_articles(d.shard) if a[0] != doc_id]
     own = np.setdiff1d(context_grams(tokens), np.concatenate([context_grams(t) for t in others]))
     middle = len(tokens) // 2
     plain = re.findall(r"[A-Za-z0-9 ,.]{40,}", text)  # as any file would hold it (JSON escapes none of it)
@@ -100,8 +100,8 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
     reference = Datastore.read(alone / "memories" / "fullmem")
     day, want = relearned.days[-1], reference.days[-1]
     assert (day.date, day.tokens_seen, day.entries) == (want.date, want.tokens_seen, want.entries)
-    assert doc_id not in relearned.shard_docs(day.shard) and doc_id not in relearned.shard_seen(day.shard)
-    np.testing.assert_array_equal(relearned.shard(day.shard, "values"), reference.shard(want.shard, "values"))
+    assert doc_id not in relearned.shards.shard_docs(day.shard) and doc_id not in relearned.shards.shard_seen(day.shard)
+    np.testing.assert_array_equal(relearned.shards.shard(day.shard, "values"), reference.shards.shard(want.shard, "values"))
     assert found(workdir, needles) == {}
 
     # the next day brings the same story under another id: named, not learned
@@ -110,16 +110,16 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
     nxt = learn(monim, source, workdir, model, "--json")
     assert "copy-of-it: a near-duplicate of a forgotten article" in nxt.stderr, nxt.stderr[-3000:]
     memory = Datastore.read(workdir / "memories" / "fullmem")
-    assert memory.days[-1].date == DAYS[2] and "copy-of-it" not in memory.shard_seen(memory.days[-1].shard)
+    assert memory.days[-1].date == DAYS[2] and "copy-of-it" not in memory.shards.shard_seen(memory.days[-1].shard)
     assert found(workdir, needles) == {}
 
     # a held-out article (read to evaluate, never learned, its text not kept) is taken down too
     first = memory.days[0]
-    held_out = next(i for i in memory.shard_seen(first.shard) if i not in memory.shard_docs(first.shard))
+    held_out = next(i for i in memory.shards.shard_seen(first.shard) if i not in memory.shards.shard_docs(first.shard))
     ids = tokenizer(next(r["text"] for r in rows if str(r["id"]) == held_out))["input_ids"]
     scored = {"tokens": np.asarray(ids[len(ids) // 2:][:8], np.int32).tobytes()}  # in the features it was scored into
     assert found(workdir, scored)
     out = monim.json("forget", "--workdir", workdir, "--doc", held_out, "--reason", "takedown")
     assert out["removed"]["fullmem"] == 0 and found(workdir, scored) == {}
     after = Datastore.read(workdir / "memories" / "fullmem")
-    assert held_out not in after.shard_seen(after.days[0].shard)
+    assert held_out not in after.shards.shard_seen(after.days[0].shard)

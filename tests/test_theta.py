@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from monim.core.config import RunConfig
-from monim.storage.index import IndexConfig
-from monim.lm.scoring import ScoreConfig, with_neighbors
 from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.lm.scoring import ScoreConfig, with_neighbors
+from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings, SettingsMismatch
 from monim.storage.workdirs import memory_root
 
@@ -41,9 +41,9 @@ def test_settings_round_trip_and_a_reader_may_change_only_how_it_reads():
 
 
 def test_a_writer_with_other_settings_is_refused_and_an_old_memory_adopts_them(tiny_model_dir, tmp_path):
+    from monim.learning.memorize import memorize_day
     from monim.learning.policies import make_policy
     from monim.lm.model import load_lm
-    from monim.learning.memorize import memorize_day
     from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
@@ -176,8 +176,8 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(moni
     assert [(d.date, d.entries, d.forgotten) for d in a.days] == [(d.date, d.entries, d.forgotten) for d in b.days]
     assert a.days[0].forgotten > 0 and len(a.days) == 3
     for name in ("values", "positions", "ids"):
-        np.testing.assert_array_equal(a.array(name), b.array(name))
-    np.testing.assert_array_equal(a.array("keys"), b.array("keys"))
+        np.testing.assert_array_equal(a.shards.array(name), b.shards.array(name))
+    np.testing.assert_array_equal(a.shards.array("keys"), b.shards.array("keys"))
     fsck = subprocess.run([monim.script, "fsck", "--workdir", racing, "--json"], env=env, capture_output=True, text=True,
                           timeout=600)
     assert fsck.returncode == 0 and json.loads(fsck.stdout.strip().splitlines()[-1])["clean"], fsck.stdout

@@ -21,8 +21,8 @@ from flows.cli.options import FEED, SKIP_HELP, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
     from monim.core.config import RunConfig
-    from monim.theta.memory import Memory
     from monim.evaluation.suite import EvalConfig
+    from monim.theta.memory import Memory
 
 console = Console(stderr=True)
 
@@ -234,8 +234,8 @@ def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], poli
     """The dates with articles, every record of them read first and each policy's range planned
     (monim.storage.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
     (its file, line and field) or an id a memory read on another day is a clear error before any work."""
-    from monim.storage.plan import plan
     from monim.data.sources import StreamError
+    from monim.storage.plan import plan
 
     first, last = day(start), day(end)
     if first and last and first > last:
@@ -268,8 +268,8 @@ def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
 def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **overrides) -> Memory:
     """Θ as the chosen memory describes itself (monim.theta.memory.Memory.open), with a reader's overrides."""
     from monim.core.manifest import ManifestError, MemoryMismatch
-    from monim.theta.memory import Memory
     from monim.storage.memory_settings import SettingsMismatch
+    from monim.theta.memory import Memory
 
     root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):

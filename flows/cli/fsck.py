@@ -14,8 +14,14 @@ from monim.storage.datastore import Datastore
 from monim.storage.fsck import check_memory, check_records, unfinished
 from monim.storage.workdirs import memories, run_lock
 from tasks.tracking.registry import register_state, registered_model, stale_champion, untracked
-from tasks.tracking.store import (check_steps, client, memory_runs, run_config, sqlite_file,
-                                  tracking_uri as resolve_tracking_uri)
+from tasks.tracking.store import (
+    check_steps,
+    client,
+    memory_runs,
+    run_config,
+    sqlite_file,
+    tracking_uri as resolve_tracking_uri,
+)
 
 FINISH = "finish the day as a resume does (`monim learn` again does too; the LM is loaded)"
 

@@ -10,9 +10,24 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 import flows.servers.local as servers
+from flows.cli.common import (
+    AS_JSON,
+    MODEL,
+    WORKDIR,
+    check_source,
+    clear_errors,
+    console,
+    day,
+    emit,
+    fail,
+    learning_options,
+    prefect_home,
+    said_when_full,
+    table,
+    use_tracking,
+    use_workdir,
+)
 from monim.core import catalogue  # names and help only: no torch
-from flows.cli.common import (AS_JSON, MODEL, WORKDIR, check_source, clear_errors, console, day, emit, fail,
-                              learning_options, prefect_home, said_when_full, table, use_tracking, use_workdir)
 
 if TYPE_CHECKING:
     from monim.core.config import RunConfig
@@ -200,8 +215,8 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
 
 
 def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
-    from tasks.tracking.store import tracking_uri
     from tasks.tracking.runs import ui_links
+    from tasks.tracking.store import tracking_uri
 
     console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
     for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):

@@ -8,9 +8,28 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 import flows.servers.local as servers
-from flows.cli.common import (AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR,
-                              clear_errors, console, day, emit, evaluation, fail, feed_options, memory_dir, open_memory,
-                              table, use_workdir)
+from flows.cli.common import (
+    AS_JSON,
+    AS_OF,
+    CONSTANT_LAM,
+    HALF_LIFE,
+    MAX_AGE,
+    POLICY,
+    SKIP,
+    TRACKING,
+    WORKDIR,
+    clear_errors,
+    console,
+    day,
+    emit,
+    evaluation,
+    fail,
+    feed_options,
+    memory_dir,
+    open_memory,
+    table,
+    use_workdir,
+)
 
 if TYPE_CHECKING:
     from monim.core.config import Fields
@@ -51,9 +70,9 @@ def status(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLI
 
 def late_articles(root: Path, source: str, fields: Fields | None = None) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
+    from monim.data.sources import StreamError
     from monim.storage.datastore import Datastore
     from monim.storage.plan import arrivals
-    from monim.data.sources import StreamError
 
     with clear_errors(FileNotFoundError, StreamError):
         late = arrivals(source, Datastore.read(root).evaluations(), fields=fields)

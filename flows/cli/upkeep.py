@@ -10,8 +10,20 @@ from typing import Optional
 import typer
 
 import flows.servers.local as servers
-from flows.cli.common import (AS_JSON, POLICY, TRACKING, WORKDIR, clear_errors, console, day, emit, fail, memory_dir,
-                              table, use_workdir)
+from flows.cli.common import (
+    AS_JSON,
+    POLICY,
+    TRACKING,
+    WORKDIR,
+    clear_errors,
+    console,
+    day,
+    emit,
+    fail,
+    memory_dir,
+    table,
+    use_workdir,
+)
 from flows.cli.learning import print_links, started
 
 
@@ -46,8 +58,8 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
 
 def forgotten_log(workdir: Path) -> list[dict]:
     """What each memory forgot (monim.storage.forgotten), one row per forget; a manifest that cannot be read is fsck's problem."""
-    from monim.storage.forgotten import summary
     from monim.core.manifest import ManifestError, read_manifest
+    from monim.storage.forgotten import summary
     from monim.storage.workdirs import memories
 
     rows = []
@@ -91,15 +103,15 @@ def forget(workdir: Path = WORKDIR,
     the registry's older versions that held them are refused at load."""
     from monim.storage.datastore import Datastore
     from monim.storage.forgotten import forgotten_ids
-    from monim.theta.memory import Memory
     from monim.storage.workdirs import memories, write_view
+    from monim.theta.memory import Memory
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
     days = [day(d).isoformat() for d in days or []]  # "not a date" before anything is read
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
-    held = {d for ds in stores for rec in ds.days for d in ds.shard_seen(rec.shard)}  # every article a day read,
+    held = {d for ds in stores for rec in ds.days for d in ds.shards.shard_seen(rec.shard)}  # every article a day read,
     held |= {d for ds in stores for d in forgotten_ids(ds.manifest)}  # and those forgotten (a forget again changes nothing)
     dates = {rec.date for ds in stores for rec in ds.days}
     unknown = [f"document {d!r}" for d in doc or [] if d not in held] + [f"day {d}" for d in days if d not in dates]

@@ -35,9 +35,9 @@ from starlette.requests import ClientDisconnect
 from flows.servers import schema
 from flows.servers.examples import EXAMPLES
 from monim import __version__
-from monim.theta.memory import Memory
 from monim.serving.request import BadRequest, loads
 from monim.serving.service import Busy, Service, now
+from monim.theta.memory import Memory
 
 log = logging.getLogger("monim.server")
 SERVED = ("model", "version", "as_of", "memory", "checksum")  # what a version is, as /health shows it

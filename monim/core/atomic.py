@@ -31,16 +31,14 @@ class DiskFull(OSError):
         self.path = str(path)
 
 
-def no_room(error: BaseException) -> tuple[str, str] | None:
+def no_room(error: BaseException | None) -> tuple[str, str] | None:
     """Whether an error, or one it came from, is a full disk or a file-size limit: (what happened, the
     file being written, '' where the error does not say); None where it is not."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, DiskFull):
-            return NO_ROOM[error.errno], error.path
-        if isinstance(error, OSError) and error.errno in NO_ROOM:
-            return NO_ROOM[error.errno], error.filename or ""
+        if isinstance(error, OSError) and error.errno is not None and error.errno in NO_ROOM:
+            return NO_ROOM[error.errno], error.path if isinstance(error, DiskFull) else error.filename or ""
         if SQLITE_FULL in str(error):
             return SQLITE_FULL, ""
         error = error.__cause__ or error.__context__

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,8 +18,10 @@ from monim.core import catalogue
 from monim.core.catalogue import LEARNER, MEMORY
 
 DEMO_STREAM = Path(__file__).parents[1] / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
-CONTEXT_MODES = ("carry", "document", "recompute")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
+ContextMode = Literal["carry", "document", "recompute"]
+CONTEXT_MODES = get_args(ContextMode)
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # auto: bfloat16 on a GPU; float32 on a CPU, where bfloat16 runs ~2x slower
+DTYPE_CHOICES = get_args(Dtype)
 CODECS = ("pq", "fastscan")
 FEATURE_GROUPS = ("distribution", "lexical", "density")
 SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.learning.recalibration)
@@ -260,10 +262,10 @@ class RunConfig(BaseModel):
                                          "trained and used (CalibratorConfig's fields).")
     stride: int = Field(512, ge=1, description="Tokens scored per window.")
     context: int = Field(512, ge=0, description="Tokens of left context per window.")
-    context_mode: Literal[CONTEXT_MODES] = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
+    context_mode: ContextMode = Field("carry", description="carry (KV cache of the previous window), document or recompute.")
     batch_size: int | None = Field(None, ge=1, description="Rows of up to stride + context tokens per forward "
                                    "pass; empty: 8 on a CPU, 128 on a GPU.")
-    dtype: Literal[DTYPE_CHOICES] = Field("auto", description="The LM's weights: float32, bfloat16 or float16; auto: bfloat16 on a GPU, "
+    dtype: Dtype = Field("auto", description="The LM's weights: float32, bfloat16 or float16; auto: bfloat16 on a GPU, "
                        "float32 on a CPU (where bfloat16 runs ~2x slower).")
     feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
     feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")

@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from monim.core.atomic import replacing, write_json
 from monim.core.config import cache_dir
@@ -33,7 +33,7 @@ class DayIndex:
     def start(self, date: dt.date) -> tuple[int, int] | None:
         """(offset, first line number) to read from for the records from `date` on (None: past the end)."""
         later = [d for d in sorted(self.starts or {}) if d >= date.isoformat()]
-        return self.starts[later[0]] if later else None
+        return self.starts[later[0]] if later and self.starts is not None else None
 
 
 def open_text(path: Path, seek_points: Path | None = None) -> IO[bytes]:
@@ -71,25 +71,27 @@ def day_index(path: Path, date_of: Callable[[bytes], dt.date | None]) -> DayInde
         cached = json.loads(meta.read_text())
         if cached["stamp"] == stamp and (path.suffix != ".gz" or points.exists()):
             return DayIndex(path, {d: tuple(v) for d, v in cached["starts"].items()} if cached["starts"] is not None else None)
-    starts: dict[str, tuple[int, int]] | None = {}
-    last, at = None, 0
+    starts: dict[str, tuple[int, int]] = {}
+    ordered, last, at = True, None, 0
     with open_text(path) as f:
         for n, raw in enumerate(iter(f.readline, b""), start=1):
             date = date_of(raw.removeprefix(BOM) if n == 1 else raw)
             if date is not None:
                 if last is not None and date < last:
-                    starts = None  # unsorted: readers scan the whole file (and name its late records)
+                    ordered = False  # unsorted: readers scan the whole file (and name its late records)
                     break
                 if date != last:  # the lines above the first dated one are the first day's (monim.data.stream)
                     starts[date.isoformat()] = (at, n) if starts else (0, 1)
                     last = date
             at = f.tell()
         if path.suffix == ".gz":
-            f.build_full_index()
+            gz: Any = f  # indexed_gzip's reader (open_text)
+            gz.build_full_index()
             with replacing(points) as tmp:
-                f.export_index(str(tmp))
-    write_json(meta, {"stamp": stamp, "starts": starts}, indent=None)
-    return DayIndex(path, starts)
+                gz.export_index(str(tmp))
+    kept = starts if ordered else None
+    write_json(meta, {"stamp": stamp, "starts": kept}, indent=None)
+    return DayIndex(path, kept)
 
 
 def open_at(path: Path, offset: int = 0) -> IO[bytes]:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Mapping
 
-from monim.data import dedup
 from monim.core.config import DEMO_STREAM  # noqa: F401  (where readers of streams look for it)
+from monim.data import dedup
 from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
 
 SPLITS = ("train", "validation", "test")
@@ -54,14 +54,14 @@ class Day:
             return self
         return replace(self, train=self.train[:max_docs], capped_out=self.capped_out + len(self.train) - max_docs)
 
-    def truncate(self, max_tokens: int | None, cut: Callable[[str, int], str]) -> Day:
+    def truncate(self, max_tokens: int | None, cut: Callable[[str, int], str | None]) -> Day:
         """The day with every article longer than `max_tokens` tokens cut to them (`cut(text, n)`: its
         first n tokens), counted in `truncated`."""
         if max_tokens is None:
             return self
         long = {d.id for split in SPLITS for d in self.split(split) if len(d.text) > max_tokens}  # a token has a character
-        cuts = {d.id: cut(d.text, max_tokens) for split in SPLITS for d in self.split(split) if d.id in long}
-        cuts = {i: text for i, text in cuts.items() if text is not None}
+        cuts = {d.id: text for split in SPLITS for d in self.split(split)
+                if d.id in long and (text := cut(d.text, max_tokens)) is not None}
 
         def shorter(docs: list[Document]) -> list[Document]:
             return [replace(d, text=cuts[d.id]) if d.id in cuts else d for d in docs]
@@ -80,7 +80,7 @@ class Day:
         if not why:
             return self
         kept = {s: [d for d in self.split(s) if d.id not in why] for s in SPLITS}
-        return replace(self, **kept, forgotten=self.forgotten + list(why.items()), ids=tuple(i for i in self.ids if i not in why))
+        return replace(self, train=kept["train"], validation=kept["validation"], test=kept["test"], forgotten=self.forgotten + list(why.items()), ids=tuple(i for i in self.ids if i not in why))
 
     def split(self, name: str) -> list[Document]:
         """The documents of one split by name."""
@@ -120,7 +120,8 @@ def split_day(docs: list[Document], seed: int = 0, heldout: float = 0.01,
     for i, g in enumerate(labels):
         members.setdefault(g, []).append(i)
     ranked = sorted(members.values(), key=lambda m: _rank(seed, docs[m[0]].id))
-    role, room = {}, {"validation": k, "test": k}
+    role: dict[int, str] = {}
+    room = {"validation": k, "test": k}
     for group in ranked:
         split = next((s for s, r in room.items() if r > 0 and (len(group) <= r or r == k)), None)
         if split is None:
@@ -219,6 +220,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
     def count(bad: list[BadRecord]) -> None:
         if bad and on_error == "raise":
             raise StreamError(str(bad[0]))
+        assert day is not None  # a day is being read once a record is counted
         day.skipped += len(bad)
         day.bad += [str(b) for b in bad[: NAMED - len(day.bad)]]
         day.read += [(str(b), "") for b in bad]
@@ -229,6 +231,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
         date = rec.date if isinstance(rec, BadRecord) else rec[1].date
         if date is None or (last is not None and date < last):  # the day being read counts it (if in the range)
             if last is None:
+                assert isinstance(rec, BadRecord)  # no date yet: no record read so far had a readable one
                 first.append(rec)
             elif day is not None:
                 rec = _repeated(rec, first_at, {})

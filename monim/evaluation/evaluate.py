@@ -7,17 +7,18 @@ documents with one pass of the LM: its hidden states are kept per batch and sear
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from monim.theta.knnlm import ThetaScores
-from monim.lm.model import LM
+from monim.data.sources import Document
 from monim.lm.features import Features
+from monim.lm.model import LM
 from monim.lm.scoring import ScoreConfig, TokenScores, with_neighbors
+from monim.storage.memory_settings import SettingsMismatch, window_differences
+from monim.theta.knnlm import ThetaScores
 from monim.theta.memory import Memory
 from monim.theta.ralm import Pass, articles_of, in_context, score_with_articles
-from monim.storage.memory_settings import SettingsMismatch, window_differences
-from monim.data.sources import Document
 
 
 def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
@@ -126,7 +127,7 @@ def evaluate_many(lm: LM, docs: list[Document], memories: dict, features: Featur
                 continue
             b = searched(lm, batch, memory)
             tallies[key].add(b, theta_of(b, memory), novel(key, batch))
-    out = {name: {} for name in memories}
+    out: dict[str, dict[str, float]] = {name: {} for name in memories}
     for key, ralm in in_context_passes(lm, memories, docs, features).items():
         for b in ralm.batches:
             b = searched(lm, b, memories[key])
@@ -146,7 +147,7 @@ def in_context_passes(lm: LM, memories: dict, docs: list[Document], features: Fe
             w = memory.settings.window
             groups.setdefault((ids, p.ralm_stride, p.ralm_query, w.context, w.stride), []).append(key)
     tokens = features.tokenize(docs) if groups else []
-    out = {}
+    out: dict[str, Pass] = {}
     for keys in groups.values():
         ralm = score_with_articles(lm, memories[keys[0]], docs, tokens, any(memories[k].retrieves for k in keys))
         out |= {k: ralm for k in keys}
@@ -187,4 +188,5 @@ def score_texts(lm: LM, docs: list[Document], memory: Memory | None = None, feat
 
 def _rows(batch: TokenScores, rows: np.ndarray) -> TokenScores:
     """Some rows of a searched batch, neighbours included."""
-    return TokenScores(**{f: None if v is None else v[rows] for f, v in vars(batch).items()})
+    picked: dict[str, Any] = {f: None if v is None else v[rows] for f, v in vars(batch).items()}
+    return TokenScores(**picked)

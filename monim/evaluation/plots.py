@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import matplotlib
 
@@ -29,8 +30,8 @@ def ppl_over_days(rows: list[dict]) -> Figure:
     """Test perplexity of each day's articles: LM alone and LM + memory."""
     days = [r["date"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(days, [r.get("ppl_lm") for r in rows], "--", label="LM alone")
-    ax.plot(days, [r.get("ppl") for r in rows], "o-", label="LM + memory")
+    ax.plot(days, [r.get("ppl_lm", math.nan) for r in rows], "--", label="LM alone")  # NaN: a day without it
+    ax.plot(days, [r.get("ppl", math.nan) for r in rows], "o-", label="LM + memory")
     ax.set(xlabel="day", ylabel="test PPL", title="Perplexity over days")
     ax.legend()
     fig.autofmt_xdate()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from monim.data.sources import StreamError, parse_date
 from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.model import LM
-from monim.theta.ralm import Prefixes, articles_of, in_context, reach
 from monim.lm.scoring import ScoreConfig, TokenScores, score_tokens
-from monim.data.sources import StreamError, parse_date
+from monim.theta.ralm import Prefixes, articles_of, in_context, reach
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def answer_questions(lm: LM, questions: list[Question], memories: dict, shots: i
     # short answers after long prompts: small strides, the rest of the window as context
     cfg = replace(cfg, stride=32, context=cfg.context + cfg.stride - 32, batch_size=32)
     seqs = choice_sequences(lm, questions, pool if pool is not None else questions, shots)
-    total = {name: {} for name in memories}  # name -> seq id -> [sum log P, tokens]
+    total: dict[str, dict[str, list[float]]] = {name: {} for name in memories}  # name -> seq id -> [sum log P, tokens]
     for memory in memories.values():
         if memory is not None:
             memory.sync()

@@ -14,8 +14,8 @@ import numpy as np
 
 from monim.core.catalogue import shown_order
 from monim.core.numbers import shown
-from monim.evaluation.totals import summarize
 from monim.evaluation.plots import bars, lines, panels
+from monim.evaluation.totals import summarize
 
 DAILY = ("tokens", "ppl", "ppl_lm", "accuracy", "tokens_seen", "entries", "memrate", "memory_bytes", "seconds_learn",
          "ppl_novel", "ppl_lm_novel", "twin_share", "evaluate_seconds", "lm_tokens_per_token")
@@ -131,7 +131,8 @@ def _qa(runs: dict, out: Path) -> str | None:
                   key=lambda k: int(k.removeprefix("qa_accuracy_").removesuffix("shot")))
     if not keys:
         return None
-    rows, groups = [], {}
+    rows: list[list] = []
+    groups: dict[str, dict[str, tuple[float, float, float]]] = {}
     for name in _ordered(runs):
         m = {k: v[-1][1] for k, v in runs[name]["metrics"].items() if k.startswith("qa_")}
         if not any(k in m for k in keys):

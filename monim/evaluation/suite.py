@@ -11,18 +11,17 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable, Literal
 
 import numpy as np
 
+from monim.core.recency import Recency
+from monim.data.sources import Document, Fields, open_source
+from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate_many
+from monim.evaluation.qa import answer_questions, read_questions
 from monim.lm.features import Features
 from monim.lm.model import LM
-from monim.evaluation.qa import answer_questions, read_questions
-from monim.core.recency import Recency
-from monim.data.sources import Fields
-from monim.data.sources import Document, open_source
-from monim.data.stream import iter_days
 
 View = tuple[LM, Features, dict]
 
@@ -79,7 +78,7 @@ def period_of(date: dt.date, by: str) -> str:
 
 def period_sets(source: str, start: dt.date | None, end: dt.date | None, by: str, seed: int = 0,
                 max_docs: int | None = None, split: str = "test", fields: Fields | None = None,
-                on_error: str = "raise") -> dict[str, list[Document]]:
+                on_error: Literal["raise", "skip"] = "raise") -> dict[str, list[Document]]:
     """Each period's held-out articles in date order; at most `max_docs`, spread evenly over it."""
     sets: dict[str, list[Document]] = {}
     for day in iter_days(open_source(source, fields), start, end, seed, on_error):
@@ -118,7 +117,7 @@ def text_results(views: Iterable[View], doc: Document) -> dict:
     return out
 
 
-def qa_results(views: Iterable[View], path: str, first: dt.date, last: dt.date, e: EvalConfig) -> dict[int, dict]:
+def qa_results(views: Iterable[View], path: str, first: dt.date | None, last: dt.date | None, e: EvalConfig) -> dict[int, dict]:
     """{shots: {key: accuracy, interval, n}} on the questions of the window a run learned from
     `first` to `last` is asked (EvalConfig.qa_window); solved examples come from the whole file."""
     questions, pool = read_questions(path, *e.qa_window(first, last)), read_questions(path)

@@ -9,14 +9,14 @@ from typing import Callable
 
 import numpy as np
 
-from monim.storage import articles
-from monim.learning.recalibration import Sample, sample_path
-from monim.storage.entries import Entries
-from monim.lm.features import Features
-from monim.theta.memory import Memory
+from monim.data.stream import Day
 from monim.learning.decision import Decision
 from monim.learning.policies import Policy, policy_params
-from monim.data.stream import Day
+from monim.learning.recalibration import Sample, sample_path
+from monim.lm.features import Features
+from monim.storage import articles
+from monim.storage.entries import Entries
+from monim.theta.memory import Memory
 
 
 @dataclass
@@ -71,7 +71,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
             rec = next(d for d in ds.days if d.date == date)
             return DayStats(date, rec.tokens_seen, rec.entries, rec.memrate, False, ds.version)
         if not ds.committed(date):
-            ds.appendable(date)  # before any work: a day before the last, or a forgotten one
+            ds.commits.appendable(date)  # before any work: a day before the last, or a forgotten one
         features = features or memory.features()
         docs = day.train
         tokens = features.tokenize(docs)
@@ -109,7 +109,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
             timer["merge"] = time.perf_counter() - t
         t = time.perf_counter()
         sample.save(sample_path(memory, date))  # before the commit: a committed day always has its sample
-        ds.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
+        ds.commits.commit_day(date, entries, tokens_seen, policy.name, policy_params(policy), force=force,
                       text=articles.day_text(docs, tokens) | articles.seen(day.ids or [d.id for d in docs]),
                       titles={d.id: d.title for d in docs}, weights=weights, merged=merged, searched=searched)
         memory.lexical()  # extend the lexical counts with the day

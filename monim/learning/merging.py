@@ -35,7 +35,7 @@ def greedy_merge(memory: Memory, entries: Entries, k: int, rng: np.random.Genera
     dist, ids = (np.concatenate(parts, axis=1) for parts in zip(*found))
     order = np.argsort(dist, axis=1, kind="stable")[:, :k]
     ids = np.where(np.isfinite(np.take_along_axis(dist, order, 1)), np.take_along_axis(ids, order, 1), -1)
-    old_values, old_weights = memory.ds.values_by_id(), memory.ds.weights_by_id()
+    old_values, old_weights = memory.ds.shards.values_by_id(), memory.ds.shards.weights_by_id()
     removed, weights, merged = np.zeros(n, bool), np.ones(n, np.int64), set()
     for i in rng.permutation(n):
         if removed[i]:

@@ -28,8 +28,8 @@ from transformers import AutoModelForCausalLM
 
 from monim.core.atomic import is_stray, replacing, write_json
 from monim.core.config import Learner
-from monim.lm.model import LM
 from monim.data.sources import Document
+from monim.lm.model import LM
 
 WEIGHTS = "model.safetensors"
 

@@ -11,17 +11,17 @@ import numpy as np
 from monim.core import catalogue
 from monim.core.catalogue import MEMORY
 from monim.core.config import PolicyConfig
-from monim.storage.entries import Entries
 from monim.learning.decision import Decision, Searching
 from monim.learning.merging import greedy_merge
 from monim.learning.threshold import amt_threshold, certain, decided, lm_slack
+from monim.storage.entries import Entries
 
 if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects keys (key_surprisal)
     from monim.core.config import RunConfig
-    from monim.theta.knnlm import ThetaScores
     from monim.lm.model import LM
-    from monim.theta.memory import Memory
     from monim.lm.scoring import TokenScores
+    from monim.theta.knnlm import ThetaScores
+    from monim.theta.memory import Memory
 
 
 class Policy:

@@ -27,16 +27,32 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from monim.theta.calibrator import LAM_CEIL, Calibrator, CalibratorConfig, Examples, examples, train_calibrator, warm_epochs
 from monim.core.atomic import checksum, replacing, write_json
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import (TEMPERATURES, Interpolation, choose_rule, copies, interpolate, knn_logprobs_by_temperature,
-                         prior_lam, tune_grid)
-from monim.lm.features import Features
-from monim.lm.scoring import TokenScores
-from monim.storage.memory_settings import Settings
 from monim.data.sources import Document
 from monim.data.stream import Day
+from monim.lm.features import Features
+from monim.lm.scoring import TokenScores
+from monim.storage.datastore import Datastore
+from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import (
+    LAM_CEIL,
+    Calibrator,
+    CalibratorConfig,
+    Examples,
+    examples,
+    train_calibrator,
+    warm_epochs,
+)
+from monim.theta.knnlm import (
+    TEMPERATURES,
+    Interpolation,
+    choose_rule,
+    copies,
+    interpolate,
+    knn_logprobs_by_temperature,
+    prior_lam,
+    tune_grid,
+)
 
 if TYPE_CHECKING:
     from monim.theta.memory import Memory
@@ -63,7 +79,8 @@ class Sample:
     """The LM features of a day's sampled training tokens, gathered while the day is memorized."""
 
     def __init__(self, doc_ids: set[str], budget: int):
-        self.doc_ids, self.budget, self.parts, self.n = doc_ids, budget, [], 0
+        self.doc_ids, self.budget, self.n = doc_ids, budget, 0
+        self.parts: list[TokenScores] = []
 
     @classmethod
     def of(cls, docs: list[Document], lengths: list[int], ccfg: CalibratorConfig) -> Sample:
@@ -116,8 +133,8 @@ def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: st
     the rule choice)."""
     ds = memory.ds
     record = next(d for d in ds.days if d.date == day.date.isoformat())
-    ids, docs = np.asarray(ds.shard(record.shard, "ids")), np.asarray(ds.shard(record.shard, "docs"))
-    names = ds.shard_docs(record.shard)
+    ids, docs = np.asarray(ds.shards.shard(record.shard, "ids")), np.asarray(ds.shards.shard(record.shard, "docs"))
+    names = ds.shards.shard_docs(record.shard)
     k = memory.index.cfg.k
     dist, values = np.full((len(sample), k), np.inf, np.float32), np.full((len(sample), k), -1, np.int32)
     keys = sample.key.astype(np.float32)
@@ -167,7 +184,8 @@ def _draw(tokens: TokenScores) -> np.ndarray:
 
 def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Examples]]:
     """The newest days' examples whose training (not held-out) tokens add up to about `tokens`."""
-    kept, total = [], 0
+    kept: list[tuple[str, Examples]] = []
+    total = 0
     for name, ex in reversed(parts):
         if kept and total >= tokens:
             break
@@ -221,7 +239,7 @@ def retrain_calibrator(ds: Datastore) -> None:
     calibrator.record["date"] = theta["date"]
     with replacing(folder / "calibrator.pt") as tmp:
         calibrator.save(tmp)
-    ds.set_theta(theta | {"checksums": theta_checksums(folder)})
+    ds.commits.set_theta(theta | {"checksums": theta_checksums(folder)})
 
 
 def calibrate(memory: Memory, day: Day, features: Features | None = None, force: bool = False) -> dict:
@@ -246,8 +264,8 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
         parts = [held_out_examples(memory, validation, features, ccfg.holdout if paper else None, f"{date}-validation")]
         if not paper and (sample := day_sample(memory, day, features)) is not None:
             parts.insert(0, sample_examples(memory, sample, day, "day" if ccfg.source == "yesterday" else "group"))
-        parts = [p for p in parts if p is not None and len(p)]
-        new = Examples.concat(parts) if parts else None
+        found = [p for p in parts if p is not None and len(p)]
+        new = Examples.concat(found) if found else None
         previous = memory.calibration_files()
         previous = previous[:-1] if same_day else previous  # a forced re-run replaces the day's own examples
         name = f"{date}-{uuid.uuid4().hex[:8]}"
@@ -275,7 +293,7 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
                 new.save(tmp / "examples.npz")
             calibrator.save(tmp / "calibrator.pt")
             write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
-        memory.ds.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
+        memory.ds.commits.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
                              "dir": f"theta/{name}", "nll": nll, "checksums": theta_checksums(root / "theta" / name)})
         for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
             (root / p).unlink(missing_ok=True)

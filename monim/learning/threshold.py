@@ -57,7 +57,7 @@ def decided(logp: np.ndarray, max_logp: np.ndarray, lam_max: float, delta: float
     l_lo, l_hi, m_lo, m_hi = theta_box(logp, max_logp, lam_max)
     if not adaptive:
         return l_hi < delta - RULE_SLACK, l_lo >= delta + RULE_SLACK
-    g = lambda l, m: l * (m - l + 0.5)  # noqa: E731
+    g = lambda L, M: L * (M - L + 0.5)  # noqa: E731
     return g(l_hi, m_lo) < delta - RULE_SLACK, g(l_lo, m_hi) >= delta + RULE_SLACK
 
 

@@ -24,9 +24,9 @@ import numpy as np
 
 from monim.core.atomic import TMP, is_stray, replacing
 from monim.core.config import RunConfig
+from monim.data.sources import Document
 from monim.lm.model import LM
 from monim.lm.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
-from monim.data.sources import Document
 
 STORED = ("prev", "target", "logp", "max_logp", "entropy", "argmax", "key", "hidden")
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)

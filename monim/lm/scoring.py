@@ -9,7 +9,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -17,8 +17,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from monim.core.config import ScoreConfig
-from monim.lm.model import LM
 from monim.data.sources import Document
+from monim.lm.model import LM
 
 # device type -> (rows per forward pass, tokens per vocabulary projection, tokens planned together) where the
 # config leaves them open: a GPU needs large batches to be busy (and a plan large enough to fill them); a CPU
@@ -211,7 +211,11 @@ def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, 
     part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
 
 
-def _ready(queued: Pending, new: Pending) -> Iterator[TokenScores]:
+def _nothing() -> None:
+    """No pass queued: before the first pass, and behind the last."""
+
+
+def _ready(queued: Pending, new: Pending) -> Generator[TokenScores, None, Pending]:
     """Yield the previous pass's scores once the next pass is queued behind them; the next becomes the queued one."""
     if (scores := queued()) is not None:
         yield scores
@@ -238,7 +242,7 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             i = len(rows) - 1
         rows[i].append(sp)
         room[i] -= sp.e - sp.a
-    queued: Pending = lambda: None
+    queued: Pending = _nothing
     for i in range(0, len(rows), cfg.batch_size):
         batch = rows[i : i + cfg.batch_size]
         width = max(sum(s.e - s.a for s in row) for row in batch)
@@ -255,7 +259,7 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             pos[b, c:] = torch.arange(width - c)  # padding: a sequence of its own
         hidden, keys = lm.forward(ids.to(lm.device), position_ids=pos.to(lm.device))
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden))
-    yield from _ready(queued, lambda: None)
+    yield from _ready(queued, _nothing)
 
 
 @torch.inference_mode()
@@ -271,7 +275,7 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
     keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride - sink
     cache, past = DynamicCache(config=lm.model.config), torch.zeros((len(docs), 0), dtype=torch.long)
     origin = [steps[0].a for steps in docs]
-    queued: Pending = lambda: None
+    queued: Pending = _nothing
     for j in range(len(docs[0])):
         step = [steps[j] for steps in docs]
         width = max(sp.e - sp.a for sp in step)
@@ -294,7 +298,7 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
                 layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
                 layer.values = torch.cat([layer.values[:, :, :sink], layer.values[:, :, -keep:]], dim=2)
             past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
-    yield from _ready(queued, lambda: None)
+    yield from _ready(queued, _nothing)
 
 
 def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,

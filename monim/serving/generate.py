@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from monim.data.sources import short_title
 from monim.lm.model import LM
+from monim.lm.scoring import TokenScores
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
-from monim.lm.scoring import TokenScores
-from monim.data.sources import short_title
 
 SENTENCE_END = (".", "!", "?")  # and a blank line
 
@@ -108,12 +108,12 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> in
 def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]]:
     """(day, document id, title) of memory entry ids."""
     ds = memory.ds
-    day, row = ds.locate(np.array(ids, np.int64))
+    day, row = ds.shards.locate(np.array(ids, np.int64))
     out = {}
     for i in np.unique(day[day >= 0]):
         rec = ds.days[i]
-        docs, names = np.asarray(ds.shard(rec.shard, "docs")), ds.shard_docs(rec.shard)
-        titles = ds.shard_titles(rec.shard) or [""] * len(names)
+        docs, names = np.asarray(ds.shards.shard(rec.shard, "docs")), ds.shards.shard_docs(rec.shard)
+        titles = ds.shards.shard_titles(rec.shard) or [""] * len(names)
         for j in np.flatnonzero(day == i):
             d = int(docs[row[j]])
             out[ids[j]] = (rec.date, names[d], short_title(titles[d]))  # (stored before titles were capped)

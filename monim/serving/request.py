@@ -175,7 +175,7 @@ def _split(data: object, limits: Limits) -> list[tuple[object, tuple[str, str]]]
     _count("dataframe_split.data", len(rows), limits)
     if index is not None and not (isinstance(index, list) and len(index) == len(rows)):
         raise BadRequest(f"dataframe_split.index: one label a row ({len(rows)}), got {SHORT.repr(index)}")
-    out = []
+    out: list[tuple[object, tuple[str, str]]] = []
     for i, row in enumerate(rows):
         if not isinstance(row, list):
             row = [row] if len(columns) == 1 else row  # one column: pandas takes a value a row
@@ -211,6 +211,6 @@ def _row(row: object, at: tuple[str, str], limits: Limits) -> tuple[str, str, bo
         raise BadRequest(f"{named}: expected non-empty text, got {SHORT.repr(value)}")
     if len(value) > limits.max_chars:
         raise BadRequest(f"{named}: {len(value)} characters; at most {limits.max_chars}")
-    if (at := lone_surrogate(value)) is not None:  # JSON's "\ud800": no character, no token
-        raise BadRequest(f"{named}: a lone surrogate {value[at]!r} at character {at}: not Unicode text")
+    if (where := lone_surrogate(value)) is not None:  # JSON's "\ud800": no character, no token
+        raise BadRequest(f"{named}: a lone surrogate {value[where]!r} at character {where}: not Unicode text")
     return name, value, retrieve, named

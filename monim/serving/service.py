@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from monim.data.sources import Document
 from monim.evaluation.evaluate import score_texts
 from monim.serving.generate import Decoder, Row
 from monim.serving.request import BadRequest, Limits, Request, parse
 from monim.theta.memory import Memory
-from monim.data.sources import Document
 
 log = logging.getLogger(__name__)
 class Busy(RuntimeError):
@@ -122,7 +122,8 @@ class Service:
         by one token and answers the requests whose rows are all done. A new Θ answers the requests
         that arrive after its swap on a decoder of its own, while the continuations in flight end on
         the old one's: every request is answered by one Θ, and none waits for a swap."""
-        decoders, running, closing = [Decoder(self.memory.lm, self.memory)], [], False  # running: (job, its decoder)
+        decoders, closing = [Decoder(self.memory.lm, self.memory)], False
+        running: list[tuple[_Job, Decoder]] = []  # (job, its decoder)
         while not (closing and not running):
             taken = [self._queue.get()] if not running else []
             while not self._queue.empty():
@@ -226,12 +227,13 @@ class Service:
     def _answer(self, job: _Job) -> None:
         """A request whose continuations all ended: its answers, or its error (a refusal where they all
         stopped before their first token, still waiting for room in the batch)."""
-        if job.error is None and job.rows and not any(row.result.tokens for _, row in job.rows):
-            job.error = self._busy(job.rows[0][1].result.stopped)
-        for i, row in job.rows:
-            if row.result.stopped not in ("max_new_tokens", "eos", "request refused"):
-                log.warning("a continuation stopped after %d tokens: %s", len(row.result.tokens), row.result.stopped)
-            job.answers[i] = row.result.as_dict()
+        ended = [(i, row.result) for i, row in job.rows if row.result is not None]  # all of them, by now
+        if job.error is None and ended and not any(result.tokens for _, result in ended):
+            job.error = self._busy(ended[0][1].stopped)
+        for i, result in ended:
+            if result.stopped not in ("max_new_tokens", "eos", "request refused"):
+                log.warning("a continuation stopped after %d tokens: %s", len(result.tokens), result.stopped)
+            job.answers[i] = result.as_dict()
         self._finish(job, job.error)
 
     def _finish(self, job: _Job, error: Exception | None) -> None:

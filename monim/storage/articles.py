@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def _array(rows: list, name: str = ARRAY) -> dict[str, np.ndarray]:
     return {name: np.frombuffer(json.dumps(rows, ensure_ascii=False).encode(), np.uint8).copy()}
 
 
-def unpack(array: np.ndarray) -> list[list[str]]:
+def unpack(array: np.ndarray) -> list[Any]:
     """[[id, title, text], ...] (or the ids seen) from a shard's array."""
     return json.loads(bytes(np.asarray(array)).decode())
 

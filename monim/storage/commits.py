@@ -1,6 +1,6 @@
 """A datastore's writes, each published by one manifest rename: a day committed atomically
-(idempotent), a forget (for good: monim.storage.forgotten), a relearn, and the garbage a crash
-left removed. Datastore is one; its caller holds the memory's lock.
+(idempotent), a forget (for good: monim.storage.forgotten), a relearn, Θ's settings, a day's
+evaluation, and the garbage a crash left removed. A Datastore owns one; its caller holds the memory's lock.
 """
 
 from __future__ import annotations
@@ -14,23 +14,29 @@ from typing import Callable
 
 import numpy as np
 
+from monim.core.atomic import checksum, replacing, write_json
+from monim.core.manifest import DayRecord
 from monim.data.dedup import TWINS, Signatures
 from monim.data.sources import Document
 from monim.storage import articles, forgotten, lexical
-from monim.core.atomic import checksum, replacing, write_json
 from monim.storage.entries import DTYPES, Entries
-from monim.storage.shards import WEIGHTS
-from monim.core.manifest import DayRecord
+from monim.storage.shards import WEIGHTS, Shards
 
 Retext = Callable[[list[Document]], dict[str, np.ndarray]]  # a day's text arrays from its articles (articles.day_text)
 TEXT = (*lexical.TEXT_ARRAYS, lexical.GRAMS, *TWINS, articles.ARRAY, articles.SEEN)  # a day's text arrays: none per entry
 
 
 class Commits:
-    """A datastore's writes, each published by one manifest rename."""
+    """A datastore's writes, each published by one manifest rename that its shards then follow."""
 
-    root: Path
-    manifest: dict
+    def __init__(self, shards: Shards):
+        self.shards = shards
+        self.root = shards.root
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest as last published (what every write changes)."""
+        return self.shards.manifest
 
     def commit_day(self, date: dt.date | str, entries: Entries, tokens_seen: int, policy: str,
                    params: dict | None = None, force: bool = False, text: dict[str, np.ndarray] | None = None,
@@ -47,7 +53,7 @@ class Commits:
         """
         date = str(date)
         days = list(self.manifest["days"])
-        if self.committed(date):
+        if self.shards.committed(date):
             if not force:
                 return False
             if days[-1]["date"] != date:
@@ -56,8 +62,8 @@ class Commits:
             days.pop()
         else:
             self.appendable(date)
-        if len(entries) and entries.keys.shape[1] != self.identity["hidden_size"]:
-            raise ValueError(f"keys have {entries.keys.shape[1]} dims, memory has {self.identity['hidden_size']}")
+        if len(entries) and entries.keys.shape[1] != self.manifest["hidden_size"]:
+            raise ValueError(f"keys have {entries.keys.shape[1]} dims, memory has {self.manifest['hidden_size']}")
 
         next_id = self.manifest["next_id"]
         docs = sorted(set(entries.doc_ids))
@@ -81,6 +87,18 @@ class Commits:
         self._publish(days, next_id=next_id + len(entries))
         return True
 
+    def set_theta(self, theta: dict) -> None:
+        """Record the semiparametric model's settings (λ, T, date, dir, ...) the next day will score
+        with, and add them to Θ's history (a day calibrated again replaces its entry)."""
+        self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
+
+    def record_evaluation(self, date: str, row: dict) -> None:
+        """Record a committed day's row of metrics (replacing an earlier one): the day is evaluated."""
+        if not self.shards.committed(date):
+            raise ValueError(f"day {date} is not committed to {self.root}: only a committed day is evaluated")
+        days = [d | {"evaluation": row} if d["date"] == date else d for d in self.manifest["days"]]
+        self._publish(days, next_id=self.manifest["next_id"], bump=False)
+
     def appendable(self, date: str) -> None:
         """Refuse a day the memory cannot add: one before its last day, or one it forgot (ForgottenDay)."""
         if self.manifest["days"] and date < self.manifest["days"][-1]["date"]:
@@ -99,18 +117,19 @@ class Commits:
         feature store), its features go too (monim.lm.features.forget: by its text, else its day's)."""
         drop_docs, drop_days = set(doc_ids or ()), {str(d) for d in days or ()} - set(forgotten.forgotten_days(self.manifest))
         last = self.manifest["days"][-1]["date"] if self.manifest["days"] else None
-        removed, new_days, gone, held, texts, keys, unkept = 0, [], {}, {}, [], [], set()
+        removed, new_days, gone, texts, keys, unkept = 0, [], {}, [], [], set()
+        held: dict[str, str] = {}  # a forgotten article -> the day that held it
         for rec in map(dict, self.manifest["days"]):
             if rec["date"] in drop_days:
-                removed, gone[rec["date"]] = removed + rec["entries"], self.shard_seen(rec["shard"])
+                removed, gone[rec["date"]] = removed + rec["entries"], self.shards.shard_seen(rec["shard"])
                 if rec["date"] == last:  # uncommitted (its ids are not used again: ids stay stable)
                     continue
                 rec.update(entries=0, forgotten=rec["forgotten"] + rec["entries"], **self._rewrite(rec, None))
             elif drop_docs:
-                docs, names = np.asarray(self.shard(rec["shard"], "docs")), self.shard_docs(rec["shard"])
+                docs, names = np.asarray(self.shards.shard(rec["shard"], "docs")), self.shards.shard_docs(rec["shard"])
                 keep = ~np.isin(docs, [i for i, d in enumerate(names) if d in drop_docs])
-                hit = [a for a in self.shard_articles(rec["shard"]) if a[0] in drop_docs]
-                read = set(self.shard_seen(rec["shard"])) & drop_docs
+                hit = [a for a in self.shards.shard_articles(rec["shard"]) if a[0] in drop_docs]
+                read = set(self.shards.shard_seen(rec["shard"])) & drop_docs
                 if not keep.all() or hit or read:
                     removed += int((~keep).sum())
                     held |= {names[i]: rec["date"] for i in np.unique(docs[~keep])} | dict.fromkeys([a[0] for a in hit], rec["date"]) \
@@ -118,7 +137,7 @@ class Commits:
                     texts += [a[2] for a in hit]
                     if (read | {names[i] for i in np.unique(docs[~keep])}) - {a[0] for a in hit}:
                         unkept.add(rec["date"])  # a document whose text the day does not keep (held out)
-                    keys.append(np.asarray(self.shard(rec["shard"], "keys"))[~keep])
+                    keys.append(np.asarray(self.shards.shard(rec["shard"], "keys"))[~keep])
                     rec.update(entries=int(keep.sum()), forgotten=rec["forgotten"] + int((~keep).sum()),
                                **self._rewrite(rec, keep, drop_docs, retext))
             new_days.append(rec)
@@ -130,9 +149,9 @@ class Commits:
             self._purge_calibration(set(gone), set(held) | {i for ids in gone.values() for i in ids}, keys)
             thetas = [t for t in self.manifest["thetas"] if last not in gone or t["date"] != last]
             event = forgotten.forget_event(gone, held, reason, Signatures.of(texts) if texts else None)
-            self.manifest = dict(self.manifest, thetas=thetas, forgotten=[*forgotten.log(self.manifest), event])
             (self.root / lexical.CACHE).unlink(missing_ok=True)  # derived from the shards: made again without them when read
-            self._publish(new_days, next_id=self.manifest["next_id"])
+            self._publish(new_days, next_id=self.manifest["next_id"], thetas=thetas,
+                          forgotten=[*forgotten.log(self.manifest), event])
         return removed
 
     def _purge_calibration(self, dates: set[str], doc_ids: set[str], keys: list[np.ndarray]) -> None:
@@ -158,29 +177,29 @@ class Commits:
         forgotten.check_relearn(self.manifest, date)
         days = self.manifest["days"]
         kept = days[:-1] if days and days[-1]["date"] == date else days
-        self.manifest = dict(self.manifest, thetas=[t for t in self.manifest["thetas"] if t["date"] != date],
-                             forgotten=[*forgotten.log(self.manifest), forgotten.relearn_event(date)])
-        self._publish(kept, next_id=self.manifest["next_id"], bump=len(kept) != len(days))
+        self._publish(kept, next_id=self.manifest["next_id"], bump=len(kept) != len(days),
+                      thetas=[t for t in self.manifest["thetas"] if t["date"] != date],
+                      forgotten=[*forgotten.log(self.manifest), forgotten.relearn_event(date)])
 
     def _without(self, rec: dict, merged: np.ndarray) -> dict:
         """A day's record with the merged entry ids removed from its shard (rewritten if any was there)."""
         if not rec["entries"]:
             return rec
-        keep = ~np.isin(self.shard(rec["shard"], "ids"), merged)
+        keep = ~np.isin(self.shards.shard(rec["shard"], "ids"), merged)
         if keep.all():
             return rec
         rec = dict(rec, merged=rec.get("merged", 0) + int((~keep).sum()), entries=int(keep.sum()))
         return rec | self._rewrite(rec, keep)
 
-    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] = frozenset(),
+    def _rewrite(self, rec: dict, keep: np.ndarray | None, drop_docs: set[str] | frozenset[str] = frozenset(),
                  retext: Retext | None = None) -> dict:
         """A new shard holding the kept entries of `rec`'s shard (keep None: none, nor its text) without
         `drop_docs` (their ids, headlines and text): its name and checksums."""
         old = rec["shard"]
-        n = len(self.shard(old, "values"))
-        per_entry = [*DTYPES, WEIGHTS] if self.has_array(old, WEIGHTS) else list(DTYPES)
-        arrays = {a: np.asarray(self.shard(old, a))[np.zeros(n, bool) if keep is None else keep] for a in per_entry}
-        names, titles = ([], None) if keep is None else (self.shard_docs(old), self.shard_titles(old))
+        n = len(self.shards.shard(old, "values"))
+        per_entry = [*DTYPES, WEIGHTS] if self.shards.has_array(old, WEIGHTS) else list(DTYPES)
+        arrays = {a: np.asarray(self.shards.shard(old, a))[np.zeros(n, bool) if keep is None else keep] for a in per_entry}
+        names, titles = ([], None) if keep is None else (self.shards.shard_docs(old), self.shards.shard_titles(old))
         if keep is not None:
             arrays |= self._text_without({p.stem: np.load(p) for p in (self.root / "shards" / old).glob("*.npy")
                                           if p.stem not in per_entry}, rec["date"], drop_docs, retext)
@@ -192,7 +211,7 @@ class Commits:
         return {"shard": name, "checksums": self._write_shard(name, arrays, names, titles)}
 
     @staticmethod
-    def _text_without(text: dict[str, np.ndarray], date: str, drop_docs: set[str], retext: Retext | None) -> dict:
+    def _text_without(text: dict[str, np.ndarray], date: str, drop_docs: set[str] | frozenset[str], retext: Retext | None) -> dict:
         """A shard's text arrays without these documents: made again from the articles it keeps (`retext`),
         or, where it cannot be (no articles kept, or no `retext`), without the day's text; their ids gone
         from the ids the day read."""
@@ -217,19 +236,19 @@ class Commits:
                 (tmp / "titles.json").write_text(json.dumps(titles))
             return {p.name: checksum(p) for p in sorted(tmp.iterdir())}
 
-    def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True) -> None:
-        """Commit: the manifest rename is the single step that makes a change visible.
+    def _publish(self, days: list[dict], next_id: int, theta: dict | None = None, bump: bool = True, **fields) -> None:
+        """Commit: the manifest rename is the single step that makes a change visible (`fields`: the
+        manifest's other records changed with it).
 
         The version counts changes to the entries (what the index must follow).
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        manifest = dict(self.manifest, days=days, next_id=next_id, version=self.version + bump,
+        manifest = dict(self.manifest, **fields, days=days, next_id=next_id, version=self.manifest["version"] + bump,
                         entries=sum(d["entries"] for d in days))
         if theta is not None:
             manifest["thetas"] = [t for t in manifest["thetas"] if t["date"] != theta["date"]] + [theta]
         write_json(self.root / "manifest.json", manifest)
-        self.manifest = manifest
-        self._values = self._weights = None
+        self.shards.follow(manifest)
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:

@@ -20,19 +20,17 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
-
 from monim.core.atomic import checksum
+from monim.core.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 from monim.storage.commits import Commits
 from monim.storage.shards import Shards
-from monim.core.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
 
 
-class Datastore(Shards, Commits):
-    """The memory's entries on disk, and the manifest's records (days, counts, evaluations, Θ's
-    history); its shards read (monim.storage.shards.Shards) and written (monim.storage.commits.Commits),
-    every change published by one manifest rename.
+class Datastore:
+    """A memory directory's entries and records: the manifest, its days read by `shards` and changed by `commits`.
 
+    Its shards (monim.storage.shards.Shards) read the arrays of the days the manifest commits; its
+    commits (monim.storage.commits.Commits) write them, every change published by one manifest rename.
     `identity` (model, hidden size, tokenizer and weights hashes) says which LM's keys it holds: one
     that differs from the manifest's is refused; None opens the memory as its manifest says."""
 
@@ -54,10 +52,13 @@ class Datastore(Shards, Commits):
             manifest = {"format": FORMAT, **identity, "key_dtype": "float16", "version": 0,
                         "next_id": 0, "entries": 0, "days": [], "thetas": []}
         self.identity = {k: manifest[k] for k in IDENTITY if k in manifest}
-        self.manifest = upgrade(manifest, self.root)
-        self._values: np.ndarray | None = None
-        self._weights: np.ndarray | None = None
-        self._pinned: dict[str, dict[str, object]] | None = None  # shard -> its files, opened by pin()
+        self.shards = Shards(self.root, upgrade(manifest, self.root))
+        self.commits = Commits(self.shards)
+
+    @property
+    def manifest(self) -> dict:
+        """What is committed, as last read or published."""
+        return self.shards.manifest
 
     @property
     def lock(self) -> Path:
@@ -72,9 +73,8 @@ class Datastore(Shards, Commits):
             if key in self.manifest and key not in manifest:
                 manifest[key] = self.manifest[key]
         changed = manifest != self.manifest
-        self.manifest = manifest
         if changed:
-            self._values = self._weights = self._pinned = None
+            self.shards.follow(manifest, unpin=True)
         return changed
 
     @classmethod
@@ -88,21 +88,23 @@ class Datastore(Shards, Commits):
         return cls(root, {"model": lm.name, "hidden_size": lm.hidden_size, "tokenizer": lm.fingerprint,
                           "weights": lm.weights})
 
-    # --- reading ---------------------------------------------------------------------------
-
     @property
     def version(self) -> int:
         return self.manifest["version"]
 
     @property
     def days(self) -> list[DayRecord]:
-        return [DayRecord(**d) for d in self.manifest["days"]]
+        return self.shards.days
+
+    def days_at(self, as_of: str | None = None) -> list[DayRecord]:
+        """The committed days up to the end of day `as_of` (None: all of them)."""
+        return [d for d in self.days if as_of is None or d.date <= as_of]
 
     def __len__(self) -> int:
         return self.manifest["entries"]
 
     def committed(self, date: dt.date | str) -> bool:
-        return any(d["date"] == str(date) for d in self.manifest["days"])
+        return self.shards.committed(date)
 
     def evaluations(self) -> dict[str, dict]:
         """The row of metrics of each evaluated day (date -> row)."""
@@ -124,25 +126,11 @@ class Datastore(Shards, Commits):
         files = [p for d in self.days for p in (self.root / "shards" / d.shard).iterdir()]
         return sum(p.stat().st_size for p in files)
 
-    # --- writing ---------------------------------------------------------------------------
-
-    def set_theta(self, theta: dict) -> None:
-        """Record the semiparametric model's settings (λ, T, date, dir, ...) the next day will score
-        with, and add them to Θ's history (a day calibrated again replaces its entry)."""
-        self._publish(self.manifest["days"], next_id=self.manifest["next_id"], theta=theta, bump=False)
-
-    def record_evaluation(self, date: str, row: dict) -> None:
-        """Record a committed day's row of metrics (replacing an earlier one): the day is evaluated."""
-        if not self.committed(date):
-            raise ValueError(f"day {date} is not committed to {self.root}: only a committed day is evaluated")
-        days = [d | {"evaluation": row} if d["date"] == date else d for d in self.manifest["days"]]
-        self._publish(days, next_id=self.manifest["next_id"], bump=False)
-
     def checksum(self, as_of: str | None = None) -> str:
         """A hash of what Θ reads as of the end of day `as_of` (None: the latest): its days' shards
         (their files' own checksums), the calibration and the calibrator file; it changes when any of
         them does (a forgotten article, a recalibration)."""
-        days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days if as_of is None or d.date <= as_of]
+        days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days_at(as_of)]
         theta = self.theta_at(as_of)
         calibrator = self.root / theta["dir"] / "calibrator.pt" if theta.get("dir") else None
         parts = [days, theta, checksum(calibrator) if calibrator and calibrator.exists() else None]
@@ -152,7 +140,3 @@ class Datastore(Shards, Commits):
         """Θ's settings as of the end of day `as_of` (None: the latest)."""
         thetas = [t for t in self.manifest["thetas"] if as_of is None or t["date"] <= as_of]
         return thetas[-1] if thetas else {}
-
-
-
-

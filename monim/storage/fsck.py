@@ -17,12 +17,12 @@ from typing import Callable
 import numpy as np
 
 from monim.core.atomic import checksum, is_stray, write_json
+from monim.core.lock import hold, reading
 from monim.core.manifest import DayRecord
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
-from monim.core.lock import hold, reading
 from monim.storage.memory_settings import Settings
 from monim.storage.workdirs import record_path, run_lock, write_view
 
@@ -62,7 +62,7 @@ def day_problem(ds: Datastore, day: DayRecord, known: dict | None = None) -> Pro
     if bad:
         return Problem(str(folder), f"{', '.join(bad)} corrupt: checksum differs from the commit's ({lost})", None)
     try:
-        lengths = {a: len(ds.shard(day.shard, a)) for a in DTYPES}
+        lengths = {a: len(ds.shards.shard(day.shard, a)) for a in DTYPES}
     except (OSError, ValueError) as e:
         return Problem(str(folder), f"unreadable: {e} ({lost})", None)
     if set(lengths.values()) != {day.entries}:
@@ -128,7 +128,7 @@ def _index_problem(ds: Datastore) -> Problem | None:
         return Problem(str(index.dir), "index unreadable or damaged (its checksum differs from its save's)",
                        "rebuild the index from the shards")
     ids = indexed_ids(index.index)
-    if index.meta.get("version") != ds.version or len(ids) != len(ds) or not np.array_equal(np.sort(ids), np.sort(ds.array("ids"))):
+    if index.meta.get("version") != ds.version or len(ids) != len(ds) or not np.array_equal(np.sort(ids), np.sort(ds.shards.array("ids"))):
         return Problem(str(index.dir), f"index holds {len(ids)} entries (version {index.meta.get('version')}), the memory "
                                        f"{len(ds)} (version {ds.version})", "rebuild the index from the shards")
     return None
@@ -189,7 +189,7 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
                 shutil.rmtree(p.where) if Path(p.where).is_dir() else Path(p.where).unlink(missing_ok=True)
             elif p.repair == "recount from the shards":
                 Path(p.where).unlink()
-                LexicalCounts.of(ds)
+                LexicalCounts.of(ds.shards)
             elif p.repair == "rebuild the index from the shards" and not corrupt:
                 _index(ds).sync(ds, retrain=True)
             elif p.repair == "train the calibrator again from the calibration window" and retrain:

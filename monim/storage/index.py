@@ -180,7 +180,7 @@ class MemoryIndex:
             self._build(ds, kind)
             stats.update(added=n, rebuilt=True)
         else:
-            have, want = indexed_ids(self.index), ds.array("ids")
+            have, want = indexed_ids(self.index), ds.shards.array("ids")
             gone, new = np.setdiff1d(have, want), np.setdiff1d(want, have)
             if len(gone):
                 self.index.remove_ids(faiss.IDSelectorBatch(gone))
@@ -219,13 +219,13 @@ class MemoryIndex:
         search for k reached into the memory when the index was trained (k x pool / entries, at least
         10; kept, so that growth alone moves nothing): it falls when new keys are encoded badly
         (drift). None for a flat index or a memory too small to probe."""
-        ids, p = ds.array("ids"), self.cfg.probe
+        ids, p = ds.shards.array("ids"), self.cfg.probe
         n_pool = min(self.cfg.probe_pool, len(ids) - p)
         if self.meta.get("kind") != "ivfpq" or not p or n_pool < 10 * p:
             return None
         pool = np.sort(np.random.default_rng(0).choice(ids[:-p], n_pool, replace=False))
-        queries = ds.keys_of(ids[-p:])
-        truth = pool[faiss.knn(queries, ds.keys_of(pool), 10)[1]]
+        queries = ds.shards.keys_of(ids[-p:])
+        truth = pool[faiss.knn(queries, ds.shards.keys_of(pool), 10)[1]]
         params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBatch(pool), nprobe=self.cfg.nprobe)
         depth = self.meta.setdefault("probe_depth", max(10, -(-self.cfg.k * n_pool // len(ids))))
         found = self.index.search(queries, depth, params=params)[1]
@@ -239,12 +239,12 @@ class MemoryIndex:
         else:
             nlist = scaled_nlist(n, self.cfg.max_nlist)
             index = new_ivf(self.d, nlist, self.cfg)
-            ids = ds.array("ids")
+            ids = ds.shards.array("ids")
             sample = np.sort(np.random.default_rng(0).choice(ids, size=min(n, self.cfg.train_sample), replace=False))
-            index.train(ds.keys_of(sample))  # the sampled rows only: a large memory's keys exceed RAM
+            index.train(ds.shards.keys_of(sample))  # the sampled rows only: a large memory's keys exceed RAM
             self.index = index
             self.meta = {"kind": "ivfpq", "codec": self.cfg.codec, "trained_on": n, "nlist": nlist}
-        self._add_ids(ds, ds.array("ids"))
+        self._add_ids(ds, ds.shards.array("ids"))
         if kind == "ivfpq":
             recall = self.probe_recall(ds)
             if recall is not None:
@@ -260,11 +260,11 @@ class MemoryIndex:
     def _key_parts(ds: Datastore, ids: np.ndarray, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The keys (fp16, as stored) and ids of these entries, shard by shard, `rows` at a time."""
         for day in ds.days if len(ids) else ():
-            shard_ids = np.asarray(ds.shard(day.shard, "ids"))
+            shard_ids = np.asarray(ds.shards.shard(day.shard, "ids"))
             at = np.flatnonzero(np.isin(shard_ids, ids))
             for i in range(0, len(at), rows):
                 part = at[i : i + rows]
-                yield ds.shard(day.shard, "keys")[part], shard_ids[part]
+                yield ds.shards.shard(day.shard, "keys")[part], shard_ids[part]
 
     def _searcher(self) -> faiss.Index | TorchExact:
         """The index to search: on a GPU, FAISS's copy of it (float16 lookup tables; not a fast-scan
@@ -276,7 +276,7 @@ class MemoryIndex:
             if where == "torch" and self._ds is not None:
                 from monim.storage.torch_search import TorchExact
 
-                self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.array("ids")),
+                self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.shards.array("ids")),
                                                            self.ntotal, self.d, "cuda")
                 return self._search_index
             if where == "faiss-gpu" and self.meta.get("codec") != "fastscan":

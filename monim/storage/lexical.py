@@ -24,7 +24,7 @@ CACHE = "lexical.npz"  # the counts over every committed day, beside the manifes
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # an odd 64-bit multiplier: the contexts' polynomial hash
 
 
-def context_grams(doc: Sequence[int]) -> np.ndarray:
+def context_grams(doc: Sequence[int] | np.ndarray) -> np.ndarray:
     """uint64 per token of a document: a hash of the SEEN_CONTEXT tokens before it (the document's
     start padded), so a token's context is in a memory's text iff its hash is in LexicalCounts.grams."""
     ids = np.concatenate([np.zeros(SEEN_CONTEXT, np.uint64), np.asarray(doc, np.int64).astype(np.uint64) + np.uint64(1)])
@@ -46,8 +46,8 @@ def day_counts(documents: Iterable[Sequence[int]]) -> dict[str, np.ndarray]:
 
 
 class Days(Protocol):
-    """What the counts read of a datastore (monim.storage.datastore.Datastore, which keeps a day's counts
-    in its shards: it is not imported here)."""
+    """What the counts read of a datastore's shards (monim.storage.shards.Shards, which keep each day's
+    counts: not imported here)."""
 
     root: Path
 

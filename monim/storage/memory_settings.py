@@ -77,7 +77,7 @@ class Settings:
     def with_(self, **changes) -> Settings:
         """These settings with some changed, each by its dotted or its plain name (k, skip_threshold, stride, ...)."""
         names = self.flat()
-        plain = {}
+        plain: dict[str, list[str]] = {}
         for name in names:
             plain.setdefault(name.rsplit(".", 1)[-1], []).append(name)
         sections: dict[str, dict] = {}

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Sequence
 
-from monim.storage import workdirs
 from monim.core.config import RunConfig
-from monim.storage.forgotten import check_relearn, forgotten_days
 from monim.core.manifest import read_manifest
 from monim.data.sources import Fields
 from monim.data.stream import arrived_after, read_range, records
+from monim.storage import workdirs
+from monim.storage.forgotten import check_relearn, forgotten_days
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _manifest(cfg: RunConfig) -> dict:
     return read_manifest(path) if path.exists() else {}
 
 
-def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = None, relearn: list[str] = ()) -> Plan:
+def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = None, relearn: Sequence[str] = ()) -> Plan:
     """The run's range from start to end, every record read (StreamError at a bad one, unless skipped;
     an id the memory read on another day is one); ValueError for a range that cannot be learned."""
     if start and end and start > end:

@@ -1,16 +1,18 @@
 """A datastore's shards read: each committed day's arrays (mapped, or pinned open for a long-lived
 reader), its documents, titles, articles and the ids it read, and the per-entry arrays across days
-(values and weights by id, an entry's day and row, its key). Datastore is one.
+(values and weights by id, an entry's day and row, its key). A Datastore owns one, following its manifest.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from monim.core.manifest import Damaged
+from monim.core.manifest import Damaged, DayRecord
 from monim.storage import articles
 from monim.storage.entries import DTYPES
 
@@ -18,19 +20,36 @@ WEIGHTS = "weights"  # a per-entry array only some shards have (monim.learning.m
 
 
 class Shards:
-    """The arrays of a datastore's committed days, read."""
+    """The arrays of the days a datastore's manifest commits, read."""
 
-    root: Path
-    manifest: dict
-    _values: np.ndarray | None
-    _weights: np.ndarray | None
-    _pinned: dict[str, dict[str, object]] | None
+    def __init__(self, root: Path, manifest: dict):
+        self.root = root
+        self.manifest = manifest
+        self._values: np.ndarray | None = None
+        self._weights: np.ndarray | None = None
+        self._pinned: dict[str, dict[str, Any]] | None = None  # shard -> its files, opened by pin()
+
+    def follow(self, manifest: dict, unpin: bool = False) -> None:
+        """Read the days `manifest` commits from now on (the tables by id made again when next asked;
+        with `unpin`, the pinned files let go)."""
+        self.manifest = manifest
+        self._values = self._weights = None
+        if unpin:
+            self._pinned = None
+
+    @property
+    def days(self) -> list[DayRecord]:
+        """The committed days, in order."""
+        return [DayRecord(**d) for d in self.manifest["days"]]
+
+    def committed(self, date: dt.date | str) -> bool:
+        return any(d["date"] == str(date) for d in self.manifest["days"])
 
     def pin(self) -> None:
         """Open every committed shard's files now (arrays mapped, not read): a long-lived reader pinned so
         answers from them even after a forget or a replaced day removed them from the directory (a
         mapping outlives the file's name), until it opens the memory's new state."""
-        pinned: dict[str, dict[str, object]] = {}
+        pinned: dict[str, dict[str, Any]] = {}
         for d in self.days:
             folder = self.root / "shards" / d.shard
             files = {p.name: self._load(p, d.shard) if p.suffix == ".npy" else json.loads(p.read_text())
@@ -40,7 +59,7 @@ class Shards:
             pinned[d.shard] = files
         self._pinned = pinned
 
-    def _held(self, name: str) -> dict[str, object] | None:
+    def _held(self, name: str) -> dict[str, Any] | None:
         """A pinned shard's files by name (None: read from the directory)."""
         return None if self._pinned is None else self._pinned.get(name)
 
@@ -92,7 +111,7 @@ class Shards:
         parts = [self.shard(d.shard, name) for d in self.days]
         if parts:
             return np.concatenate(parts)
-        return np.empty((0, self.identity["hidden_size"]) if name == "keys" else 0, DTYPES[name])
+        return np.empty((0, self.manifest["hidden_size"]) if name == "keys" else 0, DTYPES[name])
 
     def values_by_id(self) -> np.ndarray:
         """int32 value of each entry id (-1 for ids removed by forget), for kNN lookups."""
@@ -132,7 +151,7 @@ class Shards:
     def keys_of(self, ids: np.ndarray) -> np.ndarray:
         """float32 keys of committed entry ids (any shape), read from the shards (exact, unlike PQ codes)."""
         day, row = (a.ravel() for a in self.locate(ids))
-        out = np.empty((len(day), self.identity["hidden_size"]), np.float32)
+        out = np.empty((len(day), self.manifest["hidden_size"]), np.float32)
         for i in np.unique(day[day >= 0]):
             here = day == i
             out[here] = self.shard(self.days[i].shard, "keys")[row[here]]

@@ -12,7 +12,6 @@ from monim.core.manifest import Damaged
 from monim.storage.datastore import Datastore
 from monim.storage.fsck import day_problem
 
-
 # each shard file read: its stamp from before it was read, the commit's sha256, its day, whether its bytes matched
 Verified = dict[Path, tuple[tuple[int, ...], str, str, bool]]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from monim.core import catalogue
 from monim.core.atomic import write_json
-from monim.storage.datastore import Datastore
-from monim.storage import forgotten
-from monim.storage.forgotten import forgotten_ids
-from monim.core.manifest import recorded
 from monim.core.lock import hold
+from monim.core.manifest import recorded
+from monim.storage import forgotten
+from monim.storage.datastore import Datastore
+from monim.storage.forgotten import forgotten_ids
 
 
 def record_path(workdir: str | Path, name: str) -> Path:
@@ -63,7 +63,7 @@ def write_row(workdir: str | Path, name: str, row: dict, ds: Datastore | None) -
         return
     with hold(ds.lock):
         ds.reload()
-        ds.record_evaluation(row["date"], row)
+        ds.commits.record_evaluation(row["date"], row)
         write_view(workdir, name, ds)
 
 
@@ -106,5 +106,5 @@ def known_ids(root: Path) -> dict[str, tuple[str, str]]:
     if not (Path(root) / "manifest.json").exists():
         return {}
     ds = Datastore.read(root)
-    out = {i: (d.date, f"{root} learned") for d in ds.days for i in ds.shard_seen(d.shard)}
+    out = {i: (d.date, f"{root} learned") for d in ds.days for i in ds.shards.shard_seen(d.shard)}
     return out | {i: (date, f"{root} forgot") for i, date in forgotten_ids(ds.manifest).items()}

@@ -117,6 +117,13 @@ def _stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class CalibratorNet(nn.Module):
     """Per-feature embedding nets + key → 4×128 MLP → log (LM weight, kNN weight)."""
 
+    key_mean: torch.Tensor  # the buffers of the input standardization (set in __init__)
+    key_std: torch.Tensor
+    scalars_mean: torch.Tensor
+    scalars_std: torch.Tensor
+    density_mean: torch.Tensor
+    density_std: torch.Tensor
+
     def __init__(self, key_dim: int, groups: tuple[str, ...], cfg: CalibratorConfig):
         super().__init__()
         self.groups = groups
@@ -142,8 +149,8 @@ class CalibratorNet(nn.Module):
         """The feature groups this net reads, as float32 tensors (key, scalars, density)."""
         n = len(ex)
         key = torch.from_numpy(ex.key).float() if self.key_dim else torch.zeros(n, 0)
-        scalars = [ex.distribution] * ("distribution" in self.groups) + [ex.lexical] * ("lexical" in self.groups)
-        scalars = torch.from_numpy(np.concatenate(scalars, axis=1)) if scalars else torch.zeros(n, 0)
+        read = [ex.distribution] * ("distribution" in self.groups) + [ex.lexical] * ("lexical" in self.groups)
+        scalars = torch.from_numpy(np.concatenate(read, axis=1)) if read else torch.zeros(n, 0)
         density = torch.from_numpy(ex.density) if self.use_density else torch.zeros(n, 0)
         return key, scalars, density
 
@@ -216,10 +223,10 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
     train, held = ex.take(~ex.holdout), ex.take(ex.holdout)
     if not len(train) or not len(held):  # too few articles to hold some back: no early stopping
         train = held = ex
-    warm = start is not None and start.net.groups == cfg.groups and start.temperature == temperature
+    warm = start if start is not None and start.net.groups == cfg.groups and start.temperature == temperature else None
     column = TEMPERATURES.index(temperature)  # of Examples.knn_logp
-    if warm:
-        net = copy.deepcopy(start.net)
+    if warm is not None:
+        net = copy.deepcopy(warm.net)
     else:
         net = CalibratorNet(ex.key.shape[1], cfg.groups, cfg)
         net.fit_standardization(train, lam)
@@ -248,7 +255,7 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
         if nll < best_nll:
             best_nll, best_state, best_epoch = nll, copy.deepcopy(net.state_dict()), epoch
     net.load_state_dict(best_state)
-    record = {"warm_start": warm, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
+    record = {"warm_start": warm is not None, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
               "held_out_tokens": len(held), "held_out_nll_start": start_nll, "held_out_nll": best_nll,
               "seconds": time.perf_counter() - started}
     return Calibrator(net, temperature, cfg, record)

@@ -3,38 +3,39 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import functools
 import threading
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 
-from monim.theta.calibrator import Calibrator
+from monim.core.lock import hold
+from monim.core.manifest import DayRecord, recorded
+from monim.core.recency import Recency
+from monim.data.dedup import TWINS, Signatures, TwinIndex
+from monim.data.sources import Document
+from monim.lm.features import Features
+from monim.lm.model import LM, cached_lm
+from monim.lm.scoring import Found, TokenScores, score
 from monim.storage import articles
 from monim.storage.datastore import Datastore
-from monim.storage.verify import Verified, looked_again, verified
-from monim.core.manifest import recorded
-from monim.data.dedup import TWINS, Signatures, TwinIndex
-from monim.lm.features import Features
 from monim.storage.index import MemoryIndex
 from monim.storage.lexical import LexicalCounts
-from monim.lm.model import LM, cached_lm
-from monim.core.lock import hold
-from monim.core.recency import Recency
-from monim.lm.scoring import TokenScores, score
-from monim.data.sources import Document
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
+from monim.storage.verify import Verified, looked_again, verified
+from monim.theta.calibrator import Calibrator, examples
+from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
 
 
-class Memory(Searcher, ThetaRule):
-    """A memory directory: its datastore, FAISS index, lexical counts and calibrator, searched
-    (monim.theta.searcher.Searcher) and read by Θ's rule (monim.theta.rule.ThetaRule).
+class Memory:
+    """A memory directory read as Θ: its datastore, index and lexical counts, its Searcher and its ThetaRule.
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
     per-token λ (`settings.calibrated`) or the constant λ, both trained daily by
@@ -59,11 +60,12 @@ class Memory(Searcher, ThetaRule):
         self.settings = settings
         self.index = MemoryIndex(root, lm.hidden_size, settings.index)
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
-        self._loaded: dict[str, Calibrator | None] = {}
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
+        self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency)
+        self._rule = ThetaRule(self.ds, lm, settings, self.as_of, self.lexical)
 
     @classmethod
     def open(cls, root: Path | str, lm: LM | None = None, as_of: dt.date | str | None = None,
@@ -86,36 +88,39 @@ class Memory(Searcher, ThetaRule):
     def calibrator_cfg(self):
         return self.settings.calibrator
 
-    @property
-    def recency(self) -> Recency:
-        return self.settings.recency
-
     def features(self, store: Path | str | None = None, max_bytes: int | None = None) -> Features:
         """How Θ sees documents: the LM's features under the memory's window (from a feature store, if given)."""
         return Features(self.lm, self.settings.window, None if store is None else Path(store), max_bytes)
 
     def at(self, as_of: dt.date | str) -> Memory:
-        """This memory as it stood after day `as_of`: a read-only view sharing its datastore and index."""
+        """This memory as it stood after day `as_of`: a read-only view sharing its datastore, index and loaded calibrators."""
         view = copy.copy(self)
         view.as_of, view._lexical, view._twins = str(as_of), None, None
-        view.__dict__.pop("_below", None)
+        view._searcher = Searcher(self.ds, self.index, view.as_of, self.settings.recency)
+        view._rule = self._rule.at(view.as_of, view.lexical)
         return view
 
     def recent(self, recency: Recency) -> Memory:
         """This memory read with a recency rule (monim.core.recency): a view sharing its datastore and index."""
         view = copy.copy(self)
-        view.settings = replace(self.settings, recency=recency)
+        view.settings = dataclasses.replace(self.settings, recency=recency)
+        view._searcher = Searcher(self.ds, self.index, self.as_of, recency)
         return view
 
     def __len__(self) -> int:
         return len(self.ds) if self.as_of is None else sum(d.entries for d in self.days)
+
+    @property
+    def days(self) -> list[DayRecord]:
+        """The committed days this memory holds (up to `as_of`)."""
+        return self.ds.days_at(self.as_of)
 
     def lexical(self) -> LexicalCounts:
         """Token counts and distinct successors over the memorized training text."""
         shards = [d.shard for d in self.days]
         with self._lock:
             if self._lexical is None or self._lexical.shards != shards:
-                self._lexical = LexicalCounts.of(self.ds, shards)
+                self._lexical = LexicalCounts.of(self.ds.shards, shards)
             return self._lexical
 
     def has_twin(self, docs: list[Document]) -> np.ndarray:
@@ -123,11 +128,96 @@ class Memory(Searcher, ThetaRule):
         shards = [d.shard for d in self.days]
         with self._lock:
             if self._twins is None or self._twins[0] != shards:
-                learned = [Signatures(*(np.asarray(self.ds.shard(s, a)) for a in TWINS)) for s in shards
-                           if self.ds.has_array(s, TWINS[0])]
+                learned = [Signatures(*(np.asarray(self.ds.shards.shard(s, a)) for a in TWINS)) for s in shards
+                           if self.ds.shards.has_array(s, TWINS[0])]
                 self._twins = (shards, TwinIndex(Signatures.concat(learned)))
             twins = self._twins[1]
         return twins.has_twin(Signatures.of([d.text for d in docs]))
+
+    def sync(self, retrain: bool = False) -> dict:
+        """Bring the index up to the committed entries (Searcher.sync)."""
+        return self._searcher.sync(retrain)
+
+    def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and ids of each key's k nearest entries (Searcher.nearest)."""
+        return self._searcher.nearest(keys, k, below, exclude, exact)
+
+    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
+                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Squared distances and values (-1: none) of each key's k nearest entries (Searcher.nearest)."""
+        return self._searcher.neighbors(keys, k, below, exclude, exact)
+
+    def search(self, batch: TokenScores, skip: bool = True, k: int | None = None,
+               wanted: np.ndarray | None = None) -> Found:
+        """The LM's hook (monim.lm.scoring.Neighbors): each token's neighbours. With a skip threshold θ
+        (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
+        calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
+        alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
+        article); the others are searched in full. `wanted` (bool per token; None: all): the only
+        tokens searched at all, the others keep no neighbours (skipped)."""
+        cfg, k = self.calibrator_cfg, k or self.index.cfg.k
+        wanted = np.ones(len(batch), bool) if wanted is None else np.array(wanted, bool)
+        keys = batch.key.astype(np.float32)
+        calibrator = self.calibrator() if skip and self.settings.calibrated and cfg.skip_threshold is not None else None
+        if calibrator is not None and wanted.any():
+            first = dataclasses.replace(batch, knn_dist=None, knn_values=None) if wanted.all() else batch.select(wanted)
+            first.knn_dist, first.knn_values = self.neighbors(keys[wanted], cfg.gate_k, exact=True)
+            wanted[wanted] = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
+                              | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys[wanted]**2).sum(axis=1)))
+        dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
+        if wanted.any():
+            dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)
+        return Found(dist, self._searcher.values_of(ids), ids, self._searcher.prior(ids), ~wanted)
+
+    def theta(self) -> dict:
+        """Θ's settings (λ, T, date, dir): the last calibration, or the last one up to `as_of`."""
+        return self._rule.theta()
+
+    @property
+    def interpolation(self) -> Interpolation:
+        """The constant (λ, T) last tuned on validation data (ThetaRule.interpolation)."""
+        return self._rule.interpolation
+
+    def calibrator(self) -> Calibrator | None:
+        """The last trained calibrator, if any."""
+        return self._rule.calibrator()
+
+    def calibration_files(self) -> list[str]:
+        """The files of the calibration tokens gathered so far (ThetaRule.calibration_files)."""
+        return self._rule.calibration_files()
+
+    @property
+    def rule(self) -> str:
+        """How Θ weighs the memory per token (ThetaRule.name)."""
+        return self._rule.name
+
+    @property
+    def fallback(self) -> bool:
+        """Whether Θ is the LM alone (ThetaRule.fallback)."""
+        return self._rule.fallback
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether Θ searches this memory (it holds entries and Θ has not fallen back to the LM)."""
+        return len(self) > 0 and not self.fallback
+
+    def lam(self, batch: TokenScores) -> np.ndarray | float:
+        """Θ's λ for each token of a searched batch (ThetaRule.lam)."""
+        return self._rule.lam(batch)
+
+    @property
+    def lam_max(self) -> float:
+        """The largest λ `lam` gives any token (ThetaRule.lam_max)."""
+        return self._rule.lam_max
+
+    def theta_scores(self, batch: TokenScores) -> ThetaScores:
+        """log P(target), max log P and top-1 of each token under Θ."""
+        return self._rule.theta_scores(batch)
+
+    def theta_logprobs(self, batch: TokenScores, lm_logp: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Θ's log P over the vocabulary, each token's λ and its neighbours' kNN weights (ThetaRule.theta_logprobs)."""
+        return self._rule.theta_logprobs(batch, lm_logp)
 
     @contextmanager
     def writing(self, wait: bool = True, say: Callable[[str], None] | None = None) -> Iterator[None]:
@@ -136,7 +226,7 @@ class Memory(Searcher, ThetaRule):
         with hold(self.ds.lock, wait, say):
             if self.ds.reload():
                 self._lexical, self._twins = None, None
-                self._loaded.clear()
+                self._rule.reloaded()
             yield
 
     def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None) -> list[TokenScores]:
@@ -154,9 +244,9 @@ class Memory(Searcher, ThetaRule):
     def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
                reason: str | None = None, store: Path | str | None = None) -> int:
         """Remove documents or days from the datastore (for good, and all of them: monim.storage.forgotten and
-        Datastore.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
+        Commits.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
         with self.writing():
-            removed = self.ds.forget(doc_ids, days, reason, self.day_text, None if store is None else Path(store))
+            removed = self.ds.commits.forget(doc_ids, days, reason, self.day_text, None if store is None else Path(store))
             self.sync()
         return removed
 
@@ -165,18 +255,18 @@ class Memory(Searcher, ThetaRule):
         return articles.day_text(docs, self.features().tokenize(docs))
 
     def relearn(self, date: str) -> None:
-        """Let a day be learned again, asked by name (Datastore.relearn); the index follows."""
+        """Let a day be learned again, asked by name (Commits.relearn); the index follows."""
         with self.writing():
-            self.ds.relearn(date)
+            self.ds.commits.relearn(date)
             self.sync()
 
     def pin(self) -> Memory:
         """Read now everything Θ reads to answer (shards mapped, index, calibrator, counts), so that a
         long-lived reader (a server) keeps answering from this state after a forget rewrites the memory."""
-        self.ds.pin()
+        self.ds.shards.pin()
         self.sync()
         self.calibrator()
-        self.ds.values_by_id(), self.ds.weights_by_id()
+        self.ds.shards.values_by_id(), self.ds.shards.weights_by_id()
         if self.rule == "calibrator":
             self.lexical()
         return self

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from monim.theta.retriever import Article, ArticleIndex
+from monim.data.sources import Document
 from monim.lm.model import LM
 from monim.lm.scoring import TokenScores, fit_window, score_tokens
-from monim.data.sources import Document
+from monim.theta.retriever import Article, ArticleIndex
 
 SEPARATOR = "\n\n"  # between the article and the text it helps predict
 
@@ -57,7 +57,8 @@ class Prefixes:
     """Articles as token ids before a text (each article tokenized once)."""
 
     def __init__(self, lm: LM):
-        self.lm, self._ids = lm, {}  # article id -> its tokens
+        self.lm = lm
+        self._ids: dict[str, list[int]] = {}  # article id -> its tokens
         self.separator = lm.tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
 
     def of(self, article: Article | None, room: int) -> list[int]:
@@ -78,7 +79,9 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
     stride, query = policy.ralm_stride, policy.ralm_query
     context = fitted.context + fitted.stride - stride  # the text before a stride: as much as the LM alone reads
     index, prefixes = articles_of(memory), Prefixes(lm)
-    plans, queries, exclude = [], [], []
+    plans: list[tuple[str, list[int], int, int]] = []  # (document, its tokens, first target, end)
+    queries: list[str] = []
+    exclude: list[set[str]] = []
     for doc, toks in zip(docs, tokens):
         skip = index.twins_of(doc)
         for s in range(1, len(toks), stride):
@@ -97,8 +100,8 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
         out.lm_tokens += len(head) + e - p - 1
     cfg = replace(fitted, stride=stride, context=size - stride)
     for b in score_tokens(lm, seqs, cfg, keep_hidden=keep_hidden):
-        doc_id, offset = zip(*(where[k] for k in b.doc_id))
-        b.doc_id, b.position = np.array(doc_id, dtype=object), (b.position + np.array(offset)).astype(np.int32)
+        doc_ids, offsets = zip(*(where[k] for k in b.doc_id))
+        b.doc_id, b.position = np.array(doc_ids, dtype=object), (b.position + np.array(offsets)).astype(np.int32)
         out.batches.append(b)
         out.scored += len(b)
     out.seconds = time.perf_counter() - started

@@ -94,4 +94,4 @@ class ArticleIndex:
 
 @functools.lru_cache(maxsize=8)
 def _index(ds: Shards, shards: tuple[tuple[str, str], ...]) -> ArticleIndex:
-    return ArticleIndex([Article(i, t, x, date) for date, shard in shards for i, t, x in ds.shard_articles(shard)])
+    return ArticleIndex([Article(i, t, x, date) for date, shard in shards for i, t, x in ds.shards.shard_articles(shard)])

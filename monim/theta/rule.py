@@ -1,34 +1,59 @@
 """Θ's rule as of a memory's day: its last calibration (the constant λ and T, the NN calibrator,
-the rule its held-out tokens chose, or the LM alone), λ per token, Θ's scores, and the LM's hook
-that searches each token's neighbours where λ can change its answer. Memory is one.
+the rule its held-out tokens chose, or the LM alone), λ per token and Θ's scores. A Memory owns one.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from monim.core.atomic import checksum
-from monim.theta.calibrator import LAM_CEIL, Calibrator, examples
-from monim.storage.datastore import Datastore
-from monim.theta.knnlm import (Interpolation, ThetaScores, choose_rule, copies, interpolate, knn_full_logprobs, knn_log_weights,
-                         prior_lam, row_lam, theta_scores)
 from monim.lm.model import LM
-from monim.lm.scoring import Found, TokenScores
+from monim.lm.scoring import TokenScores
+from monim.storage.datastore import Datastore
+from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import Settings
+from monim.theta.calibrator import LAM_CEIL, Calibrator, examples
+from monim.theta.knnlm import (
+    Interpolation,
+    ThetaScores,
+    choose_rule,
+    copies,
+    interpolate,
+    knn_full_logprobs,
+    knn_log_weights,
+    prior_lam,
+    row_lam,
+    theta_scores,
+)
 
 
 class ThetaRule:
     """Θ's rule and λ as of a memory's day."""
 
-    ds: Datastore
-    lm: LM
-    settings: Settings
-    as_of: str | None
+    def __init__(self, ds: Datastore, lm: LM, settings: Settings, as_of: str | None,
+                 lexical: Callable[[], LexicalCounts]):
+        self.ds, self.lm, self.settings, self.as_of = ds, lm, settings, as_of
+        self.lexical = lexical  # the memory's counts over its training text (the calibrator's features)
+        self._lock = threading.Lock()  # loads each calibrator once when many threads read at once
+        self._loaded: dict[str, Calibrator | None] = {}
+
+    def at(self, as_of: str, lexical: Callable[[], LexicalCounts]) -> ThetaRule:
+        """The rule as of day `as_of` (reading that day's `lexical` counts), sharing the calibrators loaded."""
+        view = copy.copy(self)
+        view.as_of, view.lexical = as_of, lexical
+        return view
+
+    def reloaded(self) -> None:
+        """Load the calibrators again when next asked (the memory's manifest changed)."""
+        with self._lock:
+            self._loaded.clear()
 
     def theta(self) -> dict:
         """Θ's settings (λ, T, date, dir): the last calibration, or the last one up to `as_of`."""
@@ -60,7 +85,7 @@ class ThetaRule:
             return self._loaded[str(folder)]
 
     @property
-    def rule(self) -> str:
+    def name(self) -> str:
         """How Θ weighs the memory per token (monim.learning.recalibration.RULES): the rule the last calibration's
         held-out tokens chose (monim.learning.recalibration.choose_rule); before any, the calibrator if there is one."""
         nll = self.theta().get("nll")
@@ -71,12 +96,7 @@ class ThetaRule:
     @property
     def fallback(self) -> bool:
         """Whether Θ is the LM alone: every rule did worse than the LM on new held-out text."""
-        return self.rule == "lm"
-
-    @property
-    def retrieves(self) -> bool:
-        """Whether Θ searches this memory (it holds entries and Θ has not fallen back to the LM)."""
-        return len(self) > 0 and not self.fallback
+        return self.name == "lm"
 
     def calibration_files(self) -> list[str]:
         """The files of the calibration tokens gathered so far (one per day), relative to the root."""
@@ -86,7 +106,7 @@ class ThetaRule:
     def lam(self, batch: TokenScores) -> np.ndarray | float:
         """Θ's λ for each token of a searched batch, by the rule: the calibrator's, the prior's (λ_copy
         where the nearest entry is a copy of the token's context), or the constant one."""
-        rule, lam = self.rule, self.interpolation.lam
+        rule, lam = self.name, self.interpolation.lam
         if batch.knn_values is None:
             return lam
         if rule == "calibrator" and (calibrator := self.calibrator()) is not None:
@@ -101,7 +121,7 @@ class ThetaRule:
         """The largest λ `lam` gives any token by the rule: the constant λ, the prior's larger of λ and
         λ_copy, the calibrator's ceiling (LAM_CEIL, 0.99: bounds Θ so loosely that no decision is
         certain, monim.learning.policies.MoNIM.certain), 0 for the LM alone."""
-        rule, lam = self.rule, self.interpolation.lam
+        rule, lam = self.name, self.interpolation.lam
         if rule == "lm":
             return 0.0
         if rule == "calibrator" and self.calibrator() is not None:
@@ -123,25 +143,3 @@ class ThetaRule:
         lam = row_lam(batch.knn_values, self.lam(batch))
         logp = interpolate(lm_logp, knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
         return logp, lam.numpy(), logw.exp().numpy()
-
-    def search(self, batch: TokenScores, skip: bool = True, k: int | None = None,
-               wanted: np.ndarray | None = None) -> Found:
-        """The LM's hook (monim.lm.scoring.Neighbors): each token's neighbours. With a skip threshold θ
-        (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
-        calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
-        alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated
-        article); the others are searched in full. `wanted` (bool per token; None: all): the only
-        tokens searched at all, the others keep no neighbours (skipped)."""
-        cfg, k = self.calibrator_cfg, k or self.index.cfg.k
-        wanted = np.ones(len(batch), bool) if wanted is None else np.array(wanted, bool)
-        keys = batch.key.astype(np.float32)
-        calibrator = self.calibrator() if skip and self.settings.calibrated and cfg.skip_threshold is not None else None
-        if calibrator is not None and wanted.any():
-            first = dataclasses.replace(batch, knn_dist=None, knn_values=None) if wanted.all() else batch.select(wanted)
-            first.knn_dist, first.knn_values = self.neighbors(keys[wanted], cfg.gate_k, exact=True)
-            wanted[wanted] = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
-                              | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys[wanted]**2).sum(axis=1)))
-        dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
-        if wanted.any():
-            dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)
-        return Found(dist, self.values_of(ids), ids, self.prior(ids), ~wanted)

@@ -1,6 +1,6 @@
 """A memory's entries searched as Θ reads them: up to its day (`as_of`), within the recency
 rule's maximum age, through its FAISS index (brought up to the committed entries) or exactly from
-the stored keys; each neighbour's value, age and prior weight. Memory is one.
+the stored keys; each neighbour's value, age and prior weight. A Memory owns one.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ import os
 import faiss
 import numpy as np
 
-from monim.storage.datastore import Datastore
-from monim.core.manifest import DayRecord
-from monim.storage.index import MemoryIndex
 from monim.core.lock import Locked, hold
+from monim.core.manifest import DayRecord
 from monim.core.recency import Recency
+from monim.storage.datastore import Datastore
+from monim.storage.index import MemoryIndex
 
 
 class Searcher:
     """The entries of a memory, searched as Θ reads them."""
 
-    ds: Datastore
-    index: MemoryIndex
-    as_of: str | None
-    recency: Recency
+    def __init__(self, ds: Datastore, index: MemoryIndex, as_of: str | None, recency: Recency):
+        self.ds, self.index, self.as_of, self.recency = ds, index, as_of, recency
 
     def sync(self, retrain: bool = False) -> dict:
         """Bring the index up to the committed entries (detects a stale or missing index). It is
@@ -44,7 +42,7 @@ class Searcher:
     @property
     def days(self) -> list[DayRecord]:
         """The committed days this memory holds (up to `as_of`)."""
-        return [d for d in self.ds.days if self.as_of is None or d.date <= self.as_of]
+        return self.ds.days_at(self.as_of)
 
     @functools.cached_property
     def _below(self) -> int | None:
@@ -52,7 +50,7 @@ class Searcher:
         days = self.days
         if len(days) == len(self.ds.days):
             return None
-        ids = [int(self.ds.shard(d.shard, "ids")[-1]) for d in days if d.entries]
+        ids = [int(self.ds.shards.shard(d.shard, "ids")[-1]) for d in days if d.entries]
         return max(ids) + 1 if ids else 0
 
     @property
@@ -71,19 +69,19 @@ class Searcher:
         kept = self._recent_days()
         if kept is None:
             return 0
-        return int(self.ds.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
+        return int(self.ds.shards.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
 
     def _search_recent(self, keys: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Exact search over the entries within the maximum age, from their stored keys: an IVF-PQ
         index probes its nprobe lists, where a narrow window may hold few of them or none."""
         kept = self._recent_days()
-        ids = np.concatenate([self.ds.shard(d.shard, "ids") for d in kept] or [np.zeros(0, np.int64)])
+        ids = np.concatenate([self.ds.shards.shard(d.shard, "ids") for d in kept] or [np.zeros(0, np.int64)])
         keep = np.ones(len(ids), bool) if below is None else ids < below
         if exclude is not None:
             keep &= ~np.isin(ids, exclude)
         dist, found = np.full((len(keys), k), np.inf, np.float32), np.full((len(keys), k), -1, np.int64)
         if keep.any():
-            xb = np.concatenate([self.ds.shard(d.shard, "keys") for d in kept])[keep].astype(np.float32)
+            xb = np.concatenate([self.ds.shards.shard(d.shard, "keys") for d in kept])[keep].astype(np.float32)
             n = min(k, len(xb))
             dist[:, :n], rows = faiss.knn(np.ascontiguousarray(keys, dtype=np.float32), xb, n)
             found[:, :n] = ids[keep][rows]
@@ -118,13 +116,13 @@ class Searcher:
         m = min(m, ids.shape[1])
         for lo in range(0, len(keys), rows):
             head = ids[lo : lo + rows, :m]
-            d = np.where(head >= 0, ((self.ds.keys_of(head.clip(min=0)) - keys[lo : lo + rows, None]) ** 2).sum(-1), np.inf)
+            d = np.where(head >= 0, ((self.ds.shards.keys_of(head.clip(min=0)) - keys[lo : lo + rows, None]) ** 2).sum(-1), np.inf)
             order = np.lexsort((head, d), axis=1)
             dist[lo : lo + rows, :m], ids[lo : lo + rows, :m] = np.take_along_axis(d, order, 1), np.take_along_axis(head, order, 1)
 
     def values_of(self, ids: np.ndarray) -> np.ndarray:
         """The value (next token) of each entry id; -1 for -1."""
-        return np.where(ids >= 0, self.ds.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
+        return np.where(ids >= 0, self.ds.shards.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
 
     def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                   exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +132,7 @@ class Searcher:
 
     def ages(self, ids: np.ndarray) -> np.ndarray:
         """Days between each entry's day and the memory's last day (0 for -1)."""
-        day, _ = self.ds.locate(ids)
+        day, _ = self.ds.shards.locate(ids)
         ordinals = np.array([dt.date.fromisoformat(d.date).toordinal() for d in self.ds.days] + [0], np.int64)
         today = self.today.toordinal() if self.days else 0
         return np.where(day >= 0, today - ordinals[day], 0)
@@ -142,7 +140,7 @@ class Searcher:
     def prior(self, ids: np.ndarray) -> np.ndarray | None:
         """Each neighbour's log prior weight, added to -d/T: log(weight) of merged entries (Greedy
         Merging) plus the recency rule's; None where neither applies."""
-        weights = self.ds.weights_by_id()
+        weights = self.ds.shards.weights_by_id()
         parts = [np.log(np.where(ids >= 0, weights[ids.clip(min=0)], 1)).astype(np.float32) if weights is not None else None,
                  self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None]
         parts = [p for p in parts if p is not None]

@@ -20,18 +20,27 @@ import mlflow
 import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from monim.core.config import RunConfig
 from monim.storage.datastore import Datastore
-from tasks.tracking.store import (MARK, client, experiment_name, logged_steps, memory_runs, one_at_a_time, read_only,
-                                  sqlite_file, step_of)
+from tasks.tracking.store import (
+    MARK,
+    client,
+    experiment_name,
+    logged_steps,
+    memory_runs,
+    one_at_a_time,
+    read_only,
+    sqlite_file,
+    step_of,
+)
 
 if TYPE_CHECKING:
-    from monim.theta.memory import Memory
     from monim.serving.service import Service
+    from monim.theta.memory import Memory
 
 MODEL_CODE = Path(__file__).with_name("theta_model.py")  # MonimModel, as MLflow logs a model from code
 CHAMPION, PREVIOUS = "champion", "previous"
@@ -57,7 +66,9 @@ def open_memory(config: dict) -> Memory:
     """Θ a version references: its memory as of its day (in the work directory of the store it is loaded
     through, where that was moved or copied since), opened as it describes itself (with the version's
     read overrides, if any); refused if what Θ reads has changed since."""
-    from monim.theta.memory import Memory  # the LM and the index load only where a version does: bookkeeping stays light
+    from monim.theta.memory import (
+        Memory,  # the LM and the index load only where a version does: bookkeeping stays light
+    )
 
     root = here(mlflow.get_tracking_uri(), config["memory"], config["memory"])  # loaded through a copy's store: the copy's
     memory = Memory.open(root, as_of=config["as_of"], **config.get("overrides", {}))

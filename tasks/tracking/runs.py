@@ -13,14 +13,13 @@ from typing import Callable, Iterator
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.storage import workdirs
-from monim.core.numbers import rounded
 from monim.core.config import DEFAULT_MODEL, RunConfig
-from monim.run import make_run
+from monim.core.numbers import rounded
 from monim.data.stream import list_dates
+from monim.run import make_run
+from monim.storage import workdirs
 from tasks.tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
 from tasks.tracking.store import MARK, client, log_metrics, logged_steps, memory_runs, one_at_a_time
-
 
 KIND = "mlflow.experimentKind"
 COMPARISON = "monim.comparison"
@@ -181,7 +180,10 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
             writer.writeheader()
             writer.writerows(rows)
         c.log_artifact(run_id, str(path))
-        from monim.evaluation.plots import memory_growth, ppl_over_days  # matplotlib: only where a run's charts are drawn
+        from monim.evaluation.plots import (  # matplotlib: only where a run's charts are drawn
+            memory_growth,
+            ppl_over_days,
+        )
 
         for name, figure in (("memory_growth.png", memory_growth(rows)), ("ppl.png", ppl_over_days(rows))):
             figure.savefig(Path(tmp) / name, dpi=100, bbox_inches="tight")

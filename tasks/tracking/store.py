@@ -14,11 +14,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import ContextManager
 
-from monim.storage import workdirs
 from monim.core.atomic import create_once, sqlite_damage
 from monim.core.lock import hold, reading
-from tasks.tracking.charts import NOT_LOGGED, chart_name
+from monim.storage import workdirs
 from tasks.logs import logger
+from tasks.tracking.charts import NOT_LOGGED, chart_name
 
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
 
