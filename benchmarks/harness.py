@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from monim.core.atomic import replacing  # the standard library only: gpu.py runs where FAISS, Prefect and MLflow are not
+from monim.core.environment import set_defaults
 
 if TYPE_CHECKING:
     from monim.data.stream import Day
 
+set_defaults()  # a benchmark is an entry point: `from harness import ...` comes before torch, Prefect or MLflow
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MONIM_DATA", REPO.parent / "shared" / "data"))  # as the tests read it
 RTQA = DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"

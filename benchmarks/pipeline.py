@@ -94,7 +94,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "pipeline.json")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="monim-pipeline-prefect-"))
-    import tasks  # noqa: F401  (Prefect's and MLflow's environment)
 
     lm = load_lm(args.model)
     day = read_day(args.source, args.date)

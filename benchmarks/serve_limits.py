@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from flows.servers import client
+from servers import client
 from harness import MONIM, REPO, parser, save
 
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.lm.model import load_lm
-from flows.servers.client import post
+from servers.client import post
 from serve_swap import swap, swap_table
 from harness import REPO, RESULTS, parser, requests_pool, save
 

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from monim.storage.datastore import Datastore
 from monim.data.stream import DEMO_STREAM, list_dates
-from flows.servers.client import Clients, health
+from servers.client import Clients, health
 from harness import monim_json, parser, requests_pool
 
 BIN = Path(sys.executable).parent
@@ -30,8 +30,8 @@ class Timeline:
     began answering with it (its /health): the time to follow is the difference."""
 
     def __init__(self, port: int, workdir: Path, every: float = 0.25):
-        from tasks.tracking.registry import find_version
-        from tasks.tracking.store import tracking_uri
+        from tracking.registry import find_version
+        from tracking.store import tracking_uri
 
         self.moved: dict[str, float] = {}
         self.served: dict[str, float] = {}

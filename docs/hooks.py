@@ -20,7 +20,7 @@ def cli_page() -> str:
     import typer
     from typer.cli import get_docs_for_click
 
-    from flows.cli import app
+    from cli import app
 
     command = typer.main.get_command(app)
     docs = get_docs_for_click(obj=command, ctx=click.Context(command, info_name="monim"), name="monim",
@@ -39,10 +39,10 @@ def _shown(value) -> str:
 
 def http_page(spec_path: Path) -> str:
     """The served model's routes, limits, errors, bodies and real examples, from the FastAPI app's OpenAPI
-    schema and the models it is made of (flows.servers.schema)."""
-    from flows.servers import schema
-    from flows.servers.examples import EXAMPLES
-    from flows.servers.model import openapi
+    schema and the models it is made of (servers.schema)."""
+    from servers import schema
+    from servers.examples import EXAMPLES
+    from servers.model import openapi
 
     spec = openapi()
     spec_path.write_text(json.dumps(spec, indent=1))
@@ -127,8 +127,8 @@ def option_rows() -> list[dict]:
     import click
     import typer
 
-    from flows.cli import app
-    from flows.cli.options import CALIBRATOR
+    from cli import app
+    from cli.options import CALIBRATOR
     from monim.core.config import RunConfig
     from monim.evaluation.suite import EvalConfig
 
@@ -178,7 +178,7 @@ def settings_page() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    from flows.cli.options import FEED
+    from cli.options import FEED
 
     feed = {f"run.{name}" for name in ("source", "on_error", *FEED)}  # the rows that link to a feed's records
     tables: dict[str, list[str]] = {prefix: [] for prefix in SECTIONS}

@@ -20,7 +20,7 @@ from tasks.evaluation import evaluate
 from tasks.feed import say_late, say_skipped
 from tasks.gate import register_day
 from tasks.learning import calibrate, ingest, memorize, record_day, train
-from tasks.tracking.runs import log_day
+from tracking.runs import log_day
 
 
 def _run_name() -> str:

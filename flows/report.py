@@ -8,8 +8,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from monim.evaluation.report import render_report
-from tasks.tracking.runs import fetch_runs, log_folder
-from tasks.tracking.store import client
+from tracking.runs import fetch_runs, log_folder
+from tracking.store import client
 
 
 def write_report(experiment: str | None, tracking_uri: str, out: str) -> tuple[str, str]:

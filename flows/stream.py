@@ -19,8 +19,8 @@ from monim.storage import workdirs
 from monim.storage.plan import Plan, last_read, plan
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
-from tasks.tracking.runs import describe, ended, log_summary, mlflow_run
-from tasks.tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
+from tracking.runs import describe, ended, log_summary, mlflow_run
+from tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:

@@ -12,8 +12,8 @@ from monim.core.config import RunConfig
 from monim.data.stream import Day, articles
 from monim.storage.plan import arrivals
 from tasks.logs import logger
-from tasks.tracking.runs import log_points
-from tasks.tracking.store import client, one_at_a_time
+from tracking.runs import log_points
+from tracking.store import client, one_at_a_time
 
 THIN_SHARE = 0.25  # a day with fewer articles than this share of the median of the days before it is thin
 THIN_DAYS = 7  # the learned days the median is taken over (the last ones before the day; at least 3)

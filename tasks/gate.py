@@ -15,8 +15,8 @@ from monim.lm.features import Features
 from monim.storage import workdirs
 from monim.theta.memory import Memory
 from tasks.logs import logger
-from tasks.tracking.registry import CHAMPION, aliased, here, model_for, new_version, settle
-from tasks.tracking.store import client
+from tracking.registry import CHAMPION, aliased, here, model_for, new_version, settle
+from tracking.store import client
 
 
 def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion, uri: str) -> dict:

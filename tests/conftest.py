@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-__import__("monim")  # sets OMP_WAIT_POLICY before torch is imported (the name `monim` is the runner fixture below)
+from monim.core.environment import set_defaults  # noqa: E402
+
+set_defaults()  # before torch, Prefect or MLflow is imported
 
 # Prefect keeps its state in a throwaway home for the test session, set before it is imported.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="monim-test-prefect-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
-import tasks  # noqa: E402,F401  (the rest of Prefect's and MLflow's environment)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MONIM_DATA", REPO.parent / "shared" / "data"))
@@ -178,7 +179,7 @@ SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Pre
 def invoke():
     """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer),
     within 120 s unless the test gives another `timeout`."""
-    from flows.servers.client import post
+    from servers.client import post
 
     return lambda port, body, timeout=120: post(port, body, timeout)
 

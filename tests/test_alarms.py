@@ -23,15 +23,15 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Prefect server of its own (the test session's harness runs no trigger services), and its API URL."""
-    import flows.servers.local as servers
+    from servers import local
 
     home = tmp_path_factory.mktemp("prefect-home")
-    port = servers.free_port()
+    port = local.free_port()
     env = os.environ | {"PREFECT_HOME": str(home)}
-    proc = servers.start([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+    proc = local.start([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
                           "--port", str(port)], f"http://127.0.0.1:{port}/api/health", timeout=180, env=env)
     yield f"http://127.0.0.1:{port}/api"
-    servers.stop([proc])
+    local.stop([proc])
 
 
 def api(url: str, path: str, body: dict | None = None) -> dict | list:

@@ -208,7 +208,7 @@ def test_every_option_says_what_it_takes(monim):
     import click
     import typer.main
 
-    from flows.cli import app
+    from cli import app
 
     for name, command in typer.main.get_command(app).commands.items():
         for p in command.params:
@@ -225,8 +225,8 @@ def test_every_run_setting_is_an_option_of_its_own_name():
     comparison's aside), and what they parse is what the spec holds."""
     import typer.main
 
-    from flows.cli import app
-    from flows.cli.common import run_spec
+    from cli import app
+    from cli.common import run_spec
     from monim.core.config import RunConfig
 
     commands = typer.main.get_command(app).commands
@@ -250,7 +250,7 @@ def test_every_run_setting_is_an_option_of_its_own_name():
 def test_the_cli_imports_prefect_only_after_it_sets_prefects_home():
     """Prefect reads its settings at import: imported before use_workdir, it would start its own
     temporary server (one no kill of monim stops) and keep state outside the work directory."""
-    code = "import sys, flows.cli; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
+    code = "import sys, cli; print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).parents[1]).stdout.strip() == "[]"
 
@@ -376,9 +376,9 @@ def test_commands_that_read_a_feed_name_its_fields_as_learn_does():
     """eval and status read a feed with the record-field options learn takes (one name, one help), as Fields."""
     import typer.main
 
-    from flows.cli import app
-    from flows.cli.common import feed_options
-    from flows.cli.options import FEED
+    from cli import app
+    from cli.common import feed_options
+    from cli.options import FEED
     from monim.core.config import Fields
 
     commands = typer.main.get_command(app).commands

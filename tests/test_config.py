@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from monim.core.config import RunConfig
 from monim.evaluation.suite import EvalConfig
 from monim.storage.workdirs import memory_root
-from tasks.tracking.runs import run_params
+from tracking.runs import run_params
 
 
 @pytest.mark.parametrize("fields, where", [
@@ -67,8 +67,8 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
     RunConfig name the same fields, and a run reads its feed with them (the others are missing to it)."""
     import typer.main
 
-    from flows.cli import app
-    from flows.cli.common import run_spec
+    from cli import app
+    from cli.common import run_spec
     from monim.data.sources import StreamError
     from monim.data.stream import read_day
 
@@ -97,10 +97,10 @@ def test_which_setting_wins(tmp_path, monkeypatch):
     SQLite file; Prefect's home in the work directory unless $PREFECT_HOME or $PREFECT_API_URL is set; a
     memory's recorded settings refuse a run that brings others (the option's default too), naming the field,
     while a reader's own may differ."""
-    from flows.cli.common import prefect_home
+    from cli.common import prefect_home
     from monim.core.config import DEFAULT_MODEL
     from monim.storage.memory_settings import READ, Settings, SettingsMismatch, refuse_other
-    from tasks.tracking.store import tracking_uri
+    from tracking.store import tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert tracking_uri(str(tmp_path)) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"

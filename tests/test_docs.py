@@ -29,7 +29,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_references_are_read_from_the_code(site):
-    from flows.cli import app
+    from cli import app
     from monim.core.config import RunConfig
 
     cli = (site / "reference" / "cli" / "index.html").read_text()
@@ -38,7 +38,7 @@ def test_the_references_are_read_from_the_code(site):
     assert all(word in http for word in ("/invocations", "/health", "/ping", "dataframe_records", "dataframe_split",
                                          "instances", "max_new_tokens", "max_body_bytes", "max_depth", "413",
                                          "REQUEST_ENTITY_TOO_LARGE", "/version", "Ashton-Tate said it intends to"))
-    assert "not accurate" not in http  # every example shown is a real one (flows.servers.examples), none generated
+    assert "not accurate" not in http  # every example shown is a real one (servers.examples), none generated
     settings = (site / "reference" / "settings" / "index.html").read_text()  # its rows: tests/test_settings_page.py
     learn = typer.main.get_command(app).commands["learn"]
     assert all(flag in settings for p in learn.params for flag in p.opts if flag != "--help")
@@ -66,7 +66,7 @@ def commands(text: str) -> list[str]:
 
 
 def test_every_monim_command_written_names_real_commands_and_options():
-    from flows.cli import app
+    from cli import app
 
     group = typer.main.get_command(app)
     written = [(page.name, line) for page in PAGES for line in commands(page.read_text())]
@@ -83,9 +83,9 @@ def test_every_monim_command_written_names_real_commands_and_options():
 
 
 def test_the_http_reference_describes_the_fields_the_server_accepts():
-    from flows.servers import schema
     from monim.serving.generate import GenerateConfig, Generation, Source
     from monim.serving.request import FORMATS, ROW_FIELDS, Limits
+    from servers import schema
 
     assert set(schema.Row.model_fields) == set(schema.Columns.model_fields) == {*ROW_FIELDS, "retrieve"}
     assert set(schema.Invocation.model_fields) == {*FORMATS, "params"}

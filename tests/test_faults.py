@@ -229,7 +229,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     from monim.core.config import RunConfig
     from monim.run import open_run
     from monim.storage.plan import plan
-    from tasks.tracking.store import client
+    from tracking.store import client
 
     source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
     assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
@@ -265,7 +265,7 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
     after the commit. One line each, exit status 74, and what it says of the memory is what the memory holds."""
     import resource
 
-    import flows.servers.local as servers
+    from servers import local
 
     source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
     assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
@@ -283,7 +283,7 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
     one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
              f"the memory is unchanged (day {date} not committed)")
     assert proc.returncode == 74 and memory() == before
-    server = servers.mlflow_server(port := servers.free_port(), workdir)  # its store beyond the limit
+    server = local.mlflow_server(port := local.free_port(), workdir)  # its store beyond the limit
     try:
         uri = f"http://127.0.0.1:{port}"
         proc = limited(256 * 1024, "--tracking-uri", uri)
@@ -296,7 +296,7 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
         assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--repair", check=False).returncode == 0
         assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, check=False).returncode == 0
     finally:
-        servers.stop([server])
+        local.stop([server])
 
 
 def test_a_prefect_database_that_cannot_be_read_for_want_of_room_is_said_so_not_damaged(tmp_path):
@@ -312,7 +312,7 @@ def test_a_prefect_database_that_cannot_be_read_for_want_of_room_is_said_so_not_
     db.executemany("INSERT INTO t VALUES (?)", [("x" * 100,)] * 100)
     db.commit()
     db.close()  # its -wal and -shm files go
-    proc = subprocess.run([sys.executable, "-c", "import flows.servers.local as s; s.prefect_api()"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", "import servers.local as s; s.prefect_api()"], capture_output=True,
                           text=True, env={**__import__("os").environ, "PREFECT_HOME": str(tmp_path)},
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
     said = proc.stderr.splitlines()[-1]

@@ -174,7 +174,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
 def test_fsck_of_the_work_directory_relogs_a_day_mlflow_lost(compared):
     import sqlite3
 
-    from flows.cli.fsck import check_workdir
+    from cli.fsck import check_workdir
 
     workdir, model, summary = compared
     assert check_workdir(str(workdir)) == []
@@ -247,7 +247,7 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
     from mlflow.exceptions import MlflowException
 
     from monim.storage.datastore import Datastore
-    from tasks.tracking.registry import open_memory
+    from tracking.registry import open_memory
 
     workdir, model, summary = compared
     import mlflow
@@ -269,15 +269,15 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
     import urllib.error
     import urllib.request
 
-    import flows.servers.local as servers
+    from servers import local
 
     workdir, model, summary = compared
-    port = servers.free_port()
+    port = local.free_port()
     cmd = [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", f"models:/{MODEL_NAME}@champion",
            "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "-w", "1"]
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",  # and its uvicorn on PATH, as in the venv
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = servers.start(cmd, f"http://127.0.0.1:{port}/ping", env=env)
+    proc = local.start(cmd, f"http://127.0.0.1:{port}/ping", env=env)
 
     def post(body: dict) -> tuple[int, dict]:
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", json.dumps(body).encode(),
@@ -303,12 +303,12 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
             assert 400 <= status < 500 and says in out["message"], (bad, status, out)
         assert proc.poll() is None  # still serving
     finally:
-        servers.stop([proc])
+        local.stop([proc])
     assert os.path.exists(workdir / "mlflow.db")
 
 
 def test_promote_and_rollback_move_the_aliases_by_hand(compared):
-    from tasks.tracking.registry import promote, rollback
+    from tracking.registry import promote, rollback
 
     workdir, model, summary = compared
     uri, root = f"sqlite:///{workdir / 'mlflow.db'}", workdir / "memories" / "monim-amt"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
 from monim.data.stream import DEMO_STREAM
+from servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
 
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
 BOUND_S = 60  # the README's bound on the time to follow (a check, a load, the request in flight)
@@ -22,18 +22,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def following(monim, prefect_api, tiny_model_dir, tmp_path_factory):
     """Day one learned (MLflow on), and `monim serve-model` following its champion."""
-    import flows.servers.local as servers
+    from servers import local
 
     workdir = tmp_path_factory.mktemp("follow") / "w"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
     learn = [monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--policy", "fullmem",
              "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")), "--max-docs", "3"]
     subprocess.run(learn + ["--end", "1987-03-02"], env=env, check=True, capture_output=True, timeout=900)
-    port = servers.free_port()
-    proc = servers.start([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--follow-seconds",
+    port = local.free_port()
+    proc = local.start([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--follow-seconds",
                           str(FOLLOW_S)], f"http://127.0.0.1:{port}/ping", env=env)
     yield port, workdir, env, learn
-    servers.stop([proc])
+    local.stop([proc])
 
 
 def clients(port: int, prompt: str) -> Clients:
@@ -190,7 +190,7 @@ def test_a_served_file_changed_under_the_server_is_never_answered_from_and_a_dam
 
     import numpy as np
 
-    import flows.servers.local as servers
+    from servers import local
 
     port, workdir, env, learn = following
     wait_for(port, lambda h: h["status"] == "ok" and h["version"] == (h["champion"] or {}).get("version", "1"), "settled")
@@ -207,7 +207,7 @@ def test_a_served_file_changed_under_the_server_is_never_answered_from_and_a_dam
         with pytest.raises(urllib.error.HTTPError) as ping:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/ping")
         assert ping.value.code == 503
-        start = monim("serve-model", "--workdir", workdir, "--port", servers.free_port(), check=False, timeout=300)
+        start = monim("serve-model", "--workdir", workdir, "--port", local.free_port(), check=False, timeout=300)
         (line,) = start.stderr.strip().splitlines()
         assert start.returncode != 0 and f"{values.parent}: values.npy corrupt" in line and "day 1987-03-02" in line
     finally:

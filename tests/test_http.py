@@ -160,14 +160,14 @@ def test_any_body_bytes_are_json_or_a_refusal(raw):
 @pytest.fixture(scope="module")
 def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
     """A work directory learned by `monim learn` (MLflow on), and `monim serve-model` on its champion."""
-    import flows.servers.local as servers
+    from servers import local
 
     workdir = tmp_path_factory.mktemp("served") / "monim-demo"  # the README's name for it
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_api}
     subprocess.run([monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", "1987-03-03",
                     "--policy", "fullmem", "--workdir", str(workdir), "--model", str(tiny_model_dir("llama")),
                     "--max-docs", "3"], env=env, check=True, capture_output=True, timeout=900)
-    port, log = servers.free_port(), workdir / "server.log"
+    port, log = local.free_port(), workdir / "server.log"
     proc = subprocess.Popen([monim.script, "serve-model", "--workdir", str(workdir), "--port", str(port), "--max-new-tokens",
                              "200"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -261,7 +261,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     """A body over the size limit is refused (413) as declared and, chunked, once read that far; one nested
     too deep, or holding a lone surrogate, gets a 400 naming it; a route or method not served a 404/405:
     each the documented JSON object. The server then answers as before, and says it is ok."""
-    from flows.servers import client
+    from servers import client
 
     port = served[0]
     body = {"dataframe_records": [{"text": texts(1, 300)[0]}]}

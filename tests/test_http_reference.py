@@ -42,9 +42,9 @@ def server(theta):  # noqa: F811
     """The app over the memory on loopback, following a champion that is the version served."""
     import uvicorn
 
-    from flows.servers.local import free_port
-    from flows.servers.model import Follower, app_for
     from monim.serving.service import Service
+    from servers.local import free_port
+    from servers.model import Follower, app_for
 
     about = {"model": "monim-demo-fullmem", "version": "1", "as_of": theta.days[-1].date, "memory": str(theta.ds.root),
              "checksum": theta.checksum()}
@@ -67,8 +67,8 @@ def server(theta):  # noqa: F811
 def test_every_answer_is_exactly_its_model(server, invoke):
     """The service's answers to each row kind, /health with and without a champion to follow, /ping and
     /version: each exactly its model; a prompt's `sources` holds the retrieved article only when asked."""
-    from flows.servers import schema
-    from flows.servers.model import health_of
+    from servers import schema
+    from servers.model import health_of
 
     port, service, follower = server
     rows = [{"text": "Oil prices rose sharply on Monday."}, {"prompt": "The bank said"},
@@ -96,9 +96,9 @@ def test_every_example_of_the_reference_is_answered_in_its_shape(server, invoke,
     """Each documented answer is exactly the model the schema names for its route and status, and each
     documented request, sent, gets that status and an answer of the documented shape (a refusal's message
     word for word; a damaged memory's once a served file is rewritten, then put back)."""
-    from flows.servers import client, schema
-    from flows.servers.examples import EXAMPLES
-    from flows.servers.model import openapi
+    from servers import client, schema
+    from servers.examples import EXAMPLES
+    from servers.model import openapi
 
     port = server[0]
     spec = openapi()
@@ -156,7 +156,7 @@ def test_the_serve_guide_shows_the_examples_requests_and_answers():
     import re
     from pathlib import Path
 
-    from flows.servers.examples import EXAMPLES
+    from servers.examples import EXAMPLES
 
     guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "serve.md").read_text()
     sent = [json.loads(body) for body in re.findall(r"-d '(.*?)'", guide)]

@@ -1,15 +1,16 @@
 """The code's shape: each package's layer and what it may import, as data (UNITS), checked on every import
-in monim/, tasks/ and flows/ (relative, lazy, `importlib` and TYPE_CHECKING ones too); no cycle between
-modules; the library never imports Prefect or MLflow; and no file grows past one idea (~400 lines)."""
+in monim/, tracking/, tasks/, flows/, servers/ and cli/ (relative, lazy, `importlib` and TYPE_CHECKING ones too);
+no cycle between modules; the library never imports Prefect or MLflow; and no file grows past one idea (~400 lines)."""
 
 import ast
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ROOTS = ("monim", "tasks", "flows")
+ROOTS = ("monim", "tracking", "tasks", "flows", "servers", "cli")
 
 # The layer rule. Each package (or module standing for itself) -> (its layer, the units it may import). A unit
 # may import its own modules, the units it lists, and what those may import in turn; a listed unit sits on a
@@ -26,11 +27,12 @@ UNITS: Units = {
     "monim.serving": (6, ("monim.evaluation",)),  # never monim.learning
     "monim": (7, ("monim.learning", "monim.serving")),  # run.py and status.py on top, and the public names
     "tasks.logs": (8, ()),  # the task's logger: Prefect's, which MLflow's store lock writes to too
-    "tasks.tracking": (9, ("monim", "tasks.logs")),
-    "tasks": (10, ("tasks.tracking",)),
-    "flows.servers": (11, ("tasks.tracking",)),
+    "tracking": (9, ("monim", "tasks.logs")),
+    "tasks": (10, ("tracking",)),
+    "tasks.tracking": (10, ("tracking",)),  # the import path of versions registered by monim 0.2.0
+    "servers": (11, ("tracking",)),
     "flows": (11, ("tasks",)),
-    "flows.cli": (12, ("flows", "flows.servers")),
+    "cli": (12, ("flows", "servers")),
 }
 
 
@@ -183,11 +185,11 @@ TC = "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    "
                               "monim.extra: no docstring saying what the package holds (monim/extra/__init__.py)")),
     ("monim/core/__init__.py", "", "monim.core: no docstring saying what the package holds (monim/core/__init__.py)"),
     ("tasks/bad.py", "from flows.day import learn_day\n", "tasks/bad.py:1: tasks imports flows.day (flows)"),
-    ("tasks/tracking/bad.py", "from tasks import feed\n",
-     "tasks/tracking/bad.py:1: tasks.tracking imports tasks.feed (tasks)"),
-    ("flows/servers/bad.py", "from flows.cli.common import NO_ROOM\n",
-     "flows/servers/bad.py:1: flows.servers imports flows.cli.common (flows.cli)"),
-    ("flows/day2.py", "import flows.servers.local\n", "flows/day2.py:1: flows imports flows.servers.local (flows.servers)"),
+    ("tracking/bad.py", "from tasks import feed\n",
+     "tracking/bad.py:1: tracking imports tasks.feed (tasks)"),
+    ("servers/bad.py", "from cli.common import NO_ROOM\n",
+     "servers/bad.py:1: servers imports cli.common (cli)"),
+    ("flows/day2.py", "import servers.local\n", "flows/day2.py:1: flows imports servers.local (servers)"),
 ])
 def test_each_kind_of_violation_fails_the_rule(tree, tmp_path, file, text, said):
     root = tmp_path / "tree"
@@ -226,3 +228,25 @@ def test_no_class_holds_two_ideas():
     sizes = {f"{p.relative_to(REPO)}:{n.name}": n.end_lineno - n.lineno + 1 for package in ROOTS
              for p in (REPO / package).rglob("*.py") for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
     assert {c: n for c, n in sizes.items() if n > 250} == {}
+
+
+def test_importing_the_code_sets_no_environment_and_no_logging():
+    """Entry points set the environment (monim.core.environment); importing any of the code sets none of it
+    and configures no logger."""
+    import subprocess
+    import sys
+
+    from monim.core.environment import DEFAULTS
+
+    names = sorted(m for m in modules(REPO) if m != "tracking.theta_model")  # MLflow loads that one
+    code = ("import importlib, logging, os, sys\nbefore = dict(os.environ)\n"
+            f"for m in {names!r}: importlib.import_module(m)\n"
+            "print(sorted(k for k in os.environ if os.environ.get(k) != before.get(k) and "
+            "(k in sys.argv[1:] or k.startswith('MONIM'))))\n"
+            "print(sorted(n for n, g in logging.root.manager.loggerDict.items() "
+            "if isinstance(g, logging.Logger) and g.level and (n.startswith('monim') or n == 'bm25s')))")
+    env = {k: v for k, v in os.environ.items() if k not in DEFAULTS}
+    out = subprocess.run([sys.executable, "-c", code, *DEFAULTS], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"], out.stdout

@@ -46,7 +46,7 @@ def kill_in_the_first_table_rebuild(conn, cursor, statement, *args):
         os.kill(os.getpid(), signal.SIGKILL)
 uri = "sqlite:///" + sys.argv[2]
 if sys.argv[1] == "monim":
-    from tasks.tracking.store import client
+    from tracking.store import client
     client(uri)
 else:
     from mlflow.tracking import MlflowClient
@@ -68,7 +68,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
             MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
         return
     assert not db.exists() and all(is_stray(p) for p in tmp_path.iterdir())
-    from tasks.tracking.store import client
+    from tracking.store import client
 
     assert [e.name for e in client(f"sqlite:///{db}").search_experiments()] == ["Default"]
 
@@ -281,7 +281,7 @@ def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(ti
 
     from monim.core.manifest import Damaged
     from monim.theta.memory import Memory
-    from tasks.tracking.registry import MonimModel
+    from tracking.registry import MonimModel
 
     memory = two_days(tmp_path, tiny)
     assert len(Memory.open(tmp_path, tiny)) == 12
@@ -316,9 +316,9 @@ def test_a_served_file_written_in_place_stops_every_answer_and_a_damaged_champio
 
     from fastapi.testclient import TestClient
 
-    from flows.servers.model import Follower, app_for, health_of
     from monim.serving.service import Busy, Service
     from monim.theta.memory import Memory
+    from servers.model import Follower, app_for, health_of
 
     root = tmp_path / "served"
     memory = two_days(root, tiny)

@@ -27,7 +27,7 @@ def page() -> str:
 
 def help_entries(verb: str) -> dict[str, str]:
     """`monim VERB --help`'s options as printed: first column (names and type) -> help, lines joined."""
-    from flows.cli import app
+    from cli import app
 
     out = CliRunner().invoke(app, [verb, "--help"], terminal_width=80).output
     entries: dict[str, list[str]] = {}

@@ -45,7 +45,7 @@ def suite(prefect, tiny_model_dir, tmp_path_factory):
 def history(client, run_id, key):
     """A suite measure's values by step (MLflow charts the suite's measures in section 4, the 0-shot
     QA accuracy among the results the runs table shows)."""
-    from tasks.tracking.charts import chart_name
+    from tracking.charts import chart_name
 
     assert chart_name(key) == (f"1_results/{key}" if key == "qa_accuracy_0shot" else f"4_suite/{key}")
     return {m.step: m.value for m in client.get_metric_history(run_id, chart_name(key))}

@@ -91,7 +91,7 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
     from mlflow.tracking import MlflowClient
 
     from tasks.gate import validation_gate
-    from tasks.tracking.registry import model_name
+    from tracking.registry import model_name
 
     cfg, rows = odd_run
     day2 = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))

@@ -1,7 +1,7 @@
 """The settings, at the bottom of the library: a run's (RunConfig) and the parts Θ and the learners
 are built from (how text is windowed, the index, the calibrator, the policy's parameters, a
 parametric learner's knobs), each a named, typed field with its default and what it means. Nothing
-here imports torch: the command line's options are made from these fields (flows/cli/options.py)."""
+here imports torch: the command line's options are made from these fields (cli/options.py)."""
 
 from __future__ import annotations
 

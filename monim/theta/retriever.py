@@ -6,14 +6,12 @@ English stop words."""
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from monim.data.dedup import Signatures, TwinIndex
 from monim.data.sources import Document
 
-logging.getLogger("bm25s").setLevel(logging.WARNING)  # it says each build and each query without terms at INFO
 K1, B = 1.2, 0.75  # Lucene's defaults
 CANDIDATES = 8  # top articles fetched per query, so that excluded ones still leave a best
 
@@ -74,21 +72,23 @@ class ArticleIndex:
     def best(self, queries: list[str], exclude: list[set[str]] | None = None) -> list[Article | None]:
         """The best-scoring article for each query (None: no article shares a term with it), passing over
         the ids in its `exclude` set."""
-        if not self.articles or not queries:
-            return [None] * len(queries)
+        terms = words(queries) if self.articles and queries else []
+        asked = [i for i, t in enumerate(terms) if t]  # a query without terms matches nothing (bm25s logs it)
+        out: list[Article | None] = [None] * len(queries)
+        if not asked:
+            return out
         k = min(CANDIDATES, len(self.articles))
-        ids, scores = self.bm25.retrieve(words(queries), k=k, show_progress=False, n_threads=1)
-        out = []
-        for i, (row, score) in enumerate(zip(ids, scores)):
+        ids, scores = self.bm25.retrieve([terms[i] for i in asked], k=k, show_progress=False, n_threads=1)
+        for i, row, score in zip(asked, ids, scores):
             skip = exclude[i] if exclude else set()
             found = [int(j) for j, s in zip(row, score) if s > 0 and self.articles[int(j)].id not in skip]
             if not found and skip and k < len(self.articles):  # every candidate excluded: rank them all
-                found = self._all(queries[i], skip)
-            out.append(self.articles[found[0]] if found else None)
+                found = self._all(terms[i], skip)
+            out[i] = self.articles[found[0]] if found else None
         return out
 
-    def _all(self, query: str, skip: set[str]) -> list[int]:
-        ids, scores = self.bm25.retrieve(words([query]), k=len(self.articles), show_progress=False, n_threads=1)
+    def _all(self, terms: list[str], skip: set[str]) -> list[int]:
+        ids, scores = self.bm25.retrieve([terms], k=len(self.articles), show_progress=False, n_threads=1)
         return [int(j) for j, s in zip(ids[0], scores[0]) if s > 0 and self.articles[int(j)].id not in skip]
 
 

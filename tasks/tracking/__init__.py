@@ -1,2 +1,2 @@
-"""MLflow: its store, the runs a stream logs to, the charts they are read by, and the Model Registry
-that holds Θ as of each day (the champion the served model follows)."""
+"""Import paths of Θ's pyfunc model for versions registered by monim 0.2.0, when MLflow tracking was here
+(tracking/ now): each version carries the theta_model.py of its day."""

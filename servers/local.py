@@ -110,7 +110,7 @@ def private_api() -> bool:
 
 def mlflow_server(port: int, workdir: Path) -> subprocess.Popen:
     """An MLflow server over the work directory's SQLite store and artifacts, once it answers."""
-    from tasks.tracking.store import ensure_store  # not at the top: MLflow loads where a server starts
+    from tracking.store import ensure_store  # not at the top: MLflow loads where a server starts
 
     store = f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
     ensure_store(store)

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-import flows.servers.local as servers
-from flows.cli.common import (
+from cli.common import (
     AS_JSON,
     AS_OF,
     CONSTANT_LAM,
@@ -30,6 +29,7 @@ from flows.cli.common import (
     table,
     use_workdir,
 )
+from servers import local
 
 if TYPE_CHECKING:
     from monim.core.config import Fields
@@ -144,7 +144,7 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
             found = "; ".join(f"{s['date']} {s['doc_id']} \"{s['title']}\" ({s['weight']:.2f})" for s in sentence["sources"])
             console.print(f"[{i}] {sentence['text'].strip()!r}\n    sources: {found or 'none (the LM alone)'}", highlight=False)
     emit({"policy": memory.ds.root.name, "as_of": memory.days[-1].date if memory.days else None} | gen.as_dict(), as_json)
-    servers.end_at_once(0)  # all is written: skip the interpreter's teardown of torch and transformers (~0.9 s on 2 cores)
+    local.end_at_once(0)  # all is written: skip the interpreter's teardown of torch and transformers (~0.9 s on 2 cores)
 
 
 def report(workdir: Path = WORKDIR,
@@ -155,7 +155,7 @@ def report(workdir: Path = WORKDIR,
     """Write the paper's tables (markdown + PNGs) for the runs logged in MLflow."""
     use_workdir(workdir, api=False)  # a plain function: no Prefect run, no server
     from flows.report import write_report
-    from tasks.tracking.store import tracking_uri as resolve
+    from tracking.store import tracking_uri as resolve
 
     with clear_errors(ValueError):
         path, _ = write_report(experiment, resolve(str(workdir), tracking_uri), str(out or workdir / "report"))
@@ -184,14 +184,14 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
-    if port and servers.free_port(port) != port:  # said at once, not once the LM has loaded (~10 s)
+    if port and local.free_port(port) != port:  # said at once, not once the LM has loaded (~10 s)
         raise fail(f"--port {port}: something already listens on port {port} (another `monim serve-model`?): stop it, "
                    "or serve on another port (--port N)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    from flows.servers.model import SERVED, Follower, serve
     from monim.serving.service import Limits, Service
-    from tasks.tracking.registry import find_version, load_theta
-    from tasks.tracking.store import tracking_uri as resolve
+    from servers.model import SERVED, Follower, serve
+    from tracking.registry import find_version, load_theta
+    from tracking.store import tracking_uri as resolve
 
     if follow_seconds <= 0:
         raise fail(f"--follow-seconds: {follow_seconds:g}; give a number of seconds above 0")

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-import flows.servers.local as servers
-from flows.cli.common import (
+from cli.common import (
     AS_JSON,
     MODEL,
     WORKDIR,
@@ -28,6 +27,7 @@ from flows.cli.common import (
     use_workdir,
 )
 from monim.core import catalogue  # names and help only: no torch
+from servers import local
 
 if TYPE_CHECKING:
     from monim.core.config import RunConfig
@@ -66,7 +66,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         workdir: Path = typer.Option(Path("monim-demo"), "--workdir", help="Where the demo's runs live (a folder)."),
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
-    from flows.cli.common import run_spec
+    from cli.common import run_spec
     from monim.data.stream import DEMO_STREAM
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
@@ -123,7 +123,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     relearn = [day(d).isoformat() for d in relearn or []]
     check_source(spec, start, end, [spec.policy], relearn)
     preflight(spec, [spec.policy])
-    from tasks.tracking.store import tracking_uri as resolve
+    from tracking.store import tracking_uri as resolve
 
     with said_when_full(spec, start, end, relearn, resolve(str(workdir), tracking_uri)):
         use_workdir(workdir)
@@ -163,7 +163,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
 
 
 def started(server, *args) -> Popen:
-    """A server from `flows.servers.local`, or a clean exit saying why it did not start."""
+    """A server from `servers.local`, or a clean exit saying why it did not start."""
     try:
         return server(*args)
     except RuntimeError as e:
@@ -186,15 +186,15 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
-    from flows.cli.common import run_spec
+    from cli.common import run_spec
 
     spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
                     max_feed_lag=max_feed_lag)
     prefect_home(workdir)
     procs: list[Popen] = []
     if "PREFECT_API_URL" not in os.environ:  # set before Prefect is imported, else it starts a temporary API of its own
-        port = servers.free_port(prefect_port)
-        procs.append(started(servers.prefect_server, port))
+        port = local.free_port(prefect_port)
+        procs.append(started(local.prefect_server, port))
         os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         console.print(f"Prefect server and UI: http://127.0.0.1:{port}")
     use_workdir(workdir, api=False)
@@ -211,12 +211,12 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
             learn_stream.to_deployment(name="backfill", parameters=params),
         )
     finally:
-        servers.stop(procs)
+        local.stop(procs)
 
 
 def print_links(workdir: Path, mlflow_url: str, prefect_url: str) -> None:
-    from tasks.tracking.runs import ui_links
-    from tasks.tracking.store import tracking_uri
+    from tracking.runs import ui_links
+    from tracking.store import tracking_uri
 
     console.print(f"Prefect UI: {prefect_url}\nMLflow UI:  {mlflow_url}")
     for what, url in ui_links(tracking_uri(str(workdir)), mlflow_url, prefect_url):

@@ -9,8 +9,7 @@ from typing import Optional
 
 import typer
 
-import flows.servers.local as servers
-from flows.cli.common import (
+from cli.common import (
     AS_JSON,
     POLICY,
     TRACKING,
@@ -24,7 +23,8 @@ from flows.cli.common import (
     table,
     use_workdir,
 )
-from flows.cli.learning import print_links, started
+from cli.learning import print_links, started
+from servers import local
 
 
 def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
@@ -38,7 +38,7 @@ def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair",
     if not (workdir / "memories").is_dir() and not (workdir / "runs").is_dir():
         raise fail(f"no work directory at {workdir} (no memories/ or runs/)")
     use_workdir(workdir, api=False, prefect=False)  # a check runs no flow: no Prefect at all
-    from flows.cli.fsck import check_workdir
+    from cli.fsck import check_workdir
 
     problems = check_workdir(str(workdir), tracking_uri, repair)
     forgotten = forgotten_log(workdir)
@@ -133,10 +133,10 @@ def forget(workdir: Path = WORKDIR,
 
 
 def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optional[str] = None) -> dict | None:
-    """A memory's state registered again (tasks.tracking.registry.register_state); None where it has no registered model."""
+    """A memory's state registered again (tracking.registry.register_state); None where it has no registered model."""
     use_workdir(workdir, api=False)
-    from tasks.tracking.registry import register_state, registered_model
-    from tasks.tracking.store import tracking_uri
+    from tracking.registry import register_state, registered_model
+    from tracking.store import tracking_uri
 
     uri = tracking_uri(str(workdir), tracking)
     if registered_model(uri, root) is None:  # learned without MLflow: nothing registered to follow
@@ -168,10 +168,10 @@ def register(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
 
 def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn, *args) -> dict:
-    """A tasks.tracking.registry function on the memory's registered model, or a clear error."""
+    """A tracking.registry function on the memory's registered model, or a clear error."""
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
-    from tasks.tracking.store import tracking_uri
+    from tracking.store import tracking_uri
 
     with clear_errors(ValueError):
         return fn(tracking_uri(str(workdir), tracking), root, *args)
@@ -181,7 +181,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
             version: Optional[str] = typer.Option(None, "--version", help="The version to serve (default: the newest)."),
             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Point the registered model's `champion` alias at a version by hand (`previous` keeps the old one)."""
-    from tasks.tracking.registry import promote as promote_version
+    from tracking.registry import promote as promote_version
 
     result = _registry_call(workdir, policy, tracking_uri, promote_version, version)
     console.print(f"{result['model']}: champion is version {result['champion']} (previous: {result['previous']})")
@@ -191,7 +191,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 def rollback(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, tracking_uri: Optional[str] = TRACKING,
              as_json: bool = AS_JSON) -> None:
     """Move `champion` back to the `previous` version."""
-    from tasks.tracking.registry import rollback as rollback_version
+    from tracking.registry import rollback as rollback_version
 
     result = _registry_call(workdir, policy, tracking_uri, rollback_version)
     console.print(f"{result['model']}: champion is version {result['champion']} again")
@@ -202,11 +202,11 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200, "--prefec
        mlflow_port: int = typer.Option(5000, "--mlflow-port", help="The MLflow UI's port.")) -> None:
     """Start the Prefect UI and the MLflow UI on 127.0.0.1 over the work directory; Ctrl-C stops both."""
     use_workdir(workdir, api=False)
-    prefect_port, mlflow_port = servers.free_port(prefect_port), servers.free_port(mlflow_port)
+    prefect_port, mlflow_port = local.free_port(prefect_port), local.free_port(mlflow_port)
     procs: list[Popen] = []
     try:
-        procs.append(started(servers.prefect_server, prefect_port))
-        procs.append(started(servers.mlflow_server, mlflow_port, workdir))
+        procs.append(started(local.prefect_server, prefect_port))
+        procs.append(started(local.mlflow_server, mlflow_port, workdir))
         print_links(workdir, f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}")
         console.print("Ctrl-C stops both.")
         while all(p.poll() is None for p in procs):
@@ -214,4 +214,4 @@ def ui(workdir: Path = WORKDIR, prefect_port: int = typer.Option(4200, "--prefec
     except KeyboardInterrupt:
         pass
     finally:
-        servers.stop(procs)
+        local.stop(procs)

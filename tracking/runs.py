@@ -18,8 +18,8 @@ from monim.core.numbers import rounded
 from monim.data.stream import list_dates
 from monim.run import make_run
 from monim.storage import workdirs
-from tasks.tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
-from tasks.tracking.store import MARK, client, log_metrics, logged_steps, memory_runs, one_at_a_time
+from tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
+from tracking.store import MARK, client, log_metrics, logged_steps, memory_runs, one_at_a_time
 
 KIND = "mlflow.experimentKind"
 COMPARISON = "monim.comparison"

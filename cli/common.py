@@ -16,8 +16,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-import flows.servers.local as servers
-from flows.cli.options import FEED, SKIP_HELP, field_options
+from cli.options import FEED, SKIP_HELP, field_options
+from servers import local
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
     from monim.core.config import RunConfig
@@ -113,14 +113,14 @@ def room(error: Exception, workdir: str, uri: str) -> str | None:
     (MLflow's names no file, and this command's Prefect API answers 500 or does not start); None
     where room is not the cause."""
     from monim.core.atomic import SQLITE_FULL, no_room, out_of_room
-    from tasks.tracking.store import sqlite_file
+    from tracking.store import sqlite_file
 
     mlflow = sqlite_file(uri)
     if (found := no_room(error)) is not None:
         what, path = found
         return f"{what} while writing {path or (mlflow if what == SQLITE_FULL and mlflow else f'in {workdir}')}"
     said = str(error)
-    if "Prefect's API did not start" in said or ("Server error '5" in said and servers.private_api()):
+    if "Prefect's API did not start" in said or ("Server error '5" in said and local.private_api()):
         return out_of_room(Path(os.environ["PREFECT_HOME"]) / "prefect.db")
     return out_of_room(mlflow) if mlflow and "sqlite3.OperationalError" in said else None
 
@@ -139,7 +139,7 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
     from monim.storage.fsck import unfinished
     from monim.storage.plan import plan
     from monim.storage.workdirs import memory_root
-    from tasks.tracking.registry import untracked
+    from tracking.registry import untracked
 
     root = memory_root(spec.workdir, spec.name)
     try:
@@ -165,17 +165,15 @@ def use_workdir(workdir: Path, api: bool = True, prefect: bool = True) -> None:
     for a command that runs flows, start its Prefect API; SIGTERM stops the command like Ctrl-C.
     `prefect`: False for a command that never imports Prefect (its console and SIGTERM handler left alone)."""
     prefect_home(workdir)
-    servers.interruptible()
+    local.interruptible()
     private = "PREFECT_API_URL" not in os.environ and api
     if "PREFECT_API_URL" not in os.environ:
         if api:
-            os.environ["PREFECT_API_URL"] = servers.prefect_api()
+            os.environ["PREFECT_API_URL"] = local.prefect_api()
             console.print(f"Prefect: this command's flow runs are kept in {os.environ['PREFECT_HOME']} "
                           f"(`monim ui --workdir {workdir}` shows them)", highlight=False, soft_wrap=True)
-    import tasks  # noqa: F401  (the rest of the environment, before Prefect is imported)
-
     if prefect:
-        servers.guard_prefect_stops()
+        local.guard_prefect_stops()
         quiet_console(tracebacks=not os.environ.get("MONIM_VERBOSE"), links=private)
 
 
@@ -221,7 +219,7 @@ def _drop_link(record) -> bool:
 
 def use_tracking(workdir: Path, uri: Optional[str]) -> str:
     """The MLflow store's URI, the store checked (a damaged one is a clear error, before any work)."""
-    from tasks.tracking.store import ensure_store, tracking_uri
+    from tracking.store import ensure_store, tracking_uri
 
     resolved = tracking_uri(str(workdir), uri)
     with clear_errors(ValueError):
@@ -312,11 +310,11 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
                   shots: str = typer.Option("0", "--shots", help="Comma-separated numbers of solved examples, e.g. 0,3."),
                   half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
                   tracking_uri: Optional[str] = TRACKING, wait: bool = WAIT, as_json: bool = AS_JSON) -> None:
-    """The options every learning command takes besides the run's settings (flows.cli.options)."""
+    """The options every learning command takes besides the run's settings (cli.options)."""
 
 
 def learning_options(command):
-    """Give a learning command the run's settings as options (one per RunConfig field, flows.cli.options)
+    """Give a learning command the run's settings as options (one per RunConfig field, cli.options)
     and the evaluation suite's; it is called with them built: `spec` (monim.core.config.RunConfig),
     `evaluation` (None: nothing to measure), and `source`, `start`, `end`, `workdir`, `tracking_uri`,
     `wait`, `as_json` as given."""
@@ -344,7 +342,7 @@ def learning_options(command):
 
 def feed_options(command):
     """Give a command that reads a feed besides learning it (eval, status) the options that name its records'
-    fields, as `learn` takes them (flows.cli.options.FEED); it is called with them as `fields`
+    fields, as `learn` takes them (cli.options.FEED); it is called with them as `fields`
     (monim.core.config.Fields)."""
     own = inspect.signature(command)
 
@@ -363,7 +361,7 @@ def run_spec(policy: str = "monim-amt", source: str = "", workdir: Path = Path("
     error naming the field. Without --review, Mix-Review reviews the text the forgetting probe does not read."""
     from pydantic import ValidationError
 
-    from flows.cli.options import given_fields
+    from cli.options import given_fields
     from monim.core.config import RunConfig
 
     given = given_fields(options)

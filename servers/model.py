@@ -1,6 +1,6 @@
 """`monim serve-model`: a registered Θ (the champion, or a version) answering HTTP on one process.
 
-The same pyfunc model `mlflow models serve` loads (tasks.tracking.registry.MonimModel), behind monim's own
+The same pyfunc model `mlflow models serve` loads (tracking.registry.MonimModel), behind monim's own
 small FastAPI app rather than MLflow's scoring server, because the app can: read a body no further
 than its limits (bytes, nesting); refuse unknown fields and params by name and answer every error,
 its own and FastAPI's, as one JSON object without a trace or a dataframe dump;
@@ -11,7 +11,7 @@ the background while the served one answers, and the worker swaps between reques
 server loads its model once).
 Routes: GET /ping (ready; 503 while the served files differ from their commit), GET /health (what is
 served, since when, the champion last seen), GET /version (monim's, the LM's, Θ's), POST /invocations;
-each answer is a model of flows.servers.schema, which FastAPI's schema (the HTTP reference) is made of.
+each answer is a model of servers.schema, which FastAPI's schema (the HTTP reference) is made of.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from flows.servers import schema
-from flows.servers.examples import EXAMPLES
 from monim import __version__
 from monim.serving.request import BadRequest, loads
 from monim.serving.service import Busy, Service, now
 from monim.theta.memory import Memory
+from servers import schema
+from servers.examples import EXAMPLES
 
 log = logging.getLogger("monim.server")
 SERVED = ("model", "version", "as_of", "memory", "checksum")  # what a version is, as /health shows it
@@ -193,7 +193,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
 
 def _documented(app: FastAPI) -> dict:
     """FastAPI's schema of the app, with the request body it documents (read by the service itself) and
-    the real requests and answers of flows.servers.examples."""
+    the real requests and answers of servers.examples."""
     if app.openapi_schema is None:
         spec = FastAPI.openapi(app)
         body = schema.Invocation.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -13,8 +13,8 @@ from monim.core.lock import reading
 from monim.storage.datastore import Datastore
 from monim.storage.fsck import check_memory, check_records, unfinished
 from monim.storage.workdirs import memories, run_lock
-from tasks.tracking.registry import register_state, registered_model, stale_champion, untracked
-from tasks.tracking.store import (
+from tracking.registry import register_state, registered_model, stale_champion, untracked
+from tracking.store import (
     check_steps,
     client,
     memory_runs,
@@ -95,7 +95,7 @@ def _finish(uri: str, workdir: str, root: Path, date: str) -> str | None:
     if cfg.name != root.name:
         return f"its MLflow run learns {cfg.name!r}, not {root.name!r}"
     if "prefect" not in sys.modules:  # this process's own Prefect API, set before Prefect is imported
-        from flows.cli.common import use_workdir
+        from cli.common import use_workdir
 
         use_workdir(Path(workdir))
     from flows.stream import learn_stream

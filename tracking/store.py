@@ -18,7 +18,7 @@ from monim.core.atomic import create_once, sqlite_damage
 from monim.core.lock import hold, reading
 from monim.storage import workdirs
 from tasks.logs import logger
-from tasks.tracking.charts import NOT_LOGGED, chart_name
+from tracking.charts import NOT_LOGGED, chart_name
 
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
 

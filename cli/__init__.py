@@ -13,9 +13,10 @@ from typing import Optional
 
 import typer
 
-from flows.cli import learning, reading, upkeep
-from flows.cli.common import NO_ROOM
+from cli import learning, reading, upkeep
+from cli.common import NO_ROOM
 from monim.core.atomic import DiskFull, no_room
+from monim.core.environment import set_defaults
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0],
                   rich_markup_mode=None)
@@ -36,6 +37,7 @@ def main(version: Optional[bool] = typer.Option(None, "--version", callback=_ver
                                       "whole traceback (by default one line says what failed)."),
          ) -> None:
     """monim: keep a language model up to date with a daily news stream (MoNIM)."""
+    set_defaults()
     if verbose:
         os.environ["MONIM_VERBOSE"] = "1"
     else:
