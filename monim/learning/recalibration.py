@@ -198,7 +198,7 @@ COPY_LAMBDAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, LAM_CEIL)  # the prior's λ where
 
 
 def _nll(ex: Examples, lam, temperature: float) -> float:
-    """Mean NLL of Θ with λ (a number or one per token) on the examples (some)."""
+    """Mean NLL of Θ with λ (a number or one per token) on the examples (at least one)."""
     knn = torch.from_numpy(ex.knn_logp[:, TEMPERATURES.index(temperature)].astype(np.float64))
     return -interpolate(torch.from_numpy(ex.lm_logp.astype(np.float64)), knn, torch.as_tensor(lam, dtype=torch.float64)).mean().item()
 
