@@ -6,9 +6,11 @@ import shutil
 import numpy as np
 import pytest
 
+from monim.core import catalogue
+from monim.core.config import PolicyConfig
 from monim.data.stream import Day, Document, iter_days, open_source
 from monim.learning.memorize import memorize_day
-from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy
+from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy, policy_params
 from monim.learning.recalibration import calibrate
 from monim.learning.threshold import amt_threshold
 from monim.lm.model import load_lm
@@ -49,6 +51,16 @@ def test_policy_names():
         ["fullmem", "randmem", "monim", "monim-amt", "kl"]
     with pytest.raises(ValueError, match="unknown policy 'lru'"):
         make_policy("lru")
+
+
+def test_each_memory_policy_is_made_with_the_policy_fields_its_name_reads():
+    cfg = PolicyConfig(delta=-2.0, rate=0.3, merge_k=5, search_margin=0.25, search_context=True)
+    fixed = {"monim": {"adaptive": False, "in_context": False}, "monim-amt": {"adaptive": True, "in_context": False},
+             "ralm+monim-amt": {"adaptive": True, "in_context": True}}
+    for name in catalogue.names(catalogue.MEMORY):
+        policy = make_policy(name, cfg)
+        read = {{"merge_k": "k"}.get(f, f): getattr(cfg, f) for f in catalogue.entry(name).reads if not f.startswith("ralm_")}
+        assert policy.name == name and policy_params(policy) == read | fixed.get(name, {})
 
 
 def test_kl_score_is_key_projected_through_the_unembedding(tiny_model_dir):

@@ -19,7 +19,8 @@ class Entry:
     kind: str
     help: str
     make: str | None = None  # a memory policy's class in monim.learning.policies, params from the run's PolicyConfig
-    fixed: tuple[tuple[str, object], ...] = ()  # params this name fixes (MoNIM with or without AMT)
+    adaptive: bool = False  # MoNIM: under the adaptive threshold (AMT)
+    in_context: bool = False  # MoNIM: Θ reads each text after In-Context RALM's article
     follows: tuple[str, ...] = ()  # runs whose MemRate it stores at when they run too (the first present)
     reads: tuple[str, ...] = ()  # the PolicyConfig fields its policy reads (the ones its memory records)
 
@@ -29,14 +30,14 @@ CATALOGUE = (
     Entry("fullmem", MEMORY, "every training token (the kNN-LM datastore)", "FullMem"),
     Entry("randmem", MEMORY, "a random share of the tokens (at MoNIM's rate when MoNIM runs too)", "RandMem",
           follows=("monim-amt", "monim"), reads=("rate",)),
-    Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM", fixed=(("adaptive", False),),
+    Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM",
           reads=("delta", "search_margin", "search_context")),
-    Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", fixed=(("adaptive", True),),
+    Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", adaptive=True,
           reads=("delta", "search_margin", "search_context")),
     Entry("ralm", MEMORY, "no kNN memory: the best BM25 article learned so far put before each `ralm_stride` tokens "
           "(In-Context RALM)", "InContext", reads=("ralm_stride", "ralm_query")),
     Entry("ralm+monim-amt", MEMORY, "In-Context RALM's article, with MoNIM-AMT's memory on top", "MoNIM",
-          fixed=(("adaptive", True), ("in_context", True)),
+          adaptive=True, in_context=True,
           reads=("delta", "search_margin", "search_context", "ralm_stride", "ralm_query")),
     Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
           reads=("rate",)),

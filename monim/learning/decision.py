@@ -68,7 +68,7 @@ class Searching(Decision):
 
     def __init__(self, policy: Rule, memory: Memory, docs: list, tokens: list[list[int]], search: Callable, skip: bool):
         self.policy, self.skip = policy, skip
-        self.contexts = Contexts(docs, tokens, memory.lexical() if policy.search_context else None) if skip else None
+        self.contexts = Contexts(docs, tokens, memory.lexical() if skip and policy.search_context else None)
         lam_max = memory.lam_max
 
         def search_uncertain(batch):

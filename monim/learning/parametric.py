@@ -41,8 +41,8 @@ def blocks(ids: list[list[int]], block: int, max_tokens: int | None) -> list[lis
 
 
 def review_blocks(lm: LM, learner: Learner, tokens: int, rng: np.random.Generator) -> list[list[int]]:
-    """About `tokens` general-domain tokens, as blocks drawn at random from the review text."""
-    if tokens <= 0:
+    """About `tokens` general-domain tokens, as blocks drawn at random from the review text (none without one)."""
+    if tokens <= 0 or learner.review is None:
         return []
     text = Path(learner.review).read_text(encoding="utf-8")[learner.review_from :]
     ids = lm.tokenizer(text)["input_ids"]
@@ -80,7 +80,7 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
                 for group in optimizer.param_groups:
                     group["lr"] = learner.lr * lam
                 optimizer.step()
-                if learner.method == "recadam":
+                if learner.method == "recadam" and pretrained is not None:
                     with torch.no_grad():
                         for name, p in model.named_parameters():
                             p.sub_(learner.lr * (1 - lam) * learner.pretrain_coef * (p - pretrained[name]))

@@ -24,13 +24,18 @@ if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects
     from monim.theta.memory import Memory
 
 
+@dataclass
 class Policy:
     """A memorization policy: which of a day's tokens enter memory (`select`), decided without the
     memory (`decision`: MoNIM's reads Θ), and what it does once they are chosen (`finish`: nothing;
     Greedy Merging merges them)."""
 
     stores = True  # it chooses among the day's tokens (In-Context RALM stores none: it keeps the articles)
-    name: str
+
+    @property
+    def name(self) -> str:
+        """The run's name for it (monim.core.catalogue)."""
+        raise NotImplementedError
 
     def select(self, batch: TokenScores, theta: ThetaScores, lm: LM, rng: np.random.Generator) -> np.ndarray:
         """Whether each token of a scored batch enters memory."""
@@ -168,9 +173,6 @@ class GreedyMerge(Policy):
         return entries.take(keep), weights, merged
 
 
-CLASSES = {c.__name__: c for c in (FullMem, RandMem, MoNIM, InContext, KL, GreedyMerge)}  # by the catalogue's `make`
-
-
 def policy_params(policy: Policy) -> dict:
     """The policy's parameters, as recorded in the manifest and in experiment trackers."""
     return asdict(policy)
@@ -185,10 +187,22 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
         raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(catalogue.names(MEMORY))}")
     cfg = replace(cfg or PolicyConfig(), **changes)
     rate = cfg.rate if cfg.rate is not None else follows if follows is not None and e.follows else catalogue.DEFAULT_RATE
-    # each PolicyConfig field a policy reads: (the policy class's name for it, its value)
-    given = {"delta": ("delta", cfg.delta), "rate": ("rate", rate), "merge_k": ("k", cfg.merge_k),
-             "search_margin": ("search_margin", cfg.search_margin), "search_context": ("search_context", cfg.search_context)}
-    return CLASSES[e.make](**dict(given[r] for r in e.reads if r in given), **dict(e.fixed))  # (ralm_*: Θ's, monim.theta.ralm)
+    # each with the PolicyConfig fields its entry reads (ralm_*: Θ's, monim.theta.ralm)
+    match e.make:
+        case "FullMem":
+            return FullMem()
+        case "RandMem":
+            return RandMem(rate)
+        case "KL":
+            return KL(rate)
+        case "GreedyMerge":
+            return GreedyMerge(cfg.merge_k)
+        case "MoNIM":
+            return MoNIM(cfg.delta, adaptive=e.adaptive, search_margin=cfg.search_margin,
+                         search_context=cfg.search_context, in_context=e.in_context)
+        case "InContext":
+            return InContext()
+    raise ValueError(f"{name}: the catalogue names no policy class {e.make}")
 
 
 def run_policy(cfg: RunConfig) -> Policy:

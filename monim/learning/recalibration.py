@@ -197,10 +197,8 @@ def newest(parts: list[tuple[str, Examples]], tokens: int) -> list[tuple[str, Ex
 COPY_LAMBDAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, LAM_CEIL)  # the prior's λ where the memory holds the very context
 
 
-def _nll(ex: Examples, lam, temperature: float) -> float | None:
-    """Mean NLL of Θ with λ (a number or one per token) on the examples."""
-    if not len(ex):
-        return None
+def _nll(ex: Examples, lam, temperature: float) -> float:
+    """Mean NLL of Θ with λ (a number or one per token) on the examples (at least one)."""
     knn = torch.from_numpy(ex.knn_logp[:, TEMPERATURES.index(temperature)].astype(np.float64))
     return -interpolate(torch.from_numpy(ex.lm_logp.astype(np.float64)), knn, torch.as_tensor(lam, dtype=torch.float64)).mean().item()
 
@@ -214,7 +212,8 @@ def rule_nll(ex: Examples, interp: Interpolation, lam_copy: float, calibrator: C
         copied = copies(np.expm1(held.density[:, 0].astype(np.float64)), held.key, tolerance)
         lams = {"lm": 0.0, "constant": interp.lam, "prior": prior_lam(copied, interp.lam, lam_copy),
                 "calibrator": calibrator.lam(held) if len(held) else 0.0}
-        out[part] = {"tokens": len(held)} | {rule: _nll(held, lam, interp.temperature) for rule, lam in lams.items()}
+        out[part] = {"tokens": len(held)} | {rule: _nll(held, lam, interp.temperature) if len(held) else None
+                                               for rule, lam in lams.items()}
     return out["new"] | {"seen": out["seen"]}
 
 

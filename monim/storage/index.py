@@ -75,6 +75,7 @@ def indexed_ids(index: faiss.Index) -> np.ndarray:
         return faiss.vector_to_array(index.id_map).astype(np.int64)
     ivf = faiss.extract_index_ivf(index)
     lists = ivf.invlists
+    assert lists is not None  # an IVF index holds its lists (FAISS's stubs allow one without)
     parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist) if lists.list_size(i)]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
@@ -87,9 +88,16 @@ def free_ram() -> int:
 def gpu_precomputed(index: faiss.Index, d: int) -> bool:
     """Whether FAISS's GPU IVF-PQ needs precomputed tables for this index: its sub-vector size has
     no GPU kernel otherwise (576 / 64 = 9 dims)."""
-    ivf = faiss.try_extract_index_ivf(index)
-    ivf = faiss.downcast_index(ivf) if ivf is not None else None
+    found = faiss.try_extract_index_ivf(index)
+    ivf = faiss.downcast_index(found) if found is not None else None
     return isinstance(ivf, faiss.IndexIVFPQ) and d // ivf.pq.M not in GPU_SUBDIMS
+
+
+def ivf_params(sel: faiss.IDSelector | None, nprobe: int) -> faiss.SearchParametersIVF:
+    """Search parameters of an IVF index: the entries it may find (None: all) and the lists it probes."""
+    params = faiss.SearchParametersIVF()
+    params.sel, params.nprobe = sel, nprobe  # FAISS keeps `sel` referenced from `params`
+    return params
 
 
 def gpu_options(index: faiss.Index, d: int) -> faiss.GpuClonerOptions:
@@ -161,7 +169,7 @@ class MemoryIndex:
         An IVF index is rebuilt when the memory has grown `retrain_growth` times since training or
         when the probe's recall has fallen below `min_recall` of its recall at training."""
         started = time.perf_counter()
-        stats = {"added": 0, "removed": 0, "rebuilt": False}
+        stats: dict[str, float | bool | None] = {"added": 0, "removed": 0, "rebuilt": False}
         if self.current(ds) and not retrain:
             self._ds = ds
             return stats | {"seconds": 0.0}
@@ -171,12 +179,11 @@ class MemoryIndex:
         kind = self.kind_for(ds)
         stale = (
             retrain
-            or self.index is None
             or self.meta.get("kind") == "flat" and kind == "ivfpq"
             or self.meta.get("kind") == "ivfpq" and n >= self.cfg.retrain_growth * self.meta["trained_on"]
             or self.meta.get("kind") == "ivfpq" == kind and self.meta.get("codec", "pq") != self.cfg.codec
         )
-        if stale:
+        if self.index is None or stale:
             self._build(ds, kind)
             stats.update(added=n, rebuilt=True)
         else:
@@ -194,7 +201,7 @@ class MemoryIndex:
                              self.cfg.min_recall, self.meta["recall_at_train"])
                     self._build(ds, kind)
                     stats.update(added=n, rebuilt=True)
-        self.meta |= {"version": ds.version, "ntotal": self.index.ntotal}
+        self.meta |= {"version": ds.version, "ntotal": self.ntotal}
         self._ds, self._search_index = ds, None
         if save:
             self._save()
@@ -208,6 +215,7 @@ class MemoryIndex:
                 (self.dir / name).unlink(missing_ok=True)
             self.obsolete = False
             return
+        assert self.index is not None  # an IVF-PQ memory's meta is written with its index (sync)
         with replacing(self.dir / "index.faiss") as tmp:
             faiss.write_index(self.index, str(tmp))
             self.meta["sha256"] = checksum(tmp)  # monim fsck finds a damaged file by it
@@ -221,14 +229,14 @@ class MemoryIndex:
         (drift). None for a flat index or a memory too small to probe."""
         ids, p = ds.shards.array("ids"), self.cfg.probe
         n_pool = min(self.cfg.probe_pool, len(ids) - p)
-        if self.meta.get("kind") != "ivfpq" or not p or n_pool < 10 * p:
+        if self.meta.get("kind") != "ivfpq" or self.index is None or not p or n_pool < 10 * p:
             return None
         pool = np.sort(np.random.default_rng(0).choice(ids[:-p], n_pool, replace=False))
         queries = ds.shards.keys_of(ids[-p:])
         truth = pool[faiss.knn(queries, ds.shards.keys_of(pool), 10)[1]]
-        params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBatch(pool), nprobe=self.cfg.nprobe)
+        selector = faiss.IDSelectorBatch(pool)
         depth = self.meta.setdefault("probe_depth", max(10, -(-self.cfg.k * n_pool // len(ids))))
-        found = self.index.search(queries, depth, params=params)[1]
+        found = self.index.search(queries, depth, params=ivf_params(selector, self.cfg.nprobe))[1]
         return float(np.mean([np.isin(t, f).mean() for t, f in zip(truth, found)]))
 
     def _build(self, ds: Datastore, kind: str) -> None:
@@ -252,6 +260,7 @@ class MemoryIndex:
 
     def _add_ids(self, ds: Datastore, ids: np.ndarray) -> None:
         """Add the entries with these ids, reading their keys shard by shard."""
+        assert self.index is not None  # built or read before entries are added (sync, _build)
         for keys, part_ids in self._key_parts(ds, ids):
             self.index.add_with_ids(np.asarray(keys, dtype=np.float32), part_ids)
         self._search_index = None
@@ -266,12 +275,11 @@ class MemoryIndex:
                 part = at[i : i + rows]
                 yield ds.shards.shard(day.shard, "keys")[part], shard_ids[part]
 
-    def _searcher(self) -> faiss.Index | TorchExact:
-        """The index to search: on a GPU, FAISS's copy of it (float16 lookup tables; not a fast-scan
-        index, nor one larger than the GPU's memory) or, without FAISS's GPU build, every key exact in
-        torch while they fit; else the index itself."""
+    def _searcher(self, index: faiss.Index) -> faiss.Index | TorchExact:
+        """The index to search (`index`, this memory's): on a GPU, FAISS's copy of it (float16 lookup
+        tables; not a fast-scan index, nor one larger than the GPU's memory) or, without FAISS's GPU
+        build, every key exact in torch while they fit; else the index itself."""
         if self._search_index is None:
-            self._search_index = self.index
             where = backend(self.cfg, self.ntotal, self.d)
             if where == "torch" and self._ds is not None:
                 from monim.storage.torch_search import TorchExact
@@ -279,33 +287,35 @@ class MemoryIndex:
                 self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.shards.array("ids")),
                                                            self.ntotal, self.d, "cuda")
                 return self._search_index
+            searched = index
             if where == "faiss-gpu" and self.meta.get("codec") != "fastscan":
                 try:
-                    self._search_index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, self.index,
-                                                                gpu_options(self.index, self.d))
+                    searched = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index, gpu_options(index, self.d))
                 except RuntimeError as e:
                     log.warning("searching %s on the CPU: %s", self.dir, e)
             if self.meta.get("kind") == "ivfpq":  # a GPU copy is no IndexIVF, but has nprobe itself
-                (faiss.try_extract_index_ivf(self._search_index) or self._search_index).nprobe = self.cfg.nprobe
+                # FAISS's stubs type the copy as a bare GpuIndex; it is the GPU IVF index the cloner made
+                (faiss.try_extract_index_ivf(searched) or searched).nprobe = self.cfg.nprobe  # type: ignore[attr-defined]
+            self._search_index = searched
         return self._search_index
 
-    def _search_subset(self, q: np.ndarray, k: int, above: int, below: int | None,
+    def _search_subset(self, index: faiss.Index, q: np.ndarray, k: int, above: int, below: int | None,
                        exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Search only the entries with `above` <= id < `below` (time travel; recency) and not in
-        `exclude` (an article's own entries): exactly over those keys, read in place from the flat
-        index, or in the IVF-PQ index with an id selector."""
-        if self.meta.get("kind") == "ivfpq":
+        """Search only the entries of `index` (this memory's) with `above` <= id < `below` (time travel;
+        recency) and not in `exclude` (an article's own entries): exactly over those keys, read in
+        place from the flat index, or in the IVF-PQ index with an id selector."""
+        if not isinstance(index, faiss.IndexIDMap2):  # IVF-PQ
             # every selector stays referenced here: the C++ ones hold raw pointers to each other
             banned = faiss.IDSelectorBatch(exclude) if exclude is not None else None
             allowed = faiss.IDSelectorNot(banned) if banned is not None else None
             windowed = above > 0 or below is not None
             window = faiss.IDSelectorRange(above, below if below is not None else 1 << 62) if windowed else None
             both = faiss.IDSelectorAnd(window, allowed) if window is not None and allowed is not None else None
-            params = faiss.SearchParametersIVF(sel=both or window or allowed, nprobe=self.cfg.nprobe)
-            return self.index.search(q, k, params=params)
-        ids = faiss.vector_to_array(self.index.id_map)
-        flat = faiss.downcast_index(self.index.index)
-        xb = faiss.rev_swig_ptr(flat.get_xb(), self.index.ntotal * self.d).reshape(-1, self.d)
+            return index.search(q, k, params=ivf_params(both or window or allowed, self.cfg.nprobe))
+        ids = faiss.vector_to_array(index.id_map)
+        flat = faiss.downcast_index(index.index)
+        assert isinstance(flat, faiss.IndexFlat)  # an exact index maps ids to a flat one (_build)
+        xb = faiss.rev_swig_ptr(flat.get_xb(), index.ntotal * self.d).reshape(-1, self.d)
         keep = (ids >= above) & (ids < (below if below is not None else np.iinfo(np.int64).max))
         if exclude is not None:
             keep &= ~np.isin(ids, exclude)
@@ -332,12 +342,13 @@ class MemoryIndex:
         only among the entries with `above` <= id < `below` (where given); never the ids in `exclude`."""
         k = k or self.cfg.k
         n = len(queries)
-        if self.ntotal == 0:
+        index = self.index
+        if index is None or index.ntotal == 0:
             return np.full((n, k), np.inf, np.float32), np.full((n, k), -1, np.int64)
         dist, ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
         subset = above > 0 or below is not None or exclude is not None
         for i in range(0, n, self.cfg.query_batch):
             q = np.ascontiguousarray(queries[i : i + self.cfg.query_batch], dtype=np.float32)
-            found = self._search_subset(q, k, above, below, exclude) if subset else self._searcher().search(q, k)
+            found = self._search_subset(index, q, k, above, below, exclude) if subset else self._searcher(index).search(q, k)
             dist[i : i + len(q)], ids[i : i + len(q)] = found
         return dist, ids

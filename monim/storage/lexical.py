@@ -129,7 +129,7 @@ class LexicalCounts:
         if shards != every:
             return counts
         with replacing(path) as tmp:
-            known = counts.grams is not None
+            grams = counts.grams
             np.savez(tmp, count=counts.count, pairs=counts.pairs, shards=np.array(counts.shards, dtype=str),
-                     grams=counts.grams if known else np.zeros(0, np.uint64), grams_known=known)
+                     grams=grams if grams is not None else np.zeros(0, np.uint64), grams_known=grams is not None)
         return counts

@@ -79,13 +79,13 @@ def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
     return torch.where(has, torch.as_tensor(lam, dtype=torch.float64), 0.0).double()
 
 
-def theta_scores(batch, interp: Interpolation, lam: np.ndarray | None = None,
+def theta_scores(batch, interp: Interpolation, lam: np.ndarray | float | None = None,
                  chunk: int | None = None, device: torch.device | str = "cpu") -> ThetaScores:
     """Score a batch (monim.lm.scoring.TokenScores with neighbours) under the interpolated model.
 
-    λ is the constant `interp.lam` or, given, one per token (a calibrator's); rows without
-    neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated distribution
-    lies at the LM's top token or at one of the neighbours' values, so only those candidates are
+    λ is the constant `interp.lam` or, given, `lam` (a number, or one per token: a calibrator's);
+    rows without neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated
+    distribution lies at the LM's top token or at one of the neighbours' values, so only those candidates are
     evaluated (exactly, from the full kNN distribution of `chunk` rows at a time, on `device`; None:
     256 rows on a CPU, 4,096 on a GPU, whose [chunk, V] float64 buffers take 1.6 GB at V = 49k).
     """

@@ -80,15 +80,15 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
     context = fitted.context + fitted.stride - stride  # the text before a stride: as much as the LM alone reads
     index, prefixes = articles_of(memory), Prefixes(lm)
     plans: list[tuple[str, list[int], int, int]] = []  # (document, its tokens, first target, end)
-    queries: list[str] = []
+    queries: list[list[int]] = []  # the tokens before each stride
     exclude: list[set[str]] = []
     for doc, toks in zip(docs, tokens):
         skip = index.twins_of(doc)
         for s in range(1, len(toks), stride):
             plans.append((doc.id, toks, s, min(s + stride, len(toks))))
-            queries.append(lm.tokenizer.decode(toks[max(0, s - query) : s]))
+            queries.append(toks[max(0, s - query) : s])
             exclude.append(skip)
-    found = index.best(queries, exclude)
+    found = index.best(lm.tokenizer.batch_decode(queries), exclude)
     out = Pass()
     seqs, where = [], {}
     for k, ((doc_id, toks, s, e), article) in enumerate(zip(plans, found)):

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable
 
 from monim.data.dedup import Signatures, TwinIndex
 from monim.data.sources import Document
+
+if TYPE_CHECKING:
+    from monim.storage.datastore import Datastore
 
 K1, B = 1.2, 0.75  # Lucene's defaults
 CANDIDATES = 8  # top articles fetched per query, so that excluded ones still leave a best
@@ -24,12 +27,6 @@ class Article:
     title: str
     text: str
     date: str
-
-
-class Shards(Protocol):
-    """Where articles are kept (monim.storage.datastore.Datastore)."""
-
-    def shard_articles(self, name: str) -> list[list[str]]: ...
 
 
 def words(texts: list[str]) -> list[list[str]]:
@@ -53,7 +50,7 @@ class ArticleIndex:
         self._twins: TwinIndex | None = None
 
     @classmethod
-    def of(cls, ds: Shards, shards: Iterable[tuple[str, str]]) -> ArticleIndex:
+    def of(cls, ds: Datastore, shards: Iterable[tuple[str, str]]) -> ArticleIndex:
         """The index over the articles of these (date, shard) pairs (cached while the shards stand)."""
         return _index(ds, tuple(shards))
 
@@ -93,5 +90,5 @@ class ArticleIndex:
 
 
 @functools.lru_cache(maxsize=8)
-def _index(ds: Shards, shards: tuple[tuple[str, str], ...]) -> ArticleIndex:
+def _index(ds: Datastore, shards: tuple[tuple[str, str], ...]) -> ArticleIndex:
     return ArticleIndex([Article(i, t, x, date) for date, shard in shards for i, t, x in ds.shards.shard_articles(shard)])

@@ -107,7 +107,7 @@ class ThetaRule:
         """Θ's λ for each token of a searched batch, by the rule: the calibrator's, the prior's (λ_copy
         where the nearest entry is a copy of the token's context), or the constant one."""
         rule, lam = self.name, self.interpolation.lam
-        if batch.knn_values is None:
+        if batch.knn_values is None or batch.knn_dist is None:  # searched: both, or neither
             return lam
         if rule == "calibrator" and (calibrator := self.calibrator()) is not None:
             return calibrator.lam(examples(batch, self.lexical()))
@@ -137,6 +137,7 @@ class ThetaRule:
     def theta_logprobs(self, batch: TokenScores, lm_logp: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Θ's log P over the vocabulary [n, V] for the tokens of a searched batch, from the LM's
         (`lm_logp` [n, V]); with each token's λ [n] and its neighbours' kNN weights [n, k]."""
+        assert batch.knn_values is not None and batch.knn_dist is not None  # a searched batch
         values = torch.from_numpy(batch.knn_values).long()
         prior = None if batch.knn_prior is None else torch.from_numpy(batch.knn_prior)
         logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, self.interpolation.temperature, prior)

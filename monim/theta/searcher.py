@@ -59,22 +59,22 @@ class Searcher:
         days = self.days
         return dt.date.fromisoformat(days[-1].date) if days else None
 
-    def _recent_days(self) -> list | None:
+    def _recent_days(self) -> list[DayRecord] | None:
         """The days (with entries) within the recency rule's maximum age; None: every day."""
-        oldest = self.recency.oldest(self.today) if self.days else None
+        today = self.today
+        oldest = self.recency.oldest(today) if today is not None else None
         return None if oldest is None else [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
 
-    def _above(self) -> int:
-        """The first entry id the recency rule lets Θ search (0: all)."""
-        kept = self._recent_days()
+    def _above(self, kept: list[DayRecord] | None) -> int:
+        """The first entry id the recency rule lets Θ search (0: all), given the days it keeps (`_recent_days`)."""
         if kept is None:
             return 0
         return int(self.ds.shards.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
 
-    def _search_recent(self, keys: np.ndarray, k: int, below: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search over the entries within the maximum age, from their stored keys: an IVF-PQ
-        index probes its nprobe lists, where a narrow window may hold few of them or none."""
-        kept = self._recent_days()
+    def _search_recent(self, kept: list[DayRecord], keys: np.ndarray, k: int, below: int | None,
+                       exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search over the entries of the days within the maximum age (`kept`), from their stored
+        keys: an IVF-PQ index probes its nprobe lists, where a narrow window may hold few of them or none."""
         ids = np.concatenate([self.ds.shards.shard(d.shard, "ids") for d in kept] or [np.zeros(0, np.int64)])
         keep = np.ones(len(ids), bool) if below is None else ids < below
         if exclude is not None:
@@ -97,9 +97,11 @@ class Searcher:
             self.sync()
         limits = [b for b in (below, self._below) if b is not None]
         below = min(limits) if limits else None
-        above = self._above()
-        if above and self.index.meta.get("kind") == "ivfpq" and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below:
-            dist, ids = self._search_recent(keys, k or self.index.cfg.k, below, exclude)
+        kept = self._recent_days()
+        above = self._above(kept)
+        if (kept is not None and above and self.index.meta.get("kind") == "ivfpq"
+                and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below):
+            dist, ids = self._search_recent(kept, keys, k or self.index.cfg.k, below, exclude)
         else:
             dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=above)
         pq = self.index.meta.get("kind") == "ivfpq"
@@ -134,8 +136,8 @@ class Searcher:
         """Days between each entry's day and the memory's last day (0 for -1)."""
         day, _ = self.ds.shards.locate(ids)
         ordinals = np.array([dt.date.fromisoformat(d.date).toordinal() for d in self.ds.days] + [0], np.int64)
-        today = self.today.toordinal() if self.days else 0
-        return np.where(day >= 0, today - ordinals[day], 0)
+        today = self.today
+        return np.where(day >= 0, (today.toordinal() if today is not None else 0) - ordinals[day], 0)
 
     def prior(self, ids: np.ndarray) -> np.ndarray | None:
         """Each neighbour's log prior weight, added to -d/T: log(weight) of merged entries (Greedy
@@ -143,5 +145,5 @@ class Searcher:
         weights = self.ds.shards.weights_by_id()
         parts = [np.log(np.where(ids >= 0, weights[ids.clip(min=0)], 1)).astype(np.float32) if weights is not None else None,
                  self.recency.log_prior(self.ages(ids)) if self.recency.half_life else None]
-        parts = [p for p in parts if p is not None]
-        return sum(parts[1:], parts[0]) if parts else None
+        present = [p for p in parts if p is not None]
+        return sum(present[1:], present[0]) if present else None
