@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias
 BOUND_S = 60  # the README's bound on the time to follow (a check, a load, the request in flight)

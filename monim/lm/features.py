@@ -23,10 +23,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from monim.core.atomic import TMP, is_stray, replacing
-from monim.core.config import RunConfig
+from monim.core.config import RunConfig, ScoreConfig
 from monim.data.sources import Document
 from monim.lm.model import LM
-from monim.lm.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
+from monim.lm.scoring import score_tokens, with_neighbors
+from monim.lm.token_scores import Neighbors, TokenScores
+from monim.lm.windows import fit_window
 
 STORED = ("prev", "target", "logp", "max_logp", "entropy", "argmax", "key", "hidden")
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)

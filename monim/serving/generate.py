@@ -2,16 +2,13 @@
 
 Each step runs the LM on the new token only (its KV cache holds the prefix), searches the memory
 with the step's key, and samples (or takes the top token of) Θ's full next-token distribution.
-The memorized articles whose entries carried the chosen tokens' kNN weight are its sources. A
-Decoder continues many prompts together, one LM forward and one search a step for all of them;
+The memorized articles whose entries carried the chosen tokens' kNN weight are its sources
+(monim.serving.sentences). A Decoder continues many prompts together, one LM forward and one search a step for all of them;
 `generate` is a Decoder of one.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -20,63 +17,11 @@ from transformers import DynamicCache
 
 from monim.data.sources import short_title
 from monim.lm.model import LM
-from monim.lm.scoring import TokenScores
+from monim.lm.token_scores import TokenScores
+from monim.serving.generation import GenerateConfig, Generation
+from monim.serving.sentences import sentences
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
-
-SENTENCE_END = (".", "!", "?")  # and a blank line
-
-
-@dataclass
-class GenerateConfig:
-    """How to generate: greedy at temperature 0, else sampled (nucleus `top_p`)."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    sources: int = 3  # memorized articles listed per generated sentence
-    keep_distributions: bool = False  # keep Θ's log-probabilities at each step (Generation.logprobs)
-    retrieve: bool = False  # the best article for the prompt before it (In-Context RALM; a ralm memory's Θ always does)
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.sources < 0:
-            raise ValueError(f"sources must be >= 0, got {self.sources}")
-
-
-@dataclass
-class Source:
-    """A memorized article and the kNN weight its entries gave the tokens of a sentence."""
-
-    date: str
-    doc_id: str
-    title: str
-    weight: float
-
-
-@dataclass
-class Generation:
-    """A prompt's continuation, the kNN weight λ of each step, and each sentence with its sources."""
-
-    prompt: str
-    text: str
-    tokens: list[int]
-    lams: list[float]
-    sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Source as dict]}
-    stopped: str = "max_new_tokens"  # why it ended: max_new_tokens, eos, or what `should_stop` said (a time limit, ...)
-    logprobs: list[np.ndarray] | None = None  # Θ's log P over the vocabulary before each step
-    sources: list[dict] = field(default_factory=list)  # the article put before the prompt (retrieve): date, doc_id, title
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "logprobs"}
 
 
 def _step_scores(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, prev: list[int], position: list[int]) -> tuple[TokenScores, torch.Tensor]:
@@ -104,20 +49,6 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> in
     choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
     return int(order[choice])
 
-
-def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]]:
-    """(day, document id, title) of memory entry ids."""
-    ds = memory.ds
-    day, row = ds.shards.locate(np.array(ids, np.int64))
-    out = {}
-    for i in np.unique(day[day >= 0]):
-        rec = ds.days[i]
-        docs, names = np.asarray(ds.shards.shard(rec.shard, "docs")), ds.shards.shard_docs(rec.shard)
-        titles = ds.shards.shard_titles(rec.shard) or [""] * len(names)
-        for j in np.flatnonzero(day == i):
-            d = int(docs[row[j]])
-            out[ids[j]] = (rec.date, names[d], short_title(titles[d]))  # (stored before titles were capped)
-    return out
 
 
 class Row:
@@ -321,7 +252,7 @@ class Decoder:
         row.result = Generation(row.prompt, lm.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
                                 row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
                                 sources=row.sources)
-        row.result.sentences = _sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
+        row.result.sentences = sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
 
 
 @torch.inference_mode()
@@ -335,29 +266,3 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
         decoder.step()
     return row.result
 
-
-def _sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dict], top: int) -> list[dict]:
-    """The generated text cut into sentences, each with the `top` memorized articles that carried
-    the most kNN weight over its tokens."""
-    spans, start = [], 0
-    pieces = [lm.tokenizer.decode([t]) for t in tokens]
-    for i, piece in enumerate(pieces):
-        after = pieces[i + 1][:1] if i + 1 < len(pieces) else " "
-        # a mark ends a sentence only before a space: "2.277" does not (an abbreviation like "U.S. x" still does)
-        ends = piece.rstrip().endswith(SENTENCE_END) and (piece[-1:].isspace() or after.isspace())
-        if ends or "\n\n" in piece or i == len(tokens) - 1:
-            spans.append((start, i + 1))
-            start = i + 1
-    everything = sorted({e for c in credit for e in c})
-    docs = _documents(memory, everything) if memory is not None and everything else {}
-    out = []
-    for a, b in spans:
-        per_doc: dict[tuple, float] = defaultdict(float)
-        for c in credit[a:b]:
-            for entry, w in c.items():
-                if entry in docs:
-                    per_doc[docs[entry]] += w
-        best = sorted(per_doc.items(), key=lambda kv: -kv[1])[:top]
-        out.append({"text": lm.tokenizer.decode(tokens[a:b], skip_special_tokens=True),
-                    "sources": [asdict(Source(*doc, weight=w)) for doc, w in best]})
-    return out

@@ -21,7 +21,8 @@ from monim.data.dedup import TWINS, Signatures, TwinIndex
 from monim.data.sources import Document
 from monim.lm.features import Features
 from monim.lm.model import LM, cached_lm
-from monim.lm.scoring import Found, TokenScores, score
+from monim.lm.scoring import score
+from monim.lm.token_scores import Found, TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
