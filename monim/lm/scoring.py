@@ -16,9 +16,9 @@ from transformers import DynamicCache
 
 from monim.core.config import ScoreConfig
 from monim.data.sources import Document
-from monim.lm.model import LM
+from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import Neighbors, TokenScores
-from monim.lm.windows import DEVICE_BATCH, Sequence, Span, fit_window, pack, plan
+from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
 
@@ -33,7 +33,12 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     the caller queues the next pass before reading them, so the GPU never waits for the host. With
     `neighbors`, each chunk's LM statistics are read before its neighbours are searched (so a
     retriever can decide to skip rows)."""
-    rows, cols, doc_ids, positions, prev, targets = [], [], [], [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    doc_ids: list[str] = []
+    positions: list[int] = []
+    prev: list[int] = []
+    targets: list[int] = []
     for b, c, sp in picks:
         n = sp.e - sp.keep
         rows += [b] * n
@@ -47,9 +52,11 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     target = torch.tensor(targets, device=lm.device)
     host = dict(doc_id=np.array(doc_ids, dtype=object), position=np.array(positions, np.int32),
                 prev=np.array(prev, np.int32), target=np.array(targets, np.int32))
-    chunks = []
-    for i in range(0, len(targets), cfg.head_chunk):
-        sl = slice(i, i + cfg.head_chunk)
+    _, head_chunk = batching(cfg)
+    parts: list[TokenScores] = []  # with neighbours: each chunk read to the host
+    chunks: list[dict[str, torch.Tensor]] = []  # without: each chunk's statistics, still on the device
+    for i in range(0, len(targets), head_chunk):
+        sl = slice(i, i + head_chunk)
         logits = lm.logits(hidden[sl])
         top = logits.max(dim=-1)
         shifted = logits - top.values[:, None]
@@ -59,20 +66,20 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         lse = top.values + log_total
         stats = torch.stack([logits.gather(1, target[sl, None])[:, 0] - lse, -log_total,
                              log_total - (exp * shifted).sum(dim=-1) / total], dim=1)
-        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16),
-                     hidden=hidden[sl].float() if keep_hidden else None)
+        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16))
+        if keep_hidden:
+            chunk["hidden"] = hidden[sl].float()
         if neighbors is not None:
             part = _scores({f: v[sl] for f, v in host.items()}, _to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
-            chunks.append(part)
+            parts.append(part)
         else:
             chunks.append(chunk)
+    if parts:
+        return lambda: TokenScores.concat(parts)
     if not chunks:
         return lambda: None
-    if neighbors is not None:
-        return lambda: TokenScores.concat(chunks)
-    whole = _to_host({f: None if chunks[0][f] is None else torch.cat([c[f] for c in chunks]) for f in chunks[0]},
-                     wait=False)
+    whole = _to_host({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]}, wait=False)
     done = torch.cuda.Event() if lm.device.type == "cuda" else None
     if done is not None:
         done.record()
@@ -85,17 +92,17 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     return read
 
 
-def _to_host(tensors: dict[str, torch.Tensor | None], wait: bool = True) -> dict[str, torch.Tensor | None]:
+def _to_host(tensors: dict[str, torch.Tensor], wait: bool = True) -> dict[str, torch.Tensor]:
     """Device tensors copied to the host (`wait=False`: queued into pinned memory, not yet safe to read)."""
-    return {f: None if t is None else t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
+    return {f: t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
 
 
-def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor | None]) -> TokenScores:
-    """TokenScores from a pass's host-side fields and its statistics copied from the device."""
+def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor]) -> TokenScores:
+    """TokenScores from a pass's host-side fields and its statistics copied from the device (`hidden` where kept)."""
     floats = stats["stats"].numpy()
     return TokenScores(**host, logp=floats[:, 0].copy(), max_logp=floats[:, 1].copy(), entropy=floats[:, 2].copy(),
                        argmax=stats["argmax"].numpy(), key=stats["key"].numpy(),
-                       hidden=None if stats["hidden"] is None else stats["hidden"].numpy())
+                       hidden=stats["hidden"].numpy() if "hidden" in stats else None)
 
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
@@ -125,10 +132,10 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             keep_hidden: bool) -> Iterator[TokenScores]:
     """Independent spans packed into rows (monim.lm.windows.pack), `batch_size` rows per forward pass;
     positions restart at each span, so each sees only itself."""
-    rows = pack(spans, cfg)
+    rows, (per_pass, _) = pack(spans, cfg), batching(cfg)
     queued: Pending = _nothing
-    for i in range(0, len(rows), cfg.batch_size):
-        batch = rows[i : i + cfg.batch_size]
+    for i in range(0, len(rows), per_pass):
+        batch = rows[i : i + per_pass]
         width = max(sum(s.e - s.a for s in row) for row in batch)
         ids = torch.full((len(batch), width), _pad_id(lm), dtype=torch.long)
         pos = torch.zeros((len(batch), width), dtype=torch.long)
@@ -178,9 +185,9 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
             docs, origin, past = [docs[b] for b in live], [origin[b] for b in live], past[live]
             cache.batch_select_indices(torch.tensor(live, dtype=torch.long, device=lm.device))
         if past.shape[1] > sink + keep:
-            for layer in cache.layers:
-                layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
-                layer.values = torch.cat([layer.values[:, :, :sink], layer.values[:, :, -keep:]], dim=2)
+            for layer, held_keys, held_values in kv_layers(cache):
+                layer.keys = torch.cat([held_keys[:, :, :sink], held_keys[:, :, -keep:]], dim=2)
+                layer.values = torch.cat([held_values[:, :, :sink], held_values[:, :, -keep:]], dim=2)
             past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
     yield from _ready(queued, _nothing)
 
@@ -189,12 +196,12 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
           keep_hidden: bool) -> Iterator[TokenScores]:
     """Score a buffer of sequences: one-step spans packed, longer sequences stepped in lockstep
     batches of equal first steps."""
-    single, stepped = plan(seqs, cfg)
+    (single, stepped), (per_pass, _) = plan(seqs, cfg), batching(cfg)
     if single:
         yield from _packed(lm, single, cfg, neighbors, keep_hidden)
     for group in stepped:
-        for i in range(0, len(group), cfg.batch_size):
-            yield from _stepped(lm, group[i : i + cfg.batch_size], cfg, neighbors, keep_hidden)
+        for i in range(0, len(group), per_pass):
+            yield from _stepped(lm, group[i : i + per_pass], cfg, neighbors, keep_hidden)
 
 
 def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,

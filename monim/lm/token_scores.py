@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -36,13 +36,16 @@ class TokenScores:
     @classmethod
     def concat(cls, parts: list[TokenScores]) -> TokenScores:
         """Many batches as one (all with neighbours, or all without)."""
-        return cls(**{f.name: None if getattr(parts[0], f.name) is None
-                      else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+        columns: dict[str, Any] = {f.name: None if getattr(parts[0], f.name) is None
+                                   else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)}
+        return cls(**columns)
 
     def select(self, rows: np.ndarray | slice) -> TokenScores:
         """Some of the tokens, with their LM statistics and key (neighbours dropped)."""
-        return TokenScores(**{f.name: None if getattr(self, f.name) is None or f.name.startswith(("knn", "lm_logp"))
-                              else getattr(self, f.name)[rows] for f in fields(TokenScores)})
+        dropped = ("knn", "lm_logp")
+        columns: dict[str, Any] = {f.name: None if getattr(self, f.name) is None or f.name.startswith(dropped)
+                                   else getattr(self, f.name)[rows] for f in fields(TokenScores)}
+        return TokenScores(**columns)
 
 
 class Found(NamedTuple):

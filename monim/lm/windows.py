@@ -62,6 +62,13 @@ def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
     return replace(cfg, stride=stride, context=limit - stride)
 
 
+def batching(cfg: ScoreConfig) -> tuple[int, int]:
+    """A fitted config's rows per forward pass and tokens per vocabulary projection (fit_window sets both)."""
+    if cfg.batch_size is None or cfg.head_chunk is None:
+        raise ValueError("the scoring config is not fitted to the model (monim.lm.windows.fit_window)")
+    return cfg.batch_size, cfg.head_chunk
+
+
 def stepwise(lm: LM) -> bool:
     """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)

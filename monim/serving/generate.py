@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from monim.data.sources import short_title
-from monim.lm.model import LM
+from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
@@ -100,13 +100,12 @@ class Decoder:
     def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768):
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
-        self.retrieve = memory is not None and memory.retrieves
-        if self.retrieve:
-            memory.sync()
+        self.searched = memory if memory is not None and memory.retrieves else None  # Θ's memory, searched each step
+        if self.searched is not None:
+            self.searched.sync()
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [rows, columns]: 1 where the cache holds a token, 0 padding
+        self.cache, self.mask = self._empty()  # mask [rows, columns]: 1 where the cache holds a token, 0 padding
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.active)
@@ -150,17 +149,20 @@ class Decoder:
         rows = self.active
         prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
         batch, logp = _step_scores(self.lm, torch.cat(hidden), torch.cat(keys), prev, [r.length for r in rows])
-        lam, knn_w = np.zeros(len(rows)), None
-        if self.retrieve:
-            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = self.memory.search(batch)
-            logp, lam, knn_w = self.memory.theta_logprobs(batch, logp)
+        lam, searched = np.zeros(len(rows)), None
+        if self.searched is not None:
+            found = self.searched.search(batch)
+            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
+            logp, lam, knn_w = self.searched.theta_logprobs(batch, logp)
+            searched = (found, knn_w)
         eos = self.lm.tokenizer.eos_token_id
         for i, row in enumerate(rows):
             token = _choose(logp[i], row.cfg, row.rng)
             weights = {}
-            if self.retrieve and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
-                for j in np.flatnonzero(batch.knn_values[i] == token):
-                    weights[int(batch.knn_ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
+            if searched is not None and lam[i] > 0:  # the entries whose value is the chosen token carried its weight
+                found, knn_w = searched
+                for j in np.flatnonzero(found.values[i] == token):
+                    weights[int(found.ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
             if row.cfg.keep_distributions:
                 row.logprobs.append(logp[i].numpy())
             row.tokens.append(token)
@@ -175,7 +177,7 @@ class Decoder:
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
         tokens in its padded cache (rows × the longest context; a first row always fits)."""
-        rows, columns = len(self.active), self.mask.shape[1] if self.active else 0
+        rows, columns = len(self.active), self.mask.shape[1]
         for n, row in enumerate(self.waiting):
             rows, columns = rows + 1, max(columns, len(row.ids))
             if rows > 1 and (rows > self.max_rows or rows * columns > self.max_cells):
@@ -213,15 +215,14 @@ class Decoder:
 
     def _join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
         """Prefilled rows' cache (and its mask) after the batch's rows: both left-padded to the longer."""
-        if self.cache is None:
+        if not self.active:
             self.cache, self.mask = cache, mask
             return
         columns = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, cache.layers):
-            held = max(mine.keys.shape[-2], theirs.keys.shape[-2])  # a sliding-window layer holds its window only
-            for name in ("keys", "values"):
-                a, b = getattr(mine, name), getattr(theirs, name)
-                setattr(mine, name, torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])]))
+        for (mine, my_keys, my_values), (_, their_keys, their_values) in zip(kv_layers(self.cache), kv_layers(cache)):
+            held = max(my_keys.shape[-2], their_keys.shape[-2])  # a sliding-window layer holds its window only
+            mine.keys, mine.values = (torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])])
+                                      for a, b in ((my_keys, their_keys), (my_values, their_values)))
             if hasattr(mine, "cumulative_length"):
                 mine.cumulative_length = columns
         pad = torch.nn.functional.pad
@@ -233,23 +234,27 @@ class Decoder:
             return
         self.active = [r for r, k in zip(self.active, keep) if k]
         if not self.active:
-            self.cache = self.mask = None
+            self.cache, self.mask = self._empty()
             return
         index = torch.tensor([i for i, k in enumerate(keep) if k], device=self.lm.device)
         self.mask = self.mask[index]
         columns = self.mask.shape[1]
         drop = int(self.mask.any(0).long().argmax())  # the leading columns no row uses
-        for layer in self.cache.layers:
-            held = min(layer.keys.shape[-2], columns - drop)
-            layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (layer.keys, layer.values))
+        for layer, keys, values in kv_layers(self.cache):
+            held = min(keys.shape[-2], columns - drop)
+            layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (keys, values))
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length = columns - drop
         self.mask = self.mask[:, drop:]
 
+    def _empty(self) -> tuple[DynamicCache, torch.Tensor]:
+        """The cache and mask of a batch without rows."""
+        return DynamicCache(config=self.lm.model.config), torch.zeros((0, 0), dtype=torch.long, device=self.lm.device)
+
     def _end(self, row: Row, stopped: str) -> None:
         """The row's Generation, with its sentences and their sources."""
         lm = self.lm
-        row.result = Generation(row.prompt, lm.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
+        row.result = Generation(row.prompt, lm.decode(row.tokens, skip_special_tokens=True), row.tokens,
                                 row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
                                 sources=row.sources)
         row.result.sentences = sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
@@ -262,7 +267,7 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
     Decoder of one row; `should_stop` is asked before each token and may end it with a reason."""
     decoder = Decoder(lm, memory)
     row = decoder.add(prompt, cfg, should_stop)
-    while decoder:
+    while (result := row.result) is None:
         decoder.step()
-    return row.result
+    return result
 

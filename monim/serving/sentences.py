@@ -43,7 +43,7 @@ def sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dic
     """The generated text cut into sentences, each with the `top` memorized articles that carried
     the most kNN weight over its tokens."""
     spans, start = [], 0
-    pieces = [lm.tokenizer.decode([t]) for t in tokens]
+    pieces = [lm.decode([t]) for t in tokens]
     for i, piece in enumerate(pieces):
         after = pieces[i + 1][:1] if i + 1 < len(pieces) else " "
         # a mark ends a sentence only before a space: "2.277" does not (an abbreviation like "U.S. x" still does)
@@ -55,12 +55,12 @@ def sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dic
     docs = entry_articles(memory, everything) if memory is not None and everything else {}
     out = []
     for a, b in spans:
-        per_doc: dict[tuple, float] = defaultdict(float)
+        per_doc: dict[tuple[str, str, str], float] = defaultdict(float)
         for c in credit[a:b]:
             for entry, w in c.items():
                 if entry in docs:
                     per_doc[docs[entry]] += w
         best = sorted(per_doc.items(), key=lambda kv: -kv[1])[:top]
-        out.append({"text": lm.tokenizer.decode(tokens[a:b], skip_special_tokens=True),
+        out.append({"text": lm.decode(tokens[a:b], skip_special_tokens=True),
                     "sources": [asdict(Source(*doc, weight=w)) for doc, w in best]})
     return out
