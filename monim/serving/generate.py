@@ -3,8 +3,8 @@
 Each step runs the LM on the new token only (its KV cache holds the prefix), searches the memory
 with the step's key, and samples (or takes the top token of) Θ's full next-token distribution.
 The memorized articles whose entries carried the chosen tokens' kNN weight are its sources
-(monim.serving.sentences). A Decoder continues many prompts together, one LM forward and one search a step for all of them;
-`generate` is a Decoder of one.
+(monim.serving.sentences). A Decoder continues many prompts together, one LM forward and one search
+a step for all of them; `generate` is a Decoder of one.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> in
     keep = sorted_p.cumsum(0) - sorted_p < cfg.top_p  # the smallest prefix reaching top_p
     choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
     return int(order[choice])
-
 
 
 class Row:
@@ -149,18 +148,18 @@ class Decoder:
         rows = self.active
         prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
         batch, logp = _step_scores(self.lm, torch.cat(hidden), torch.cat(keys), prev, [r.length for r in rows])
-        lam, searched = np.zeros(len(rows)), None
+        lam, knn = np.zeros(len(rows)), None  # knn: the neighbours found and their kNN weights
         if self.searched is not None:
             found = self.searched.search(batch)
             batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
             logp, lam, knn_w = self.searched.theta_logprobs(batch, logp)
-            searched = (found, knn_w)
+            knn = (found, knn_w)
         eos = self.lm.tokenizer.eos_token_id
         for i, row in enumerate(rows):
             token = _choose(logp[i], row.cfg, row.rng)
             weights = {}
-            if searched is not None and lam[i] > 0:  # the entries whose value is the chosen token carried its weight
-                found, knn_w = searched
+            if knn is not None and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
+                found, knn_w = knn
                 for j in np.flatnonzero(found.values[i] == token):
                     weights[int(found.ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
             if row.cfg.keep_distributions:
