@@ -20,7 +20,7 @@ from monim.theta.calibrator import LAM_CEIL
 from monim.lm.features import Features
 from monim.lm.model import load_lm
 from monim.learning.policies import MoNIM
-from monim.lm.scoring import ScoreConfig
+from monim.core.config import ScoreConfig
 from harness import REPO, first_days, news_parser
 
 LAM_MAXES = (0.1, 0.25, 0.5, LAM_CEIL)

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.storage.datastore import Datastore
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 from harness import RESULTS, parser, save
 
 MONIM = str(Path(sys.executable).parent / "monim")

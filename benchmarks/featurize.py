@@ -10,8 +10,9 @@ import time
 import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
 from monim.lm.features import Features
 from monim.lm.model import load_lm
-from monim.lm.scoring import ScoreConfig
-from monim.data.stream import SPLITS, list_dates, read_day
+from monim.core.config import ScoreConfig
+from monim.data.day import SPLITS
+from monim.data.stream import list_dates, read_day
 from harness import parser
 
 

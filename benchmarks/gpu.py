@@ -39,7 +39,9 @@ from monim.theta.knnlm import (Interpolation, interpolate, knn_log_weights, knn_
                          theta_scores)
 from monim.storage.lexical import LexicalCounts
 from monim.lm.model import LM
-from monim.lm.scoring import Found, ScoreConfig, score_tokens
+from monim.core.config import ScoreConfig
+from monim.lm.scoring import score_tokens
+from monim.lm.token_scores import Found
 from monim.learning.threshold import amt_threshold, certain
 from harness import parser, save
 

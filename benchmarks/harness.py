@@ -19,7 +19,7 @@ from monim.core.atomic import replacing  # the standard library only: gpu.py run
 from monim.core.environment import set_defaults
 
 if TYPE_CHECKING:
-    from monim.data.stream import Day
+    from monim.data.day import Day
 
 set_defaults()  # a benchmark is an entry point: `from harness import ...` comes before torch, Prefect or MLflow
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,8 @@ def requests_pool(n_texts: int, n_prompts: int, new_tokens: int) -> list[dict]:
     """Distinct requests to a served model from the demo stream's articles: texts of ~1,000 characters
     to score, and article openings to continue."""
     from monim.data.sources import open_source
-    from monim.data.stream import DEMO_STREAM, iter_days
+    from monim.core.config import DEMO_STREAM
+    from monim.data.stream import iter_days
 
     docs = [d for day in iter_days(open_source(DEMO_STREAM)) for d in day.train + day.test]
     texts = [{"dataframe_records": [{"text": d.text[:1000]}]} for d in docs[:n_texts]]

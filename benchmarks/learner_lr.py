@@ -16,7 +16,7 @@ from rich.table import Table
 from monim.evaluation.evaluate import evaluate
 from monim.lm.model import load_lm
 from monim.learning.parametric import Learner, train_day, trained_copy
-from monim.lm.scoring import ScoreConfig
+from monim.core.config import ScoreConfig
 from harness import first_days, news_parser, save
 
 

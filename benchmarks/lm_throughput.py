@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.lm.model import load_lm
-from monim.lm.scoring import ScoreConfig, score
+from monim.core.config import ScoreConfig
+from monim.lm.scoring import score
 from monim.data.sources import Document
 from harness import REPO, RESULTS, parser, save
 

@@ -20,7 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.lm.model import load_lm
-from monim.lm.scoring import ScoreConfig, fit_window, score_tokens
+from monim.core.config import ScoreConfig
+from monim.lm.scoring import score_tokens
+from monim.lm.windows import fit_window
 from monim.data.stream import read_day
 from harness import RESULTS, RTQA, parser, save
 

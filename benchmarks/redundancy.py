@@ -26,7 +26,8 @@ from monim.core.config import RunConfig
 from monim.lm.features import Features
 from monim.run import MemoryRun, make_run
 from monim.data.sources import Document
-from monim.data.stream import Day, read_day
+from monim.data.day import Day
+from monim.data.stream import read_day
 from harness import parser, save
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from rich.table import Table
 
 from monim.storage.datastore import Datastore
-from monim.data.stream import DEMO_STREAM, list_dates
+from monim.core.config import DEMO_STREAM
+from monim.data.stream import list_dates
 from servers.client import Clients, health
 from harness import monim_json, parser, requests_pool
 

@@ -67,7 +67,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
     from cli.common import run_spec
-    from monim.data.stream import DEMO_STREAM
+    from monim.core.config import DEMO_STREAM
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
     dates = check_source(spec, None, None, ["fullmem", "monim-amt"])[:days]

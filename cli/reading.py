@@ -128,7 +128,8 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
              constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
              as_json: bool = AS_JSON) -> None:
     """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
-    from monim.serving.generate import GenerateConfig, generate as generate_text
+    from monim.serving.generate import generate as generate_text
+    from monim.serving.generation import GenerateConfig
 
     with clear_errors(ValueError):
         cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed, retrieve=retrieve)

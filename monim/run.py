@@ -26,7 +26,8 @@ from monim.core.catalogue import BARE, LEARNER, MEMORY
 from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
 from monim.core.manifest import MemoryMismatch, read_manifest
 from monim.core.recency import Recency
-from monim.data.stream import SPLITS, Day, read_day
+from monim.data.day import SPLITS, Day
+from monim.data.stream import read_day
 from monim.evaluation.evaluate import evaluate_many
 from monim.evaluation.totals import so_far
 from monim.learning.memorize import memorize_day

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from monim.serving.generate import GenerateConfig
+from monim.serving.generation import GenerateConfig
 from monim.serving.request import Limits as ServiceLimits
 
 DEFAULTS, LIMITS = GenerateConfig(), ServiceLimits()

@@ -17,7 +17,7 @@ from typing import Iterator
 from prefect import task
 
 from monim.core.config import RunConfig
-from monim.data.stream import Day
+from monim.data.day import Day
 from monim.evaluation.suite import (
     EvalConfig,
     View,

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import RunConfig
-from monim.data.stream import Day, articles
+from monim.data.day import Day, articles
 from monim.storage.plan import arrivals
 from tasks.logs import logger
 from tracking.runs import log_points

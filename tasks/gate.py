@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import RunConfig
-from monim.data.stream import Day
+from monim.data.day import Day
 from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features
 from monim.storage import workdirs

@@ -19,8 +19,8 @@ from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
 from monim.core.config import RunConfig
+from monim.data.day import Day
 from monim.data.sources import Document
-from monim.data.stream import Day
 from monim.lm.features import Features
 from monim.lm.model import cached_lm
 from monim.run import LearnerRun, MemoryRun, Run

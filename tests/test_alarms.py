@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 
 REPO = Path(__file__).resolve().parents[1]
 AUTOMATIONS = REPO / "deployments" / "automations"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 from monim.storage.datastore import Datastore
 
 

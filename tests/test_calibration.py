@@ -7,8 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from monim.data.day import Day, split_day
 from monim.data.dedup import Signatures, containment, shingles, twin_groups
-from monim.data.stream import Day, Document, iter_days, open_source, split_day
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate, evaluate_many
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from monim.data.stream import Day, Document, iter_days, open_source
+from monim.data.day import Day
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.learning.recalibration import calibrate
-from monim.lm.scoring import TokenScores
+from monim.lm.token_scores import TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 
 DEMO = str(DEMO_STREAM)
 
@@ -152,8 +152,10 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
 
     from test_generate import first_words, words_continued
 
-    from monim.data.stream import iter_days, open_source
-    from monim.serving.generate import GenerateConfig, generate
+    from monim.data.sources import open_source
+    from monim.data.stream import iter_days
+    from monim.serving.generate import generate
+    from monim.serving.generation import GenerateConfig
     from monim.storage.datastore import Datastore
     from monim.theta.memory import Memory
 

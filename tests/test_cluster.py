@@ -12,8 +12,7 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
     from distributed import LocalCluster
 
     from flows.stream import learn_stream
-    from monim.core.config import RunConfig
-    from monim.data.stream import DEMO_STREAM
+    from monim.core.config import DEMO_STREAM, RunConfig
     from monim.storage.datastore import Datastore
 
     base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=6, policy="fullmem")
@@ -39,8 +38,8 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
     from distributed import LocalCluster
 
     from flows.cluster import featurize_day
-    from monim.core.config import RunConfig
-    from monim.data.stream import DEMO_STREAM, read_day
+    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.data.stream import read_day
     from monim.lm.features import Features
     from monim.lm.model import load_lm
     from monim.run import make_run
@@ -62,7 +61,7 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
 
 
 def test_balanced_parts_put_each_article_on_the_lightest_part():
-    from monim.data.stream import Document
+    from monim.data.sources import Document
     from monim.lm.features import balanced_parts
 
     docs = [Document(str(n), "1987-03-02", "x" * n) for n in (1, 10, 2, 9, 1)]

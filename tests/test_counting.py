@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from monim.data.day import records
 from monim.data.sources import StreamError, open_source
-from monim.data.stream import check_records, iter_days, read_day, records
+from monim.data.stream import check_records, iter_days, read_day
 
 D0 = dt.date(2022, 6, 1)
 

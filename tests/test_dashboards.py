@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 
 NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
 

@@ -83,8 +83,9 @@ def test_every_monim_command_written_names_real_commands_and_options():
 
 
 def test_the_http_reference_describes_the_fields_the_server_accepts():
-    from monim.serving.generate import GenerateConfig, Generation, Source
+    from monim.serving.generation import GenerateConfig, Generation
     from monim.serving.request import FORMATS, ROW_FIELDS, Limits
+    from monim.serving.sentences import Source
     from servers import schema
 
     assert set(schema.Row.model_fields) == set(schema.Columns.model_fields) == {*ROW_FIELDS, "retrieve"}

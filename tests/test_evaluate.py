@@ -6,7 +6,9 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import DEMO_STREAM
+from monim.data.sources import open_source
+from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate, evaluate_many
 from monim.evaluation.suite import EvalConfig, period_of, period_sets
 from monim.learning.memorize import memorize_day

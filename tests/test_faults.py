@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 from monim.storage.datastore import Datastore
 
 

@@ -5,14 +5,16 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
+from monim.core.config import DEMO_STREAM, ScoreConfig
+from monim.data.day import Day
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.learning.recalibration import calibrate
 from monim.lm.features import Features, gc
 from monim.lm.model import load_lm
-from monim.lm.scoring import ScoreConfig
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings
 from monim.theta.calibrator import CalibratorConfig

@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import DEMO_STREAM, RunConfig
+from monim.data.sources import open_source
+from monim.data.stream import iter_days
 
 REPO = Path(__file__).resolve().parents[1]
 

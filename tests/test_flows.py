@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import DEMO_STREAM, RunConfig
+from monim.data.sources import open_source
+from monim.data.stream import iter_days
 
 DAYS = ("1987-03-02", "1987-03-03")
 
@@ -209,7 +210,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
 
     import mlflow
 
-    from monim.data.stream import Document
+    from monim.data.sources import Document
     from monim.lm.model import load_lm
     from monim.theta.memory import Memory
 

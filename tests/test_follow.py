@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 from servers.client import Clients, health  # the load benchmark's clients: what it measures is tested here
 
 FOLLOW_S = 1.0  # --follow-seconds: how often the server looks at the alias

@@ -10,12 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from monim.core.config import DEMO_STREAM
 from monim.core.recency import Recency
-from monim.data.stream import DEMO_STREAM, Day, iter_days, open_source
+from monim.data.day import Day
+from monim.data.sources import open_source
+from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.lm.model import load_lm
-from monim.serving.generate import Decoder, GenerateConfig, _choose, _sentences, generate
+from monim.serving.generate import Decoder, _choose, generate
+from monim.serving.generation import GenerateConfig
+from monim.serving.sentences import sentences
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings
@@ -114,7 +119,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
                                            np.arange(4, dtype=np.int32)), 4, "fullmem")
     memory.sync()
     queries = keys.reshape(12, d)[[0, 5, 10]].astype(np.float32)
-    from monim.lm.scoring import TokenScores
+    from monim.lm.token_scores import TokenScores
 
     batch = TokenScores(np.array(["q"] * 3, object), *(np.zeros(3, np.int32),) * 3, *(np.zeros(3, np.float32),) * 3,
                         np.zeros(3, np.int32), queries.astype(np.float16))
@@ -134,13 +139,13 @@ def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
     from monim.data.sources import TITLE_CAP
-    from monim.serving.generate import _documents
+    from monim.serving.sentences import entry_articles
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     keys = np.random.default_rng(0).standard_normal((3, tiny.hidden_size)).astype(np.float16)
     memory.ds.commits.commit_day("2022-06-01", Entries(keys, np.arange(3, dtype=np.int32), ["a", "a", "b"],
                                                np.arange(3, dtype=np.int32)), 3, "fullmem", titles={"a": "x" * 10**6, "b": "B"})
-    found = _documents(memory, [0, 2])
+    found = entry_articles(memory, [0, 2])
     assert found[0] == ("2022-06-01", "a", "x" * (TITLE_CAP - 1) + "…") and found[2] == ("2022-06-01", "b", "B")
 
 
@@ -290,6 +295,6 @@ def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
 def test_sentences_end_at_a_mark_before_a_space_not_inside_a_number(tiny):
     text = "Exports rose to 2.277 billion dlrs in the U.S. market. Imports fell!\nThe yen"
     tokens = tiny.tokenizer(text)["input_ids"]
-    sentences = _sentences(tiny, None, tokens, [{}] * len(tokens), 3)
-    assert [s["text"] for s in sentences] == ["Exports rose to 2.277 billion dlrs in the U.S.", " market.", " Imports fell!",
+    cut = sentences(tiny, None, tokens, [{}] * len(tokens), 3)
+    assert [s["text"] for s in cut] == ["Exports rose to 2.277 billion dlrs in the U.S.", " market.", " Imports fell!",
                                               "\nThe yen"]

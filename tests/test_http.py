@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from test_serving import texts  # the demo's texts the Θ tests read
 
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from monim.lm.scoring import TokenScores
+from monim.lm.token_scores import TokenScores
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig, MemoryIndex

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from monim.data.stream import Document
+from monim.core.config import ScoreConfig
+from monim.data.sources import Document
 from monim.lm.model import last_mlp, load_lm
-from monim.lm.scoring import Found, ScoreConfig, score, score_tokens, windows
+from monim.lm.scoring import score, score_tokens
+from monim.lm.token_scores import Found
+from monim.lm.windows import windows
 
 TEXT = (
     "The central bank raised its benchmark rate by half a point on Tuesday, the largest increase in "
@@ -119,7 +122,7 @@ def test_missing_gguf_file_is_named(tmp_path):
 
 def test_window_fits_the_models_positions(tiny_model_dir):
     """Tiny GPT-2 has 256 absolute positions: a 512+512 window is cut to 256 (context first)."""
-    from monim.lm.scoring import fit_window
+    from monim.lm.windows import fit_window
 
     lm = load_lm(str(tiny_model_dir("gpt2")))
     cpu = dict(batch_size=8, head_chunk=256)  # what a CPU gets where the config leaves them open

@@ -5,10 +5,10 @@ import datetime as dt
 import numpy as np
 import torch
 
-from monim.core.config import DEFAULT_MODEL
-from monim.data.stream import Document
+from monim.core.config import DEFAULT_MODEL, ScoreConfig
+from monim.data.sources import Document
 from monim.lm.model import convert_gguf, packaged_gguf
-from monim.lm.scoring import ScoreConfig, score
+from monim.lm.scoring import score
 
 
 def test_wikitext_perplexity_in_sane_band(smollm, data_dir):

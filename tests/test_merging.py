@@ -5,7 +5,9 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM, iter_days, open_source
+from monim.core.config import DEMO_STREAM
+from monim.data.sources import open_source
+from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.merging import greedy_merge
 from monim.learning.policies import make_policy
@@ -58,7 +60,7 @@ def test_weights_enter_the_knn_distribution_as_log_priors(tiny, tmp_path):
     memory.sync()
     import torch
 
-    from monim.lm.scoring import TokenScores
+    from monim.lm.token_scores import TokenScores
     from monim.theta.knnlm import knn_log_weights, knn_target_logprob
 
     q = rng.standard_normal((1, d)).astype(np.float16)

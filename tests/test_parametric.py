@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM, Document
+from monim.core.config import DEMO_STREAM, RunConfig
+from monim.data.sources import Document
 from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 
 
@@ -126,7 +126,8 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
-    from monim.data.stream import iter_days, open_source
+    from monim.data.sources import open_source
+    from monim.data.stream import iter_days
     from monim.evaluation.suite import EvalConfig
     from monim.run import recorded_days
     from tracking.runs import fetch_runs

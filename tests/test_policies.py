@@ -8,7 +8,9 @@ import pytest
 
 from monim.core import catalogue
 from monim.core.config import PolicyConfig
-from monim.data.stream import Day, Document, iter_days, open_source
+from monim.data.day import Day
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy, policy_params
 from monim.learning.recalibration import calibrate

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from monim.core.config import PolicyConfig, ScoreConfig
+from monim.data.day import Day
 from monim.data.sources import Document
-from monim.data.stream import Day
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.lm.model import load_lm
-from monim.serving.generate import GenerateConfig, generate
+from monim.serving.generate import generate
+from monim.serving.generation import GenerateConfig
 from monim.storage.memory_settings import Settings, SettingsMismatch
 from monim.theta.memory import Memory
 from monim.theta.ralm import SEPARATOR, articles_of, score_with_articles

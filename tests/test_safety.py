@@ -139,7 +139,9 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
 
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
-    from monim.data.stream import DEMO_STREAM, iter_days, open_source
+    from monim.core.config import DEMO_STREAM
+    from monim.data.sources import open_source
+    from monim.data.stream import iter_days
     from monim.learning.memorize import memorize_day
     from monim.learning.policies import make_policy
     from monim.theta.memory import Memory

@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM, RunConfig
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]

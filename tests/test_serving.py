@@ -12,7 +12,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from monim.data.stream import DEMO_STREAM, Document, iter_days, open_source
+from monim.core.config import DEMO_STREAM
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings
@@ -56,7 +58,8 @@ def test_threads_on_one_theta_get_what_each_gets_alone(theta):
     """Eight threads score and continue different texts on one LM and one memory at once: each answer
     is the one the same call gives alone (the key is captured per call; no counter is shared)."""
     from monim.evaluation.evaluate import evaluate
-    from monim.serving.generate import GenerateConfig, generate
+    from monim.serving.generate import generate
+    from monim.serving.generation import GenerateConfig
 
     lm, items = theta.lm, texts(8)
     calls = [(lambda t=t: evaluate(lm, [Document("t", dt.date.min, t)], theta)) if i % 2 else
@@ -117,7 +120,8 @@ BEFORE_BATCHING = [
 def test_a_prompt_alone_is_continued_as_before_prompts_were_decoded_together(theta):
     """generate() (one row) writes the recorded tokens, λ and log P (1e-4), greedy and sampled, ± the skip rule; past
     a step float rounding decides (a skip threshold ±1e-3 writes them; a greedy tie within 1e-4) nothing is compared."""
-    from monim.serving.generate import GenerateConfig, generate
+    from monim.serving.generate import generate
+    from monim.serving.generation import GenerateConfig
     from monim.theta.memory import Memory
 
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(3), PROMPT_WORDS)]

@@ -9,8 +9,10 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from monim.core.config import DEMO_STREAM
+from monim.data.day import split_day
 from monim.data.sources import DatasetsSource, Document, StreamError, open_source
-from monim.data.stream import DEMO_STREAM, iter_days, split_day
+from monim.data.stream import iter_days
 
 D = dt.date
 
@@ -187,7 +189,7 @@ def test_a_bom_is_read_and_a_json_array_refused_saying_so(tmp_path):
 
 
 def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
-    from monim.data.stream import Day
+    from monim.data.day import Day
 
     long, short = Document("l", D(2022, 6, 1), "word " * 50), Document("s", D(2022, 6, 1), "a few words")
     cut = lambda text, n: " ".join(text.split()[:n]) if len(text.split()) > n else None  # noqa: E731  (n words)

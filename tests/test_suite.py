@@ -6,8 +6,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM
+from monim.core.config import DEMO_STREAM, RunConfig
 from monim.evaluation.evaluate import evaluate
 from monim.evaluation.qa import Question, answer_questions, read_questions
 from monim.evaluation.suite import period_sets

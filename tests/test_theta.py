@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from monim.core.config import RunConfig
-from monim.data.stream import DEMO_STREAM, Day, Document, iter_days, open_source
-from monim.lm.scoring import ScoreConfig, with_neighbors
+from monim.core.config import DEMO_STREAM, RunConfig, ScoreConfig
+from monim.data.day import Day
+from monim.data.sources import Document, open_source
+from monim.data.stream import iter_days
+from monim.lm.scoring import with_neighbors
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings, SettingsMismatch
 from monim.storage.workdirs import memory_root
@@ -114,7 +116,8 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
 
 
 def test_generations_first_step_is_the_evaluations_distribution(odd_run):
-    from monim.serving.generate import GenerateConfig, generate
+    from monim.serving.generate import generate
+    from monim.serving.generation import GenerateConfig
     from monim.theta.memory import Memory
 
     cfg, rows = odd_run

@@ -3,7 +3,7 @@
 Two articles are twins when more than `containment` of the smaller one's word 8-grams occur in the
 other (shared/data's definition). MinHash signatures estimate Jaccard similarity; LSH at a low
 Jaccard threshold gives candidates, and the containment estimated from Jaccard and the two
-shingle counts decides. A day's twins stay in one split (monim.data.stream); a memory keeps the
+shingle counts decides. A day's twins stay in one split (monim.data.day); a memory keeps the
 signatures of the articles it learned, so evaluation can tell copied text from new text.
 """
 

@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from monim.core.config import ScoreConfig
 from monim.data.sources import Document
 from monim.lm.features import Features
 from monim.lm.model import LM
-from monim.lm.scoring import ScoreConfig, TokenScores, with_neighbors
+from monim.lm.scoring import with_neighbors
+from monim.lm.token_scores import TokenScores
 from monim.storage.memory_settings import SettingsMismatch, window_differences
 from monim.theta.knnlm import ThetaScores
 from monim.theta.memory import Memory

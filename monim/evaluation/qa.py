@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
+from monim.core.config import ScoreConfig
 from monim.data.sources import StreamError, parse_date
 from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.model import LM
-from monim.lm.scoring import ScoreConfig, TokenScores, score_tokens
+from monim.lm.scoring import score_tokens
+from monim.lm.token_scores import TokenScores
 from monim.theta.ralm import Prefixes, articles_of, in_context, reach
 
 

@@ -14,7 +14,7 @@ from monim.core.config import PROBE_EVERY
 from monim.storage.lexical import LexicalCounts, context_grams
 
 if TYPE_CHECKING:
-    from monim.lm.scoring import TokenScores
+    from monim.lm.token_scores import TokenScores
     from monim.theta.memory import Memory
 
 

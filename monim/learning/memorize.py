@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from monim.data.stream import Day
+from monim.data.day import Day
 from monim.learning.decision import Decision
 from monim.learning.policies import Policy, policy_params
 from monim.learning.recalibration import Sample, sample_path

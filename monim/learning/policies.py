@@ -19,7 +19,7 @@ from monim.storage.entries import Entries
 if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects keys (key_surprisal)
     from monim.core.config import RunConfig
     from monim.lm.model import LM
-    from monim.lm.scoring import TokenScores
+    from monim.lm.token_scores import TokenScores
     from monim.theta.knnlm import ThetaScores
     from monim.theta.memory import Memory
 

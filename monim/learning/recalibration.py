@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from monim.core.atomic import checksum, replacing, write_json
+from monim.data.day import Day
 from monim.data.sources import Document
-from monim.data.stream import Day
 from monim.lm.features import Features
-from monim.lm.scoring import TokenScores
+from monim.lm.token_scores import TokenScores
 from monim.storage.datastore import Datastore
 from monim.storage.memory_settings import Settings
 from monim.theta.calibrator import (

@@ -23,10 +23,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from monim.core.atomic import TMP, is_stray, replacing
-from monim.core.config import RunConfig
+from monim.core.config import RunConfig, ScoreConfig
 from monim.data.sources import Document
 from monim.lm.model import LM
-from monim.lm.scoring import Neighbors, ScoreConfig, TokenScores, fit_window, score_tokens, with_neighbors
+from monim.lm.scoring import score_tokens, with_neighbors
+from monim.lm.token_scores import Neighbors, TokenScores
+from monim.lm.windows import fit_window
 
 STORED = ("prev", "target", "logp", "max_logp", "entropy", "argmax", "key", "hidden")
 Progress = Callable[[int, int], None]  # (tokens done, tokens in all)
@@ -57,6 +59,8 @@ class Features:
     @cached_property
     def folder(self) -> Path:
         """The store's folder for this model and these window settings."""
+        if self.store is None:
+            raise ValueError("features computed without a store have no folder")
         cfg = fit_window(self.lm, self.cfg)
         settings = {"model": self.lm.name, "vocab": self.lm.fingerprint, "weights": self.lm.weights, "stride": cfg.stride,
                     "context": cfg.context, "context_mode": cfg.context_mode}
@@ -132,7 +136,7 @@ class Features:
         name = f"{name}-{uuid.uuid4().hex[:8]}"
         with replacing(self.folder / name) as tmp:
             tmp.mkdir()
-            arrays: dict[str, np.ndarray] = {}
+            arrays: dict[str, np.memmap] = {}
             for batch in self._live(docs, ids, progress):
                 if not arrays:
                     arrays = {f: np.lib.format.open_memmap(tmp / f"{f}.npy", "w+", getattr(batch, f).dtype,
@@ -146,7 +150,7 @@ class Features:
             (tmp / "docs.json").write_text(json.dumps([[digest(d.text), int(s), n] for d, s, n in zip(docs, starts, lengths)]))
         for d, s, n in zip(docs, starts, lengths):
             self._index[digest(d.text)] = (name, int(s), n)
-        if self.max_bytes is not None:
+        if self.store is not None and self.max_bytes is not None:
             cap(self.store, self.max_bytes, keep=self.folder / name)
 
     def _read(self, docs: list[Document], digests: list[str], chunk: int) -> Iterator[TokenScores]:

@@ -15,10 +15,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import CacheLayerMixin
 
 from monim.core.atomic import checksum, replacing
 from monim.core.config import DEFAULT_MODEL, DTYPE_CHOICES, cache_dir
@@ -120,6 +122,13 @@ class LM:
             _CAPTURED.reset(token)
         return out.last_hidden_state, box["key"]
 
+    def decode(self, tokens: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of a sequence of token ids (the tokenizer's `decode` takes a batch too, hence its type)."""
+        text = self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+        if not isinstance(text, str):
+            raise TypeError(f"the tokenizer decoded one sequence as {type(text).__name__}")
+        return text
+
     def cut(self, text: str, n: int) -> str | None:
         """The text up to the end of its n-th token, or None where it has n tokens or fewer."""
         offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
@@ -172,7 +181,18 @@ def last_mlp(model: PreTrainedModel) -> torch.nn.Module:
             f"key capture does not support the architecture {arch!r} ({type(model).__name__}); "
             f"supported: {', '.join(sorted(DECODER_BLOCKS))}"
         )
-    return model.get_submodule(DECODER_BLOCKS[arch])[-1].mlp
+    blocks = model.get_submodule(DECODER_BLOCKS[arch])
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__}.{DECODER_BLOCKS[arch]} is a {type(blocks).__name__}, not its blocks")
+    return blocks[-1].get_submodule("mlp")
+
+
+def kv_layers(cache: Cache) -> Iterator[tuple[CacheLayerMixin, torch.Tensor, torch.Tensor]]:
+    """Each layer of a filled KV cache with the keys and values it holds (a layer holding none is refused)."""
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise TypeError(f"the KV cache's {type(layer).__name__} holds no keys and values")
+        yield layer, layer.keys, layer.values
 
 
 def packaged_gguf(alias: str) -> Path:
@@ -238,7 +258,8 @@ def load_lm(name_or_path: str | None = None, dtype: str = "auto", device: str | 
     dtype = resolved_dtype(dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.model_max_length = 1 << 30  # documents are windowed here, never fed whole
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
+    # transformers types PreTrainedModel.to through functools.wraps(Module.to), which keeps an unbound `self`
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()  # type: ignore[arg-type]
     return LM(model=model, tokenizer=tokenizer, name=spec)
 
 

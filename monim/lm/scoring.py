@@ -8,123 +8,17 @@ twice), the whole document before them ("document"), or the paper's windows reco
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Callable, Generator, Iterable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterable, Iterator
 
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from monim.core.config import ScoreConfig
 from monim.data.sources import Document
-from monim.lm.model import LM
-
-# device type -> (rows per forward pass, tokens per vocabulary projection, tokens planned together) where the
-# config leaves them open: a GPU needs large batches to be busy (and a plan large enough to fill them); a CPU
-# runs as fast with 8 rows and keeps the logits small
-DEVICE_BATCH = {"cpu": (8, 256, 1 << 16), "cuda": (128, 1024, 1 << 20)}
-
-
-@dataclass
-class TokenScores:
-    """Per predicted token: provenance, target, LM statistics and the key (a batch of them)."""
-
-    doc_id: np.ndarray  # object array of str
-    position: np.ndarray  # int32: index of the target token in its document
-    prev: np.ndarray  # int32: the last context token (the one before the target)
-    target: np.ndarray  # int32
-    logp: np.ndarray  # float32: log P(target)
-    max_logp: np.ndarray  # float32: max_y log P(y)
-    entropy: np.ndarray  # float32: entropy of P(.) in nats
-    argmax: np.ndarray  # int32: the LM's top token
-    key: np.ndarray  # float16 [n, hidden]
-    # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
-    knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
-    knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
-    lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
-    knn_ids: np.ndarray | None = None  # int64 entry id of each neighbour, -1: none
-    knn_prior: np.ndarray | None = None  # float32 log prior weight of each neighbour (monim.core.recency), None: 0
-    knn_skipped: np.ndarray | None = None  # bool: the skip rule left the token's full search out (the LM alone)
-    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
-
-    def __len__(self) -> int:
-        return len(self.target)
-
-    @classmethod
-    def concat(cls, parts: list[TokenScores]) -> TokenScores:
-        """Many batches as one (all with neighbours, or all without)."""
-        return cls(**{f.name: None if getattr(parts[0], f.name) is None
-                      else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
-
-    def select(self, rows: np.ndarray | slice) -> TokenScores:
-        """Some of the tokens, with their LM statistics and key (neighbours dropped)."""
-        return TokenScores(**{f.name: None if getattr(self, f.name) is None or f.name.startswith(("knn", "lm_logp"))
-                              else getattr(self, f.name)[rows] for f in fields(TokenScores)})
-
-
-class Found(NamedTuple):
-    """Each token's neighbours [n, k]: squared distances, values and entry ids (-1 where none), a
-    log prior weight per neighbour (None: all equal), and which tokens the skip rule left unsearched."""
-
-    dist: np.ndarray
-    values: np.ndarray
-    ids: np.ndarray
-    prior: np.ndarray | None = None
-    skipped: np.ndarray | None = None
-
-
-Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighbours yet) -> their neighbours
-Sequence = tuple[str, list[int], int]  # id, token ids, first target position
-
-
-@dataclass
-class Span:
-    """Inputs tokens[a:e] of a sequence in one row, predicting tokens[a+1:e+1]; outputs kept from input `keep`."""
-
-    seq_id: str
-    toks: list[int]
-    a: int
-    e: int
-    keep: int
-
-
-def windows(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> Iterator[tuple[int, int, int]]:
-    """(a, s, e): feed tokens[a:e-1] to predict the targets tokens[s:e], with s - 1 - a <= context.
-
-    Targets start at position `first` (1: every token after the first)."""
-    for s in range(max(first, 1), n_tokens, cfg.stride):
-        yield max(0, s - 1 - cfg.context), s, min(s + cfg.stride, n_tokens)
-
-
-def blocks(n_tokens: int, cfg: ScoreConfig, first: int = 1) -> list[Span]:
-    """The steps of one sequence under carry/document context: the first step feeds the first
-    window whole (its context included), each later one `stride` new inputs."""
-    first = max(first, 1)
-    a0 = 0 if cfg.context_mode == "document" else max(0, first - 1 - cfg.context)
-    cuts = [a0, *range(first - 1 + cfg.stride, n_tokens - 1, cfg.stride), n_tokens - 1]
-    return [Span("", [], a, e, max(a, first - 1)) for a, e in zip(cuts, cuts[1:])]
-
-
-def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
-    """The config fitted to the model: context + stride shrunk (context first) to its maximum
-    positions; a model that cannot carry context (no rotary positions, or a KV cache that cannot
-    be cut to its last entries) recomputes the windows; batch and head chunk left open are the device's."""
-    rows, chunk, _ = DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])
-    cfg = replace(cfg, batch_size=cfg.batch_size or rows, head_chunk=cfg.head_chunk or chunk)
-    limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
-    if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and stepwise(lm)):
-        cfg = replace(cfg, context_mode="recompute")
-    if not limit or cfg.context + cfg.stride <= limit:
-        return cfg
-    stride = min(cfg.stride, limit)
-    return replace(cfg, stride=stride, context=limit - stride)
-
-
-def stepwise(lm: LM) -> bool:
-    """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
-
+from monim.lm.model import LM, kv_layers
+from monim.lm.token_scores import Neighbors, TokenScores
+from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
 
@@ -139,7 +33,12 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     the caller queues the next pass before reading them, so the GPU never waits for the host. With
     `neighbors`, each chunk's LM statistics are read before its neighbours are searched (so a
     retriever can decide to skip rows)."""
-    rows, cols, doc_ids, positions, prev, targets = [], [], [], [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    doc_ids: list[str] = []
+    positions: list[int] = []
+    prev: list[int] = []
+    targets: list[int] = []
     for b, c, sp in picks:
         n = sp.e - sp.keep
         rows += [b] * n
@@ -153,9 +52,11 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     target = torch.tensor(targets, device=lm.device)
     host = dict(doc_id=np.array(doc_ids, dtype=object), position=np.array(positions, np.int32),
                 prev=np.array(prev, np.int32), target=np.array(targets, np.int32))
-    chunks = []
-    for i in range(0, len(targets), cfg.head_chunk):
-        sl = slice(i, i + cfg.head_chunk)
+    _, head_chunk = batching(cfg)
+    parts: list[TokenScores] = []  # with neighbours: each chunk read to the host
+    chunks: list[dict[str, torch.Tensor]] = []  # without: each chunk's statistics, still on the device
+    for i in range(0, len(targets), head_chunk):
+        sl = slice(i, i + head_chunk)
         logits = lm.logits(hidden[sl])
         top = logits.max(dim=-1)
         shifted = logits - top.values[:, None]
@@ -165,20 +66,20 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         lse = top.values + log_total
         stats = torch.stack([logits.gather(1, target[sl, None])[:, 0] - lse, -log_total,
                              log_total - (exp * shifted).sum(dim=-1) / total], dim=1)
-        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16),
-                     hidden=hidden[sl].float() if keep_hidden else None)
+        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16))
+        if keep_hidden:
+            chunk["hidden"] = hidden[sl].float()
         if neighbors is not None:
             part = _scores({f: v[sl] for f, v in host.items()}, _to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
-            chunks.append(part)
+            parts.append(part)
         else:
             chunks.append(chunk)
+    if parts:
+        return lambda: TokenScores.concat(parts)
     if not chunks:
         return lambda: None
-    if neighbors is not None:
-        return lambda: TokenScores.concat(chunks)
-    whole = _to_host({f: None if chunks[0][f] is None else torch.cat([c[f] for c in chunks]) for f in chunks[0]},
-                     wait=False)
+    whole = _to_host({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]}, wait=False)
     done = torch.cuda.Event() if lm.device.type == "cuda" else None
     if done is not None:
         done.record()
@@ -191,17 +92,17 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     return read
 
 
-def _to_host(tensors: dict[str, torch.Tensor | None], wait: bool = True) -> dict[str, torch.Tensor | None]:
+def _to_host(tensors: dict[str, torch.Tensor], wait: bool = True) -> dict[str, torch.Tensor]:
     """Device tensors copied to the host (`wait=False`: queued into pinned memory, not yet safe to read)."""
-    return {f: None if t is None else t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
+    return {f: t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
 
 
-def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor | None]) -> TokenScores:
-    """TokenScores from a pass's host-side fields and its statistics copied from the device."""
+def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor]) -> TokenScores:
+    """TokenScores from a pass's host-side fields and its statistics copied from the device (`hidden` where kept)."""
     floats = stats["stats"].numpy()
     return TokenScores(**host, logp=floats[:, 0].copy(), max_logp=floats[:, 1].copy(), entropy=floats[:, 2].copy(),
                        argmax=stats["argmax"].numpy(), key=stats["key"].numpy(),
-                       hidden=None if stats["hidden"] is None else stats["hidden"].numpy())
+                       hidden=stats["hidden"].numpy() if "hidden" in stats else None)
 
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
@@ -229,22 +130,12 @@ def _pad_id(lm: LM) -> int:
 @torch.inference_mode()
 def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | None,
             keep_hidden: bool) -> Iterator[TokenScores]:
-    """Independent spans packed into rows of about `stride + context` inputs (longest first, first
-    fit), `batch_size` rows per forward pass; positions restart at each span, so each sees only itself."""
-    cap = max(cfg.stride + (cfg.context if cfg.context_mode == "recompute" else 0), max(s.e - s.a for s in spans))
-    rows: list[list[Span]] = []
-    room: list[int] = []
-    for sp in sorted(spans, key=lambda s: s.a - s.e):
-        i = next((i for i, r in enumerate(room) if r >= sp.e - sp.a), None)
-        if i is None:
-            rows.append([])
-            room.append(cap)
-            i = len(rows) - 1
-        rows[i].append(sp)
-        room[i] -= sp.e - sp.a
+    """Independent spans packed into rows (monim.lm.windows.pack), `batch_size` rows per forward pass;
+    positions restart at each span, so each sees only itself."""
+    rows, (per_pass, _) = pack(spans, cfg), batching(cfg)
     queued: Pending = _nothing
-    for i in range(0, len(rows), cfg.batch_size):
-        batch = rows[i : i + cfg.batch_size]
+    for i in range(0, len(rows), per_pass):
+        batch = rows[i : i + per_pass]
         width = max(sum(s.e - s.a for s in row) for row in batch)
         ids = torch.full((len(batch), width), _pad_id(lm), dtype=torch.long)
         pos = torch.zeros((len(batch), width), dtype=torch.long)
@@ -294,9 +185,9 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
             docs, origin, past = [docs[b] for b in live], [origin[b] for b in live], past[live]
             cache.batch_select_indices(torch.tensor(live, dtype=torch.long, device=lm.device))
         if past.shape[1] > sink + keep:
-            for layer in cache.layers:
-                layer.keys = torch.cat([layer.keys[:, :, :sink], layer.keys[:, :, -keep:]], dim=2)
-                layer.values = torch.cat([layer.values[:, :, :sink], layer.values[:, :, -keep:]], dim=2)
+            for layer, held_keys, held_values in kv_layers(cache):
+                layer.keys = torch.cat([held_keys[:, :, :sink], held_keys[:, :, -keep:]], dim=2)
+                layer.values = torch.cat([held_values[:, :, :sink], held_values[:, :, -keep:]], dim=2)
             past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
     yield from _ready(queued, _nothing)
 
@@ -305,23 +196,12 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
           keep_hidden: bool) -> Iterator[TokenScores]:
     """Score a buffer of sequences: one-step spans packed, longer sequences stepped in lockstep
     batches of equal first steps."""
-    single: list[Span] = []
-    stepped: dict[int, list[list[Span]]] = {}
-    for seq_id, toks, first in seqs:
-        if cfg.context_mode == "recompute":
-            single += [Span(seq_id, toks, a, e - 1, s - 1) for a, s, e in windows(len(toks), cfg, first)]
-            continue
-        steps = [replace(sp, seq_id=seq_id, toks=toks) for sp in blocks(len(toks), cfg, first) if sp.e > sp.a]
-        if len(steps) == 1:
-            single += steps
-        elif steps:
-            stepped.setdefault(steps[0].e - steps[0].a, []).append(steps)
+    (single, stepped), (per_pass, _) = plan(seqs, cfg), batching(cfg)
     if single:
         yield from _packed(lm, single, cfg, neighbors, keep_hidden)
-    for group in stepped.values():
-        group.sort(key=len, reverse=True)
-        for i in range(0, len(group), cfg.batch_size):
-            yield from _stepped(lm, group[i : i + cfg.batch_size], cfg, neighbors, keep_hidden)
+    for group in stepped:
+        for i in range(0, len(group), per_pass):
+            yield from _stepped(lm, group[i : i + per_pass], cfg, neighbors, keep_hidden)
 
 
 def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,

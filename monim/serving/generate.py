@@ -2,16 +2,13 @@
 
 Each step runs the LM on the new token only (its KV cache holds the prefix), searches the memory
 with the step's key, and samples (or takes the top token of) Θ's full next-token distribution.
-The memorized articles whose entries carried the chosen tokens' kNN weight are its sources. A
-Decoder continues many prompts together, one LM forward and one search a step for all of them;
-`generate` is a Decoder of one.
+The memorized articles whose entries carried the chosen tokens' kNN weight are its sources
+(monim.serving.sentences). A Decoder continues many prompts together, one LM forward and one search
+a step for all of them; `generate` is a Decoder of one.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -19,64 +16,12 @@ import torch
 from transformers import DynamicCache
 
 from monim.data.sources import short_title
-from monim.lm.model import LM
-from monim.lm.scoring import TokenScores
+from monim.lm.model import LM, kv_layers
+from monim.lm.token_scores import TokenScores
+from monim.serving.generation import GenerateConfig, Generation
+from monim.serving.sentences import sentences
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
-
-SENTENCE_END = (".", "!", "?")  # and a blank line
-
-
-@dataclass
-class GenerateConfig:
-    """How to generate: greedy at temperature 0, else sampled (nucleus `top_p`)."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    sources: int = 3  # memorized articles listed per generated sentence
-    keep_distributions: bool = False  # keep Θ's log-probabilities at each step (Generation.logprobs)
-    retrieve: bool = False  # the best article for the prompt before it (In-Context RALM; a ralm memory's Θ always does)
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.sources < 0:
-            raise ValueError(f"sources must be >= 0, got {self.sources}")
-
-
-@dataclass
-class Source:
-    """A memorized article and the kNN weight its entries gave the tokens of a sentence."""
-
-    date: str
-    doc_id: str
-    title: str
-    weight: float
-
-
-@dataclass
-class Generation:
-    """A prompt's continuation, the kNN weight λ of each step, and each sentence with its sources."""
-
-    prompt: str
-    text: str
-    tokens: list[int]
-    lams: list[float]
-    sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Source as dict]}
-    stopped: str = "max_new_tokens"  # why it ended: max_new_tokens, eos, or what `should_stop` said (a time limit, ...)
-    logprobs: list[np.ndarray] | None = None  # Θ's log P over the vocabulary before each step
-    sources: list[dict] = field(default_factory=list)  # the article put before the prompt (retrieve): date, doc_id, title
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "logprobs"}
 
 
 def _step_scores(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, prev: list[int], position: list[int]) -> tuple[TokenScores, torch.Tensor]:
@@ -103,21 +48,6 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> in
     keep = sorted_p.cumsum(0) - sorted_p < cfg.top_p  # the smallest prefix reaching top_p
     choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
     return int(order[choice])
-
-
-def _documents(memory: Memory, ids: list[int]) -> dict[int, tuple[str, str, str]]:
-    """(day, document id, title) of memory entry ids."""
-    ds = memory.ds
-    day, row = ds.shards.locate(np.array(ids, np.int64))
-    out = {}
-    for i in np.unique(day[day >= 0]):
-        rec = ds.days[i]
-        docs, names = np.asarray(ds.shards.shard(rec.shard, "docs")), ds.shards.shard_docs(rec.shard)
-        titles = ds.shards.shard_titles(rec.shard) or [""] * len(names)
-        for j in np.flatnonzero(day == i):
-            d = int(docs[row[j]])
-            out[ids[j]] = (rec.date, names[d], short_title(titles[d]))  # (stored before titles were capped)
-    return out
 
 
 class Row:
@@ -169,13 +99,12 @@ class Decoder:
     def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768):
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
-        self.retrieve = memory is not None and memory.retrieves
-        if self.retrieve:
-            memory.sync()
+        self.searched = memory if memory is not None and memory.retrieves else None  # Θ's memory, searched each step
+        if self.searched is not None:
+            self.searched.sync()
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [rows, columns]: 1 where the cache holds a token, 0 padding
+        self.cache, self.mask = self._empty()  # mask [rows, columns]: 1 where the cache holds a token, 0 padding
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.active)
@@ -219,17 +148,20 @@ class Decoder:
         rows = self.active
         prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
         batch, logp = _step_scores(self.lm, torch.cat(hidden), torch.cat(keys), prev, [r.length for r in rows])
-        lam, knn_w = np.zeros(len(rows)), None
-        if self.retrieve:
-            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = self.memory.search(batch)
-            logp, lam, knn_w = self.memory.theta_logprobs(batch, logp)
+        lam, knn = np.zeros(len(rows)), None  # knn: the neighbours found and their kNN weights
+        if self.searched is not None:
+            found = self.searched.search(batch)
+            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
+            logp, lam, knn_w = self.searched.theta_logprobs(batch, logp)
+            knn = (found, knn_w)
         eos = self.lm.tokenizer.eos_token_id
         for i, row in enumerate(rows):
             token = _choose(logp[i], row.cfg, row.rng)
             weights = {}
-            if self.retrieve and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
-                for j in np.flatnonzero(batch.knn_values[i] == token):
-                    weights[int(batch.knn_ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
+            if knn is not None and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
+                found, knn_w = knn
+                for j in np.flatnonzero(found.values[i] == token):
+                    weights[int(found.ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
             if row.cfg.keep_distributions:
                 row.logprobs.append(logp[i].numpy())
             row.tokens.append(token)
@@ -244,7 +176,7 @@ class Decoder:
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
         tokens in its padded cache (rows × the longest context; a first row always fits)."""
-        rows, columns = len(self.active), self.mask.shape[1] if self.active else 0
+        rows, columns = len(self.active), self.mask.shape[1]
         for n, row in enumerate(self.waiting):
             rows, columns = rows + 1, max(columns, len(row.ids))
             if rows > 1 and (rows > self.max_rows or rows * columns > self.max_cells):
@@ -282,15 +214,14 @@ class Decoder:
 
     def _join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
         """Prefilled rows' cache (and its mask) after the batch's rows: both left-padded to the longer."""
-        if self.cache is None:
+        if not self.active:
             self.cache, self.mask = cache, mask
             return
         columns = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, cache.layers):
-            held = max(mine.keys.shape[-2], theirs.keys.shape[-2])  # a sliding-window layer holds its window only
-            for name in ("keys", "values"):
-                a, b = getattr(mine, name), getattr(theirs, name)
-                setattr(mine, name, torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])]))
+        for (mine, my_keys, my_values), (_, their_keys, their_values) in zip(kv_layers(self.cache), kv_layers(cache)):
+            held = max(my_keys.shape[-2], their_keys.shape[-2])  # a sliding-window layer holds its window only
+            mine.keys, mine.values = (torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])])
+                                      for a, b in ((my_keys, their_keys), (my_values, their_values)))
             if hasattr(mine, "cumulative_length"):
                 mine.cumulative_length = columns
         pad = torch.nn.functional.pad
@@ -302,26 +233,30 @@ class Decoder:
             return
         self.active = [r for r, k in zip(self.active, keep) if k]
         if not self.active:
-            self.cache = self.mask = None
+            self.cache, self.mask = self._empty()
             return
         index = torch.tensor([i for i, k in enumerate(keep) if k], device=self.lm.device)
         self.mask = self.mask[index]
         columns = self.mask.shape[1]
         drop = int(self.mask.any(0).long().argmax())  # the leading columns no row uses
-        for layer in self.cache.layers:
-            held = min(layer.keys.shape[-2], columns - drop)
-            layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (layer.keys, layer.values))
+        for layer, keys, values in kv_layers(self.cache):
+            held = min(keys.shape[-2], columns - drop)
+            layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (keys, values))
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length = columns - drop
         self.mask = self.mask[:, drop:]
 
+    def _empty(self) -> tuple[DynamicCache, torch.Tensor]:
+        """The cache and mask of a batch without rows."""
+        return DynamicCache(config=self.lm.model.config), torch.zeros((0, 0), dtype=torch.long, device=self.lm.device)
+
     def _end(self, row: Row, stopped: str) -> None:
         """The row's Generation, with its sentences and their sources."""
         lm = self.lm
-        row.result = Generation(row.prompt, lm.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
+        row.result = Generation(row.prompt, lm.decode(row.tokens, skip_special_tokens=True), row.tokens,
                                 row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
                                 sources=row.sources)
-        row.result.sentences = _sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
+        row.result.sentences = sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
 
 
 @torch.inference_mode()
@@ -331,33 +266,7 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
     Decoder of one row; `should_stop` is asked before each token and may end it with a reason."""
     decoder = Decoder(lm, memory)
     row = decoder.add(prompt, cfg, should_stop)
-    while decoder:
+    while (result := row.result) is None:
         decoder.step()
-    return row.result
+    return result
 
-
-def _sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dict], top: int) -> list[dict]:
-    """The generated text cut into sentences, each with the `top` memorized articles that carried
-    the most kNN weight over its tokens."""
-    spans, start = [], 0
-    pieces = [lm.tokenizer.decode([t]) for t in tokens]
-    for i, piece in enumerate(pieces):
-        after = pieces[i + 1][:1] if i + 1 < len(pieces) else " "
-        # a mark ends a sentence only before a space: "2.277" does not (an abbreviation like "U.S. x" still does)
-        ends = piece.rstrip().endswith(SENTENCE_END) and (piece[-1:].isspace() or after.isspace())
-        if ends or "\n\n" in piece or i == len(tokens) - 1:
-            spans.append((start, i + 1))
-            start = i + 1
-    everything = sorted({e for c in credit for e in c})
-    docs = _documents(memory, everything) if memory is not None and everything else {}
-    out = []
-    for a, b in spans:
-        per_doc: dict[tuple, float] = defaultdict(float)
-        for c in credit[a:b]:
-            for entry, w in c.items():
-                if entry in docs:
-                    per_doc[docs[entry]] += w
-        best = sorted(per_doc.items(), key=lambda kv: -kv[1])[:top]
-        out.append({"text": lm.tokenizer.decode(tokens[a:b], skip_special_tokens=True),
-                    "sources": [asdict(Source(*doc, weight=w)) for doc, w in best]})
-    return out

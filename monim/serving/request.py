@@ -14,7 +14,7 @@ import reprlib
 from dataclasses import dataclass, field, fields
 
 from monim.core.text import json_depth, lone_surrogate
-from monim.serving.generate import GenerateConfig
+from monim.serving.generation import GenerateConfig
 
 ROW_FIELDS = ("text", "prompt")
 

@@ -90,7 +90,7 @@ def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None,
              seen: np.ndarray | None = None) -> Examples:
-    """The features of a scored batch (monim.lm.scoring.TokenScores with neighbours) as Examples.
+    """The features of a scored batch (monim.lm.token_scores.TokenScores with neighbours) as Examples.
 
     `lexical` is a monim.storage.lexical.LexicalCounts; `knn_logp` the targets' log p_kNN per temperature.
     """

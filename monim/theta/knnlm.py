@@ -81,7 +81,7 @@ def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
 
 def theta_scores(batch, interp: Interpolation, lam: np.ndarray | float | None = None,
                  chunk: int | None = None, device: torch.device | str = "cpu") -> ThetaScores:
-    """Score a batch (monim.lm.scoring.TokenScores with neighbours) under the interpolated model.
+    """Score a batch (monim.lm.token_scores.TokenScores with neighbours) under the interpolated model.
 
     λ is the constant `interp.lam` or, given, `lam` (a number, or one per token: a calibrator's);
     rows without neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated

@@ -21,7 +21,8 @@ from monim.data.dedup import TWINS, Signatures, TwinIndex
 from monim.data.sources import Document
 from monim.lm.features import Features
 from monim.lm.model import LM, cached_lm
-from monim.lm.scoring import Found, TokenScores, score
+from monim.lm.scoring import score
+from monim.lm.token_scores import Found, TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
@@ -150,7 +151,7 @@ class Memory:
 
     def search(self, batch: TokenScores, skip: bool = True, k: int | None = None,
                wanted: np.ndarray | None = None) -> Found:
-        """The LM's hook (monim.lm.scoring.Neighbors): each token's neighbours. With a skip threshold θ
+        """The LM's hook (monim.lm.token_scores.Neighbors): each token's neighbours. With a skip threshold θ
         (calibrator_cfg.skip_threshold), a first search for the `gate_k` nearest entries gives the
         calibrator its neighbour features; tokens whose λ is below θ keep no neighbours (the LM
         alone), unless their nearest entry is a near-exact match (`copy_tolerance`: a repeated

@@ -18,7 +18,9 @@ import numpy as np
 
 from monim.data.sources import Document
 from monim.lm.model import LM
-from monim.lm.scoring import TokenScores, fit_window, score_tokens
+from monim.lm.scoring import score_tokens
+from monim.lm.token_scores import TokenScores
+from monim.lm.windows import fit_window
 from monim.theta.retriever import Article, ArticleIndex
 
 SEPARATOR = "\n\n"  # between the article and the text it helps predict

@@ -15,7 +15,7 @@ import torch
 
 from monim.core.atomic import checksum
 from monim.lm.model import LM
-from monim.lm.scoring import TokenScores
+from monim.lm.token_scores import TokenScores
 from monim.storage.datastore import Datastore
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import Settings

@@ -1,0 +1,62 @@
+"""The scoring data contract: each predicted token's provenance, LM statistics, key and neighbours."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+
+@dataclass
+class TokenScores:
+    """Per predicted token: provenance, target, LM statistics and the key (a batch of them)."""
+
+    doc_id: np.ndarray  # object array of str
+    position: np.ndarray  # int32: index of the target token in its document
+    prev: np.ndarray  # int32: the last context token (the one before the target)
+    target: np.ndarray  # int32
+    logp: np.ndarray  # float32: log P(target)
+    max_logp: np.ndarray  # float32: max_y log P(y)
+    entropy: np.ndarray  # float32: entropy of P(.) in nats
+    argmax: np.ndarray  # int32: the LM's top token
+    key: np.ndarray  # float16 [n, hidden]
+    # with a memory to search (score(..., neighbors=...)), per token and neighbour [n, k]:
+    knn_dist: np.ndarray | None = None  # float32 squared L2 distance (inf: none)
+    knn_values: np.ndarray | None = None  # int32 next token stored with the neighbour, -1: none
+    lm_logp_values: np.ndarray | None = None  # float32 LM log P of each neighbour's value
+    knn_ids: np.ndarray | None = None  # int64 entry id of each neighbour, -1: none
+    knn_prior: np.ndarray | None = None  # float32 log prior weight of each neighbour (monim.core.recency), None: 0
+    knn_skipped: np.ndarray | None = None  # bool: the skip rule left the token's full search out (the LM alone)
+    hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    @classmethod
+    def concat(cls, parts: list[TokenScores]) -> TokenScores:
+        """Many batches as one (all with neighbours, or all without)."""
+        columns: dict[str, Any] = {f.name: None if getattr(parts[0], f.name) is None
+                                   else np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)}
+        return cls(**columns)
+
+    def select(self, rows: np.ndarray | slice) -> TokenScores:
+        """Some of the tokens, with their LM statistics and key (neighbours dropped)."""
+        dropped = ("knn", "lm_logp")
+        columns: dict[str, Any] = {f.name: None if getattr(self, f.name) is None or f.name.startswith(dropped)
+                                   else getattr(self, f.name)[rows] for f in fields(TokenScores)}
+        return TokenScores(**columns)
+
+
+class Found(NamedTuple):
+    """Each token's neighbours [n, k]: squared distances, values and entry ids (-1 where none), a
+    log prior weight per neighbour (None: all equal), and which tokens the skip rule left unsearched."""
+
+    dist: np.ndarray
+    values: np.ndarray
+    ids: np.ndarray
+    prior: np.ndarray | None = None
+    skipped: np.ndarray | None = None
+
+
+Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighbours yet) -> their neighbours
