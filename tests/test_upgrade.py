@@ -62,20 +62,20 @@ def test_an_old_work_directory_passes_fsck_resumes_and_registers(monim, old):
 
 
 def test_a_version_registered_before_serves_as_eval_reads_its_day(monim, old, invoke, tmp_path):
-    import flows.servers.local as servers
+    from servers import local
 
     workdir, _ = old
     text = ("The company said its first quarter profits rose on higher sales of its products, and "
             "analysts said the shares would gain.")
     (tmp_path / "text.txt").write_text(text)
     by_eval = monim.json("eval", "--workdir", workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
-    port = servers.free_port()
-    proc = servers.start([monim.script, "serve-model", "--workdir", str(workdir), "--version", "1", "--port", str(port)],
+    port = local.free_port()
+    proc = local.start([monim.script, "serve-model", "--workdir", str(workdir), "--version", "1", "--port", str(port)],
                          f"http://127.0.0.1:{port}/ping", env=monim.env())
     try:
         status, answer = invoke(port, {"dataframe_records": [{"text": text}]})
     finally:
-        servers.stop([proc])
+        local.stop([proc])
     assert status == 200, answer
     served = answer["predictions"][0]
     assert served["tokens"] == by_eval["text_tokens"] and math.isfinite(served["ppl"])
