@@ -13,7 +13,7 @@ from monim.core.lock import reading
 from monim.storage.datastore import Datastore
 from monim.storage.fsck import check_memory, check_records, unfinished
 from monim.storage.workdirs import memories, run_lock
-from tracking.registry import register_state, registered_model, stale_champion, untracked
+from tracking.champion import register_state, stale_champion
 from tracking.store import (
     check_steps,
     client,
@@ -22,6 +22,7 @@ from tracking.store import (
     sqlite_file,
     tracking_uri as resolve_tracking_uri,
 )
+from tracking.versions import registered_model, untracked
 
 FINISH = "finish the day as a resume does (`monim learn` again does too; the LM is loaded)"
 

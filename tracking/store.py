@@ -1,5 +1,6 @@
-"""MLflow's store: where it lies, its client (one process at a time on a local SQLite file, created
-whole), and fsck's check of the days each run logged. No Prefect here: read-only commands start at once."""
+"""MLflow's store: where it lies (and where the paths it recorded lie now, its work directory moved or
+copied), its client (one process at a time on a local SQLite file, created whole), and fsck's check of
+the days each run logged. No Prefect here: read-only commands start at once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager
+from typing import Callable, ContextManager, ParamSpec, TypeVar
 
 from monim.core.atomic import create_once, sqlite_damage
 from monim.core.lock import hold, reading
@@ -21,6 +22,7 @@ from tasks.logs import logger
 from tracking.charts import NOT_LOGGED, chart_name
 
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
+P, R = ParamSpec("P"), TypeVar("R")
 
 
 def tracking_uri(workdir: str, uri: str | None = None) -> str:
@@ -41,20 +43,20 @@ def store_lock(uri: str, write: bool = True) -> ContextManager:
     return (hold if write else reading)(db.with_suffix(".lock"), say=lambda *a: logger().info(*a))
 
 
-def one_at_a_time(fn, write: bool = True):
+def one_at_a_time(fn: Callable[P, R], write: bool = True) -> Callable[P, R]:
     """Run a tracking call holding the lock of a local SQLite store: two processes must not use it at
     once (its first use creates and migrates the schema; concurrent writers then collide). `write`
     False: a call that only reads (store_lock)."""
 
     @functools.wraps(fn)
-    def locked(*args, **kwargs):
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R:
         with store_lock(inspect.signature(fn).bind(*args, **kwargs).arguments["uri"], write):
             return fn(*args, **kwargs)
 
     return locked
 
 
-def read_only(fn):
+def read_only(fn: Callable[P, R]) -> Callable[P, R]:
     """A tracking call that only reads: it waits for a writer and writes nothing (one_at_a_time)."""
     return one_at_a_time(fn, write=False)
 
@@ -67,6 +69,28 @@ def step_of(origin: str, date: str) -> int:
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a local SQLite store's URI; None for any other store."""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def moved(uri: str, memory: str) -> tuple[Path, Path] | None:
+    """(where the work directory was, where it is) when a version's memory (`<workdir>/memories/<name>`)
+    was recorded in a local store that has been moved or copied since (the store lies in its work
+    directory, beside that memory); None where it has not."""
+    db, recorded = sqlite_file(uri), Path(memory)
+    if db is None or recorded.parent.name != "memories" or recorded.parents[1] == (now := db.resolve().parent):
+        return None
+    return (recorded.parents[1], now) if (now / "memories" / recorded.name / "manifest.json").exists() else None
+
+
+def here(uri: str, memory: str, recorded: str) -> str:
+    """Where a path or file URI that a version recorded inside its work directory (`memory`: the version's
+    memory) lies now: in this store's work directory where that moved or was copied since (a restored
+    backup's version reads the backup's files, never the original's)."""
+    if (found := moved(uri, memory)) is None:
+        return recorded
+    old, now = found
+    if recorded.startswith("file://"):
+        return recorded.replace(old.as_uri(), now.as_uri(), 1)
+    return str(now / Path(recorded).relative_to(old))
 
 
 def ensure_store(uri: str) -> None:
@@ -153,13 +177,13 @@ def _check_steps(uri: str, workdir: str, repair: bool) -> list[dict]:
         memory = str(workdirs.memory_root(workdir, name).resolve())
         runs = memory_runs(c, memory)
         if not runs and rows:
-            moved = [r for r in (c.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")
+            elsewhere = [r for r in (c.search_runs(experiments, filter_string=f"attributes.run_name = '{name}'")
                                  if experiments else []) if r.data.tags.get("monim.memory")]
-            if not moved:
+            if not elsewhere:
                 problems.append({"where": f"MLflow at {uri}", "what": f"no run of {name}: {len(rows)} days not logged",
                                  "repair": None, "repaired": False, "warning": True})
                 continue
-            run = moved[0]
+            run = elsewhere[0]
             problems.append({"where": f"MLflow run {name} ({run.info.run_id})", "warning": True, "repaired": repair,
                              "what": f"names the memory at {run.data.tags['monim.memory']}: the work directory moved "
                                      "or was copied (its registered versions name the old place too, and read this "
