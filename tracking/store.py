@@ -22,7 +22,8 @@ from tasks.logs import logger
 from tracking.charts import NOT_LOGGED, chart_name
 
 MARK = "docs_train"  # logged every day, and never NaN: the metric that says a day is logged
-P, R = ParamSpec("P"), TypeVar("R")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def tracking_uri(workdir: str, uri: str | None = None) -> str:
