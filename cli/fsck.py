@@ -14,14 +14,8 @@ from monim.storage.datastore import Datastore
 from monim.storage.fsck import check_memory, check_records, unfinished
 from monim.storage.workdirs import memories, run_lock
 from tracking.champion import register_state, stale_champion
-from tracking.store import (
-    check_steps,
-    client,
-    memory_runs,
-    run_config,
-    sqlite_file,
-    tracking_uri as resolve_tracking_uri,
-)
+from tracking.logged import check_steps, memory_runs, run_config
+from tracking.store import client, sqlite_file, tracking_uri as resolve_tracking_uri
 from tracking.versions import registered_model, untracked
 
 FINISH = "finish the day as a resume does (`monim learn` again does too; the LM is loaded)"

@@ -12,8 +12,9 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from monim.core.config import RunConfig
+from tracking.logged import MARK, logged_steps, memory_runs, step_of
 from tracking.served_model import MODEL_CODE, SIGNATURE
-from tracking.store import MARK, client, here, logged_steps, memory_runs, one_at_a_time, read_only, sqlite_file, step_of
+from tracking.store import client, here, one_at_a_time, read_only, sqlite_file
 
 CHAMPION, PREVIOUS = "champion", "previous"  # the aliases: the version served, the one it replaced
 
