@@ -31,8 +31,8 @@ class Timeline:
     began answering with it (its /health): the time to follow is the difference."""
 
     def __init__(self, port: int, workdir: Path, every: float = 0.25):
-        from tracking.registry import find_version
         from tracking.store import tracking_uri
+        from tracking.versions import find_version
 
         self.moved: dict[str, float] = {}
         self.served: dict[str, float] = {}

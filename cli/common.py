@@ -139,7 +139,7 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
     from monim.storage.fsck import unfinished
     from monim.storage.plan import plan
     from monim.storage.workdirs import memory_root
-    from tracking.registry import untracked
+    from tracking.versions import untracked
 
     root = memory_root(spec.workdir, spec.name)
     try:

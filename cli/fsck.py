@@ -13,15 +13,10 @@ from monim.core.lock import reading
 from monim.storage.datastore import Datastore
 from monim.storage.fsck import check_memory, check_records, unfinished
 from monim.storage.workdirs import memories, run_lock
-from tracking.registry import register_state, registered_model, stale_champion, untracked
-from tracking.store import (
-    check_steps,
-    client,
-    memory_runs,
-    run_config,
-    sqlite_file,
-    tracking_uri as resolve_tracking_uri,
-)
+from tracking.champion import register_state, stale_champion
+from tracking.logged import check_steps, memory_runs, run_config
+from tracking.store import client, sqlite_file, tracking_uri as resolve_tracking_uri
+from tracking.versions import registered_model, untracked
 
 FINISH = "finish the day as a resume does (`monim learn` again does too; the LM is loaded)"
 

@@ -191,8 +191,9 @@ def serve_model(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     from monim.serving.service import Limits, Service
     from servers.model import SERVED, Follower, serve
-    from tracking.registry import find_version, load_theta
+    from tracking.served_model import load_theta
     from tracking.store import tracking_uri as resolve
+    from tracking.versions import find_version
 
     if follow_seconds <= 0:
         raise fail(f"--follow-seconds: {follow_seconds:g}; give a number of seconds above 0")

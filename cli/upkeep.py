@@ -133,10 +133,11 @@ def forget(workdir: Path = WORKDIR,
 
 
 def _register(workdir: Path, root: Path, tracking: Optional[str], as_of: Optional[str] = None) -> dict | None:
-    """A memory's state registered again (tracking.registry.register_state); None where it has no registered model."""
+    """A memory's state registered again (tracking.champion.register_state); None where it has no registered model."""
     use_workdir(workdir, api=False)
-    from tracking.registry import register_state, registered_model
+    from tracking.champion import register_state
     from tracking.store import tracking_uri
+    from tracking.versions import registered_model
 
     uri = tracking_uri(str(workdir), tracking)
     if registered_model(uri, root) is None:  # learned without MLflow: nothing registered to follow
@@ -168,7 +169,7 @@ def register(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 
 
 def _registry_call(workdir: Path, policy: Optional[str], tracking: Optional[str], fn, *args) -> dict:
-    """A tracking.registry function on the memory's registered model, or a clear error."""
+    """A tracking.champion function on the memory's registered model, or a clear error."""
     root = memory_dir(workdir, policy)
     use_workdir(workdir, api=False)
     from tracking.store import tracking_uri
@@ -181,7 +182,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
             version: Optional[str] = typer.Option(None, "--version", help="The version to serve (default: the newest)."),
             tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
     """Point the registered model's `champion` alias at a version by hand (`previous` keeps the old one)."""
-    from tracking.registry import promote as promote_version
+    from tracking.champion import promote as promote_version
 
     result = _registry_call(workdir, policy, tracking_uri, promote_version, version)
     console.print(f"{result['model']}: champion is version {result['champion']} (previous: {result['previous']})")
@@ -191,7 +192,7 @@ def promote(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
 def rollback(workdir: Path = WORKDIR, policy: Optional[str] = POLICY, tracking_uri: Optional[str] = TRACKING,
              as_json: bool = AS_JSON) -> None:
     """Move `champion` back to the `previous` version."""
-    from tracking.registry import rollback as rollback_version
+    from tracking.champion import rollback as rollback_version
 
     result = _registry_call(workdir, policy, tracking_uri, rollback_version)
     console.print(f"{result['model']}: champion is version {result['champion']} again")

@@ -15,8 +15,8 @@ from monim.core.config import RunConfig
 from monim.evaluation.report import policies_table
 from monim.evaluation.suite import EvalConfig
 from monim.evaluation.totals import summarize
-from tracking.runs import ended, fetch_runs, log_side_by_side, open_comparison
-from tracking.store import experiment_name, tracking_uri as resolve_tracking_uri
+from tracking.runs import ended, experiment_name, fetch_runs, log_side_by_side, open_comparison
+from tracking.store import tracking_uri as resolve_tracking_uri
 
 
 @flow(name="monim-compare")

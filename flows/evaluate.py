@@ -14,8 +14,9 @@ from monim.core.config import RunConfig
 from monim.evaluation.suite import EvalConfig, period_of
 from monim.run import recorded_days
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
-from tracking.runs import describe, ended, log_points, metric_steps, mlflow_run
-from tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
+from tracking.logged import step_of
+from tracking.runs import describe, ended, experiment_name, log_points, metric_steps, mlflow_run
+from tracking.store import tracking_uri as resolve_tracking_uri
 
 
 def _learned(configs: list[RunConfig], start: str | None, end: str | None) -> list[str]:

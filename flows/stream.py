@@ -19,8 +19,9 @@ from monim.storage import workdirs
 from monim.storage.plan import Plan, last_read, plan
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
-from tracking.runs import describe, ended, log_summary, mlflow_run
-from tracking.store import experiment_name, step_of, tracking_uri as resolve_tracking_uri
+from tracking.logged import step_of
+from tracking.runs import describe, ended, experiment_name, log_summary, mlflow_run
+from tracking.store import tracking_uri as resolve_tracking_uri
 
 
 def _date(value: str | dt.date | None) -> dt.date | None:

@@ -1,6 +1,6 @@
 """`monim serve-model`: a registered Θ (the champion, or a version) answering HTTP on one process.
 
-The same pyfunc model `mlflow models serve` loads (tracking.registry.MonimModel), behind monim's own
+The same pyfunc model `mlflow models serve` loads (tracking.served_model.MonimModel), behind monim's own
 small FastAPI app rather than MLflow's scoring server, because the app can: read a body no further
 than its limits (bytes, nesting); refuse unknown fields and params by name and answer every error,
 its own and FastAPI's, as one JSON object without a trace or a dataframe dump;

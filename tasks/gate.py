@@ -15,8 +15,9 @@ from monim.lm.features import Features
 from monim.storage import workdirs
 from monim.theta.memory import Memory
 from tasks.logs import logger
-from tracking.registry import CHAMPION, aliased, here, model_for, new_version, settle
-from tracking.store import client
+from tracking.champion import settle
+from tracking.store import here
+from tracking.versions import CHAMPION, aliased, model_for, new_version
 
 
 def validation_gate(cfg: RunConfig, day: Day, memory: Memory, champion, uri: str) -> dict:
@@ -35,17 +36,17 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
     """Register Θ as of a committed day as a new version (once per day and memory state), and move
     `champion` to it if its validation PPL is not worse than the champion's (never to an older day
     than the champion's); the gate's numbers are logged."""
-    name, date = model_for(cfg, run_id, uri), day.date.isoformat()
-    version, new = new_version(name, workdirs.memory_root(cfg.workdir, cfg.name), date, memory.checksum(), run_id, uri)
+    name, date = model_for(uri, cfg, run_id), day.date.isoformat()
+    version, new = new_version(uri, name, workdirs.memory_root(cfg.workdir, cfg.name), date, memory.checksum(), run_id)
     if not new:
         return {"model_version": int(version), "registered": 0}
-    champion = aliased(client(uri), name, CHAMPION)
+    champion = aliased(uri, name, CHAMPION)
     if champion is not None and champion.tags.get("monim.as_of", "") > date:
         logger().info("%s version %s (%s): not promoted; champion v%s is of a later day", name, version, date,
                       champion.version)
         return {"model_version": int(version), "registered": 1, "champion_moved": 0}
     gate = validation_gate(cfg, day, memory, champion, uri) if champion is not None else {}
-    promoted = settle(name, version, None if champion is None else str(champion.version), gate, uri)
+    promoted = settle(uri, name, version, None if champion is None else str(champion.version), gate)
     why = ("" if not gate else f"; the day has no validation articles to compare on: champion v{champion.version} stays"
            if not gate["gate_tokens"] else
            f"; validation PPL {gate['gate_ppl']:.2f} vs champion v{champion.version} {gate['gate_ppl_champion']:.2f}")

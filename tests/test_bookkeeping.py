@@ -202,7 +202,8 @@ def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_p
     in place and after it is gone."""
     import mlflow
 
-    from tracking.registry import find_version, load_theta
+    from tracking.served_model import load_theta
+    from tracking.versions import find_version
 
     original, backup = tmp_path / "w", tmp_path / "backup"
     assert learn(monim, write(tmp_path / "feed.jsonl", demo_rows(3, 3)), original, model, "--end", "1987-03-03").returncode == 0

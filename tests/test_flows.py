@@ -248,20 +248,21 @@ def test_a_changed_memory_is_refused(compared, tmp_path):
     from mlflow.exceptions import MlflowException
 
     from monim.storage.datastore import Datastore
-    from tracking.registry import open_memory
+    from tracking.served_model import open_memory
 
     workdir, model, summary = compared
     import mlflow
 
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    client = MlflowClient(uri)
     config = mlflow.pyfunc.load_model(client.get_model_version_download_uri(MODEL_NAME, "2")).model_config
     copy = tmp_path / "monim-amt"
     shutil.copytree(workdir / "memories" / "monim-amt", copy)
-    assert len(open_memory(config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
+    assert len(open_memory(uri, config | {"memory": str(copy)})) > 0  # the same memory elsewhere is the same Θ
     ds = Datastore.read(copy)
     assert ds.commits.forget(doc_ids=[ds.shards.shard_docs(ds.days[0].shard)[0]]) > 0  # a retracted article
     with pytest.raises(MlflowException, match="has changed since this model version was registered"):
-        open_memory(config | {"memory": str(copy)})
+        open_memory(uri, config | {"memory": str(copy)})
 
 
 def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
@@ -309,7 +310,7 @@ def test_the_champion_answers_over_http_and_bad_requests_get_a_400(compared):
 
 
 def test_promote_and_rollback_move_the_aliases_by_hand(compared):
-    from tracking.registry import promote, rollback
+    from tracking.champion import promote, rollback
 
     workdir, model, summary = compared
     uri, root = f"sqlite:///{workdir / 'mlflow.db'}", workdir / "memories" / "monim-amt"

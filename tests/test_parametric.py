@@ -130,8 +130,8 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from monim.data.stream import iter_days
     from monim.evaluation.suite import EvalConfig
     from monim.run import recorded_days
-    from tracking.runs import fetch_runs
-    from tracking.store import experiment_name, tracking_uri
+    from tracking.runs import experiment_name, fetch_runs
+    from tracking.store import tracking_uri
 
     model = str(tiny_model_dir("llama"))
     text = tmp_path / "general.txt"

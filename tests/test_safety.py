@@ -283,7 +283,7 @@ def test_a_memory_whose_files_differ_from_their_commit_is_never_answered_from(ti
 
     from monim.core.manifest import Damaged
     from monim.theta.memory import Memory
-    from tracking.registry import MonimModel
+    from tracking.served_model import MonimModel
 
     memory = two_days(tmp_path, tiny)
     assert len(Memory.open(tmp_path, tiny)) == 12

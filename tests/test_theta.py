@@ -93,22 +93,22 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
     from mlflow.tracking import MlflowClient
 
     from tasks.gate import validation_gate
-    from tracking.registry import model_name
+    from tracking.versions import registered
 
     cfg, rows = odd_run
     day2 = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))
     text = day2.test[0].text[:1500]
     (tmp_path / "text.txt").write_text(text)
-    client = MlflowClient(f"sqlite:///{Path(cfg.workdir) / 'mlflow.db'}")
-    version = next(v for v in client.search_model_versions(f"name = '{model_name(cfg)}'") if v.tags["monim.as_of"] == DAYS[0])
-    served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(model_name(cfg), version.version))
+    uri = f"sqlite:///{Path(cfg.workdir).resolve() / 'mlflow.db'}"
+    client, name = MlflowClient(uri), registered(uri, memory_root(cfg.workdir, cfg.name))
+    version = next(v for v in client.search_model_versions(f"name = '{name}'") if v.tags["monim.as_of"] == DAYS[0])
+    served = mlflow.pyfunc.load_model(client.get_model_version_download_uri(name, version.version))
     by_server = served.predict([{"text": text}])[0]
     by_eval = monim.json("eval", "--workdir", cfg.workdir, "--as-of", DAYS[0], "--text", tmp_path / "text.txt")
     champion = SimpleNamespace(tags={"monim.memory": str(memory_root(cfg.workdir, cfg.name).resolve()), "monim.as_of": DAYS[0]})
     from monim.run import open_run as run_for
 
-    by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion,
-                              f"sqlite:///{Path(cfg.workdir).resolve() / 'mlflow.db'}")
+    by_gate = validation_gate(cfg, Day(day2.date, [], [Document("t", day2.date, text)], []), run_for(cfg).memory, champion, uri)
     assert by_server["tokens"] == by_eval["text_tokens"] == by_gate["gate_tokens"]
     assert by_server["ppl"] == pytest.approx(by_eval["ppl_text"], rel=1e-5)
     assert by_server["ppl"] == pytest.approx(by_gate["gate_ppl_champion"], rel=1e-5)

@@ -1,2 +1,2 @@
-"""MLflow: its store, the runs a stream logs to, the charts they are read by, and the Model Registry
-that holds Θ as of each day (the champion the served model follows)."""
+"""MLflow: its store, the runs a stream logs to, the charts they are read by, the Model Registry's
+versions of Θ as of each day, where `champion` points among them, and the served model (Θ as MLflow's pyfunc model)."""

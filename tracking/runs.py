@@ -19,10 +19,16 @@ from monim.data.stream import list_dates
 from monim.run import make_run
 from monim.storage import workdirs
 from tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
-from tracking.store import MARK, client, log_metrics, logged_steps, memory_runs, one_at_a_time
+from tracking.logged import MARK, log_metrics, logged_steps, memory_runs
+from tracking.store import client, one_at_a_time
 
 KIND = "mlflow.experimentKind"
 COMPARISON = "monim.comparison"
+
+
+def experiment_name(source: str) -> str:
+    """The default MLflow experiment of a stream: one per source."""
+    return "monim-" + Path(source.removeprefix("hf:")).name.split(".")[0]
 
 
 def experiment_id(uri: str, name: str, workdir: str) -> str:

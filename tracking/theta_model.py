@@ -3,6 +3,6 @@ its config, not a pickle of the model object."""
 
 from mlflow.models import set_model
 
-from tracking.registry import MonimModel
+from tracking.served_model import MonimModel
 
 set_model(MonimModel())
