@@ -53,7 +53,7 @@ class Clients:
     with when it was asked."""
 
     def __init__(self, port: int, bodies: list[dict], n: int):
-        self.asked: list[tuple[float, int, dict]] = []  # (sent at, status, answer)
+        self.asked: list[tuple[float, int | None, dict]] = []  # (sent at, status, answer)
         self._stop = threading.Event()
 
         def ask(c: int) -> None:

@@ -141,7 +141,7 @@ def _end_soon(signum: int) -> None:
     the way swallowed (a signal delivered inside a finalizer or a callback) still stops."""
     global _ending
     if _ending is None:
-        _ending = threading.Timer(GRACE, os._exit, (128 + signum,))  # its children die with it (PR_SET_PDEATHSIG)
+        _ending = threading.Timer(GRACE, os._exit, [128 + signum])  # its children die with it (PR_SET_PDEATHSIG)
         _ending.daemon = True
         _ending.start()
 
@@ -151,7 +151,7 @@ def _end_now() -> None:
     collecting the garbage of torch, Prefect and MLflow takes seconds on 2 cores, and no timer can end
     a process then."""
     if _ending is not None:
-        end_at_once(_ending.args[0])
+        end_at_once(list(_ending.args)[0])
 
 
 def end_at_once(status: int) -> NoReturn:
@@ -177,11 +177,11 @@ def guard_prefect_stops() -> None:
     if getattr(original, "ends_soon", False):
         return
 
-    def handler(signum: int, *args: object):
-        _end_soon(signum)
-        original(signum, *args)
+    def handler(sig_num: int, *args: object) -> NoReturn:  # Prefect's handler's signature
+        _end_soon(sig_num)
+        original(sig_num, *args)
 
-    handler.ends_soon = True
+    setattr(handler, "ends_soon", True)
     engine._prefect_sigterm_handler = handler
 
 

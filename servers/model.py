@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from http import HTTPStatus
-from typing import Callable
+from typing import Callable, Mapping
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -126,6 +126,12 @@ def health_of(service: Service, follower: Follower | None) -> dict:
 def app_for(service: Service | None, follower: Follower | None = None) -> FastAPI:
     """The HTTP face of a Service (and of the Follower that keeps it on the champion, if any); its
     schema at /openapi.json (the body is checked by the service, which names the field it refuses)."""
+    def served() -> Service:
+        """The service (None only where the app is made for its schema, never asked)."""
+        if service is None:
+            raise RuntimeError("no model is served: this app was made for its schema only")
+        return service
+
     app = FastAPI(title="monim: the up-to-date model", version=__version__, docs_url=None, redoc_url=None,
                   description="Θ (the LM, its memory and calibrator) as of a registered day, answering MLflow's scoring format.")
 
@@ -139,21 +145,23 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     @app.get("/health", summary="What is served, since when, the champion last seen, the limits",
              response_model=schema.Health)
     def health() -> dict:
-        return health_of(service, follower)
+        return health_of(served(), follower)
 
     @app.get("/version", summary="monim's version, the LM, and the version of Θ served", response_model=schema.Served)
     def version() -> dict:
-        return {k: service.about.get(k) for k in schema.Version.model_fields} | {
-            "monim": __version__, "lm": service.memory.lm.name}
+        live = served()
+        return {k: live.about.get(k) for k in schema.Version.model_fields} | {
+            "monim": __version__, "lm": live.memory.lm.name}
 
     @app.post("/invocations", summary="Score texts and continue prompts with Θ", response_model=schema.Predictions,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": {"$ref": "#/components/schemas/Invocation"}}}}},
               responses={status: {"model": schema.Error} for status in (400, 413, 500, 503)})
     async def invocations(request: Request) -> Response | dict:
-        limits = service.limits
+        answering = served()
+        limits = answering.limits
         try:
-            raw = await _read(request, limits.max_body_bytes)
+            raw = await _read(request, limits.max_body_bytes or 0)  # never 0: ServiceLimits sets it
         except ClientDisconnect:  # no one to answer, nothing to log
             return _error(400, "BAD_REQUEST", "the caller left before its body was read")
         if raw is None:
@@ -163,7 +171,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
         watcher = asyncio.create_task(_watch(request, gone))
         try:
             body = await run_in_threadpool(loads, raw, limits)
-            answers = await run_in_threadpool(service.answer, body, gone.is_set)
+            answers = await run_in_threadpool(answering.answer, body, gone.is_set)
         except BadRequest as e:
             return _error(400, "BAD_REQUEST", str(e))
         except Busy as e:
@@ -187,7 +195,7 @@ def app_for(service: Service | None, follower: Follower | None = None) -> FastAP
     async def failed(request: Request, e: Exception) -> Response:  # then re-raised: uvicorn logs the trace
         return _error(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
 
-    app.openapi = lambda: _documented(app)
+    app.openapi = lambda: _documented(app)  # type: ignore[method-assign]  # FastAPI's way to change the schema
     return app
 
 
@@ -235,7 +243,7 @@ async def _read(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
-def _error(status: int, code: str, message: str, headers: dict | None = None) -> Response:
+def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
     """Every error the server answers: one JSON object (ASCII: a message may quote a lone surrogate)."""
     return Response(json.dumps({"error_code": code, "message": message}), status, headers, "application/json")
 

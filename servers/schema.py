@@ -13,6 +13,7 @@ from monim.serving.generation import GenerateConfig
 from monim.serving.request import Limits as ServiceLimits
 
 DEFAULTS, LIMITS = GenerateConfig(), ServiceLimits()
+BODY_BYTES = LIMITS.max_body_bytes or 0  # never 0: ServiceLimits sets it from the other limits
 
 
 class Row(BaseModel):
@@ -139,7 +140,8 @@ class Error(BaseModel):
     """Every error, whatever its status: one JSON object naming what is wrong (the trace stays in the server's log)."""
 
     model_config = ConfigDict(extra="forbid")
-    error_code: Literal[tuple(ERRORS)] = Field(description=", ".join(f"{c} ({s})" for c, (s, _) in ERRORS.items()))
+    error_code: Literal[tuple(ERRORS)] = Field(  # type: ignore[valid-type]  # pydantic reads the codes at runtime
+        description=", ".join(f"{c} ({s})" for c, (s, _) in ERRORS.items()))
     message: str
 
 
@@ -151,7 +153,7 @@ class Limits(BaseModel):
     max_new_tokens: int = Field(LIMITS.max_new_tokens, description="Tokens a prompt may ask for (--max-new-tokens).")
     seconds: float = Field(LIMITS.seconds, description="Seconds a request, waiting included (--seconds): a continuation "
                            "stops there and answers with what it wrote.")
-    max_body_bytes: int = Field(LIMITS.max_body_bytes, description="Bytes a body: room for max_rows rows of max_chars "
+    max_body_bytes: int = Field(BODY_BYTES, description="Bytes a body: room for max_rows rows of max_chars "
                                 "characters, 12 bytes each (an escaped surrogate pair), and 64 KiB.")
     max_depth: int = Field(LIMITS.max_depth, description="How deep the body's JSON may nest.")
 
