@@ -83,53 +83,33 @@ def test_threads_on_one_theta_get_what_each_gets_alone(theta):
         assert a == b
 
 
-PROMPT_WORDS = (10, 3, 25)  # the reference prompts: the first words of texts(3)
-# generate() on `theta` as recorded before prompts were decoded together (each then alone in its own loop):
-# (skip threshold, prompt, temperature, tokens, λ, Θ's log P of each token)
-BEFORE_BATCHING = [
-    (None, 0, 0.0, [3224, 3037, 13, 198, 220, 220, 220, 220],
-     [0.25] * 8, [-2.55182, -2.34745, -1.79175, -1.75811, -2.20988, -1.76083, -1.85543, -1.85588]),
-    (None, 0, 0.9, [3224, 313, 263, 6848, 36460, 9825, 14707, 10174],
-     [0.25] * 8, [-2.55182, -11.05191, -4.10319, -5.01708, -11.09723, -4.16753, -2.11245, -11.07704]),
-    (None, 1, 0.0, [262, 198, 220, 220, 220, 220, 220, 220],
-     [0.25] * 8, [-2.82041, -3.06089, -2.77118, -1.85972, -1.86073, -1.96557, -2.08235, -2.08327]),
-    (None, 1, 0.9, [262, 1306, 1542, 585, 40769, 1315, 12, 13158],
-     [0.25] * 8, [-2.82041, -4.16352, -1.91142, -4.51366, -11.09773, -4.18653, -2.37768, -11.07664]),
-    (None, 2, 0.0, [2828, 531, 13, 198, 220, 220, 220, 220],
-     [0.25] * 8, [-2.71759, -2.0083, -2.546, -1.66865, -2.5482, -1.76075, -1.76087, -1.76099]),
-    (None, 2, 0.9, [2828, 6193, 262, 1315, 15587, 12, 16, 34462],
-     [0.25] * 8, [-2.71759, -11.05201, -4.56607, -4.14467, -11.09724, -4.18597, -2.5368, -11.07676]),
-    (0.3, 0, 0.0, [3224, 3037, 4926, 422, 257, 614, 2961, 35358],
-     [0.25, 0.25, 0.0, 0.0, 0.25, 0.25, 0.25, 0.0], [-2.55182, -2.34745, -10.36058, -10.32625, -1.88954, -2.93456, -2.03747, -10.36616]),
-    (0.3, 0, 0.9, [3224, 313, 18883, 35402, 13921, 8190, 8829, 26297],
-     [0.25, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [-2.55182, -11.05191, -10.90066, -10.81962, -10.80929, -10.74343, -10.71549, -10.7899]),
-    (0.3, 1, 0.0, [18389, 23108, 26346, 4745, 31874, 26737, 6357, 26435],
-     [0.0] * 8, [-10.30799, -10.37985, -10.35275, -10.36626, -10.36708, -10.32273, -10.30651, -10.36829]),
-    (0.3, 1, 0.9, [19381, 22764, 34675, 3109, 15955, 23609, 32877, 28217],
-     [0.0] * 8, [-10.83844, -10.7639, -10.9002, -10.81911, -10.80897, -10.74412, -10.71524, -10.7897]),
-    (0.3, 2, 0.0, [13625, 32266, 4289, 9618, 33260, 49098, 15992, 75],
-     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.25], [-10.35076, -10.40686, -10.36979, -10.34998, -10.38902, -10.36851, -10.30715, -2.47644]),
-    (0.3, 2, 0.9, [45119, 8646, 33010, 290, 21366, 1201, 37977, 15160],
-     [0.0, 0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 0.0], [-10.83804, -11.0523, -10.89985, -4.4496, -11.09723, -10.74379, -10.71512, -10.78944]),
-]
+PROMPT_WORDS = (10, 3, 25)  # the prompts: the first words of texts(3)
 
 
-def test_a_prompt_alone_is_continued_as_before_prompts_were_decoded_together(theta):
-    """generate() (one row) writes the recorded tokens, λ and log P (1e-4), greedy and sampled, ± the skip rule; past
-    a step float rounding decides (a skip threshold ±1e-3 writes them; a greedy tie within 1e-4) nothing is compared."""
-    from monim.serving.generate import GenerateConfig, generate
+@pytest.mark.parametrize("skip", [None, 0.4])  # 0.4: away from the calibrator's λ of most tokens here (0.26-0.30)
+def test_a_prompt_decoded_together_with_others_is_continued_as_alone(theta, skip):
+    """Prompts continued greedy and sampled by one Decoder, some joining while others are written, each
+    write the tokens, λ and Θ's log-probabilities the same prompt written alone (`generate`) does, ± the skip rule."""
+    from monim.serving.generate import Decoder, GenerateConfig, generate
     from monim.theta.memory import Memory
 
+    memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=skip)
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(3), PROMPT_WORDS)]
-    for skip, i, temperature, tokens, lams, logp in BEFORE_BATCHING:
-        cfg = GenerateConfig(max_new_tokens=8, temperature=temperature, top_p=0.8, seed=3, keep_distributions=True)
-        gens = [generate(theta.lm, prompts[i], Memory.open(theta.ds.root, theta.lm, skip_threshold=t), cfg)
-                for t in ([None] if skip is None else [skip, skip - 1e-3, skip + 1e-3])]
-        gen = next((g for g in gens if g.tokens == tokens), gens[0])
-        n = next((j for j, (a, b) in enumerate(zip(gen.tokens, tokens)) if a != b), len(tokens))
-        assert n == len(tokens) or temperature == 0.0 and abs(gen.logprobs[n][tokens[n]] - gen.logprobs[n][gen.tokens[n]]) < 1e-4
-        np.testing.assert_allclose(gen.lams[:n + 1], lams[:n + 1], atol=1e-4)
-        np.testing.assert_allclose([p[t] for p, t in zip(gen.logprobs[:n + 1], gen.tokens)], logp[:n + 1], atol=1e-4)
+    asked = [(p, GenerateConfig(max_new_tokens=8, temperature=t, top_p=0.8, seed=3, keep_distributions=True))
+             for p in prompts for t in (0.0, 0.9)]
+    alone = [generate(memory.lm, p, memory, cfg) for p, cfg in asked]
+    decoder = Decoder(memory.lm, memory)
+    rows = [decoder.add(p, cfg) for p, cfg in asked[:3]]
+    for _ in range(3):
+        decoder.step()
+    rows += [decoder.add(p, cfg) for p, cfg in asked[3:]]
+    while decoder:
+        decoder.step()
+    for a, b in zip(alone, (r.result for r in rows)):
+        assert b.tokens == a.tokens and len(a.tokens) == 8
+        np.testing.assert_allclose(b.lams, a.lams, atol=1e-5)
+        np.testing.assert_allclose(np.stack(b.logprobs), np.stack(a.logprobs), atol=1e-4)
+    assert any(0.0 in a.lams for a in alone) == (skip is not None)  # the skip rule left some tokens to the LM alone
 
 
 def same_continuation(a: dict, b: dict) -> bool:
