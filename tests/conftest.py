@@ -172,9 +172,6 @@ def monim(prefect_api) -> Monim:
     return Monim(prefect_api)
 
 
-SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
-
-
 @pytest.fixture(scope="session")
 def invoke():
     """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer),
@@ -184,9 +181,13 @@ def invoke():
     return lambda port, body, timeout=120: post(port, body, timeout)
 
 
+SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark as slow every test that loads the real LM, runs flows or reads the shared data:
-    `make test-fast` (pytest -m "not slow") leaves them out for inner-loop work."""
-    for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__ in ("test_cli", "test_servers"):
-            item.add_marker(pytest.mark.slow)
+    """A test that loads the real LM, runs flows or `monim`, or reads the shared data says so with the
+    `slow` marker (pyproject.toml; `make test-fast` leaves such tests out): one that does not is an error."""
+    unmarked = [f"{item.nodeid} ({', '.join(sorted(SLOW_FIXTURES & set(item.fixturenames)))})" for item in items
+                if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError("mark these tests @pytest.mark.slow: " + "; ".join(unmarked))

@@ -68,6 +68,7 @@ def copy(monim, learned, tmp_path: Path) -> tuple[Path, Path]:
     return Path(shutil.copy(source, tmp_path / "feed.jsonl")), tmp_path / "w"
 
 
+@pytest.mark.slow
 def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     out = monim.last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-03", "--reason", "takedown", "--json", check=False))
@@ -89,6 +90,7 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
 
 
+@pytest.mark.slow
 def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
@@ -106,6 +108,7 @@ def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_pa
     assert after["1987-03-04"] == before["1987-03-04"] and after["1987-03-02"] == before["1987-03-02"] - forget["removed"]["fullmem"]
 
 
+@pytest.mark.slow
 def test_every_record_counted_once_and_late_articles_named_where_their_day_is_read(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
@@ -125,6 +128,7 @@ def test_every_record_counted_once_and_late_articles_named_where_their_day_is_re
     assert sum(counted.values()) + len(status["late"]["1987-03-03"]) == len(lines)  # each record once, "wire" after 03-03
 
 
+@pytest.mark.slow
 def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model, tmp_path):
     """A per-day folder: a bad record in a day after --end refuses nothing (case 6); a day before the
     memory's last is refused at planning, no LM pass, nothing written (case 5)."""
@@ -143,6 +147,7 @@ def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model,
     assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_meaningless_settings_and_dates_are_refused_naming_the_field(monim, learned, model, tmp_path):
     source, workdir = learned
     refused(learn(monim, source, tmp_path / "a", model, "--delta", "-inf"), "delta", "finite")
@@ -175,6 +180,7 @@ def test_a_non_finite_setting_is_refused_naming_it(make, field):
         make()
 
 
+@pytest.mark.slow
 def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(monim, learned, model, tmp_path):
     """A lone surrogate escape (`"\\ud800"`, valid JSON) in a record's text (issue 65, case 4): refused naming its
     file, line and field, or with --on-error skip named in the run's log and skipped; its day is learned (an odd but
@@ -196,6 +202,7 @@ def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(m
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]
 
 
+@pytest.mark.slow
 def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_path):
     """A backup (`cp -a`) of a work directory: its champion, found and loaded as `monim serve-model` does,
     or by MLflow's own client through the backup's store, reads the backup's memory, with the original

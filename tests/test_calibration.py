@@ -70,6 +70,7 @@ def test_near_duplicates_are_grouped_and_never_split():
         assert 2 <= len(splits[1]) <= 4 and 2 <= len(splits[2]) <= 4  # 5% of 79, whole groups
 
 
+@pytest.mark.slow
 def test_realtimeqa_held_out_articles_have_no_twin_in_the_same_days_training(data_dir):
     """Brute force over exact shingle sets: before grouping, 7 validation and 6 test articles had one."""
     days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
@@ -120,6 +121,7 @@ def news(smollm, data_dir):
     return trained, unseen
 
 
+@pytest.mark.slow
 def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_path):
     """The issue's failure: calibrated on copies of memorized articles (the paper's scheme, a
     validation split whose articles repeat training ones), λ is large; on new articles that Θ is
@@ -151,6 +153,7 @@ def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_
     assert evaluate(smollm, test, ours)["ppl"] <= 1.01 * bare["ppl"]
 
 
+@pytest.mark.slow
 def test_skip_rule_sees_neighbours_and_keeps_repeated_articles(smollm, news, tmp_path):
     """After a top-16 search the calibrator sees that a copy has a memorized twin: no copy token
     is skipped; on new articles a good share is skipped at little cost."""

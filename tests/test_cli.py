@@ -12,6 +12,8 @@ import pytest
 
 from monim.data.stream import DEMO_STREAM
 
+pytestmark = pytest.mark.slow  # runs `monim` commands
+
 DEMO = str(DEMO_STREAM)
 
 

@@ -69,6 +69,7 @@ def same_memory(a: Path, b: Path, days: int | None = None) -> bool:
     return all(np.array_equal(xa[k], xb[k][:cut]) for k in xa)
 
 
+@pytest.mark.slow
 def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, clean, tmp_path):
     future = {"id": "x", "date": (dt.date.today() + dt.timedelta(days=400)).isoformat(), "text": "A record from later."}
     source = feed(tmp_path / "feed.jsonl", extra=[future])
@@ -87,6 +88,7 @@ def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, c
     assert monim("fsck", "--workdir", tmp_path / "w", check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(monim, model, clean, tmp_path):
     """At random points (Prefect's start-up, a day's tasks, between days), 20 times over one work
     directory: each stop takes under 10 s, leaves no process, and whole days from the first."""
@@ -113,6 +115,7 @@ def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(moni
             assert days == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05", "1987-03-06", "1987-03-07"][: len(days)]
 
 
+@pytest.mark.slow
 def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, model, clean, tmp_path):
     """New weights of the same shape at the same path, or another window through the run's spec:
     refused naming the field, nothing learned, no feature of the new weights kept."""
@@ -142,6 +145,7 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     assert arrays(other)[0] == arrays(clean)[0]
 
 
+@pytest.mark.slow
 def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)  # a copied work directory: a warning, not a fault
@@ -171,6 +175,7 @@ def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, cle
              "monim fsck")
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_naming_the_file(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)
@@ -190,6 +195,7 @@ def test_errors_are_one_line_naming_the_file(monim, model, clean, tmp_path):
     one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged")
 
 
+@pytest.mark.slow
 def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     dup = {"id": "1914", "date": "1987-03-04", "text": "An article under an id met before."}
     source = feed(tmp_path / "dup.jsonl", extra=[])
@@ -220,6 +226,7 @@ def no_growth() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
 
+@pytest.mark.slow
 def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupted_learn(monim, model, clean, tmp_path):
     """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
     nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
@@ -258,6 +265,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     assert version.tags["monim.checksum"] == Datastore.read(root).checksum(date)
 
 
+@pytest.mark.slow
 def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim, model, tmp_path):
     """A file-size limit (`ulimit -f`; a full disk fails the same writes). 4 KiB: the first file the learn
     writes (a check's cache, MLflow's journal) does not fit, and the stream stops before any work. 256 KiB, MLflow behind its

@@ -13,6 +13,8 @@ from mlflow.tracking import MlflowClient
 from monim.core.config import RunConfig
 from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
+pytestmark = pytest.mark.slow  # runs the daily flow under Prefect
+
 REPO = Path(__file__).resolve().parents[1]
 
 

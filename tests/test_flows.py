@@ -12,6 +12,8 @@ from mlflow.tracking import MlflowClient
 from monim.core.config import RunConfig
 from monim.data.stream import DEMO_STREAM, iter_days, open_source
 
+pytestmark = pytest.mark.slow  # runs Prefect flows
+
 DAYS = ("1987-03-02", "1987-03-03")
 
 

@@ -168,6 +168,7 @@ def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
     assert set(ids[ids >= 0]) == set(range(1640, 1670)) and (ids[:, 30:] == -1).all() and np.isinf(dist[:, 30:]).all()
 
 
+@pytest.mark.slow
 def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream, tmp_path):
     """FullMem learns one article; from its first line, greedy Θ (λ = 0.5) writes its next 30 tokens
     as they are, where the bare LM does not, and names the article as the source."""
@@ -239,6 +240,7 @@ def trusted(smollm, stream, tmp_path_factory):
     return memory, day
 
 
+@pytest.mark.slow
 def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
     """Cold start: FullMem learns 3 articles on its first day and calibrates on them (its calibration
     sees contexts the memory holds as well as new text); greedy Θ continues each learned article from
@@ -253,6 +255,7 @@ def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
                for d in day.train) < 8  # the LM alone does not know them
 
 
+@pytest.mark.slow
 def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
     """Six prompts (greedy and sampled) in one decoder: three join at once (prefilled together, padded
     to the longest), three more two steps later (a long one prefilled apart), and they leave as they

@@ -183,6 +183,7 @@ def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
         proc.kill()
 
 
+@pytest.mark.slow
 def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served, invoke):
     port, proc, log, _ = served
     bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
@@ -217,6 +218,7 @@ def same_answers(got: list[dict], want: list[dict]) -> bool:
         for g, w in zip(got, want))
 
 
+@pytest.mark.slow
 def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, invoke):
     """MLflow's own scoring client (a DataFrame sent as dataframe_split) and each of MLflow's formats by
     hand get the answers the same rows get as dataframe_records."""
@@ -237,6 +239,7 @@ def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, in
         assert status == 200 and same_answers(out["predictions"], want["predictions"]), (body, out)
 
 
+@pytest.mark.slow
 def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     """The registered pyfunc model, as MLflow loads it, answers a DataFrame, records, a dict of columns and a
     dict of one value each as the server answers the same rows."""
@@ -257,6 +260,7 @@ def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     assert same_answers(model.predict({"text": items[0]}), want["predictions"][:1])
 
 
+@pytest.mark.slow
 def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(served, invoke):
     """A body over the size limit is refused (413) as declared and, chunked, once read that far; one nested
     too deep, or holding a lone surrogate, gets a 400 naming it; a route or method not served a 404/405:
@@ -293,6 +297,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
     import psutil
 

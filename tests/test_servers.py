@@ -18,6 +18,8 @@ import pytest
 from monim.core.config import RunConfig
 from monim.data.stream import DEMO_STREAM
 
+pytestmark = pytest.mark.slow  # starts Prefect and MLflow servers
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ from monim.data.stream import DEMO_STREAM, iter_days, split_day
 D = dt.date
 
 
+@pytest.mark.slow
 def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
     assert len(days) == 30 + 31 + 31 + 30
@@ -29,6 +30,7 @@ def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
         d.twin_groups > 0 and len(d.validation) + len(d.test) > 2 for d in days) > 0
 
 
+@pytest.mark.slow
 def test_reuters_day_counts_and_proportions(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "reuters21578.jsonl.gz")))
     assert len(days) == 58 and sum(len(d) + d.duplicates for d in days) == 16934

@@ -17,6 +17,8 @@ from monim.lm.features import digest
 from monim.storage.datastore import Datastore
 from monim.storage.lexical import context_grams
 
+pytestmark = pytest.mark.slow  # runs `monim learn`
+
 DAYS = ("1987-03-02", "1987-03-03", "1987-03-04")
 
 

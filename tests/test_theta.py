@@ -76,6 +76,7 @@ def odd_run(prefect, tiny_model_dir, tmp_path_factory):
     return cfg, {r["date"]: r for r in rows}
 
 
+@pytest.mark.slow
 def test_eval_as_of_a_day_equals_the_days_recorded_test_ppl(monim, odd_run):
     cfg, rows = odd_run
     for date in DAYS:
@@ -86,6 +87,7 @@ def test_eval_as_of_a_day_equals_the_days_recorded_test_ppl(monim, odd_run):
         assert got["ppl_lm"] == pytest.approx(rows[date]["ppl_lm"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -113,6 +115,7 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
     assert by_server["ppl"] != pytest.approx(by_server["ppl_lm"], rel=1e-3)  # the memory was read
 
 
+@pytest.mark.slow
 def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     from monim.serving.generate import GenerateConfig, generate
     from monim.theta.memory import Memory
@@ -137,6 +140,7 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     assert int(np.argmax(gen.logprobs[0])) == int(torch.argmax(want[0]))
 
 
+@pytest.mark.slow
 def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(monim, tiny_model_dir, tmp_path, prefect_api):
     """`monim forget` holds the memory's lock: started while `learn` writes a day, it waits for the
     commit and then removes the article; the memory equals a clean run's after that forget, and
