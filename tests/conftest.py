@@ -1,6 +1,7 @@
-"""Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, the real LM."""
+"""Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, a tiny Θ, the real LM."""
 
 import atexit
+import datetime as dt
 import importlib.util
 import json
 import os
@@ -87,21 +88,36 @@ def tiny(tiny_model_dir):
     return load_lm(str(tiny_model_dir("llama")))
 
 
+@pytest.fixture(scope="module")
+def theta(tiny_model_dir, tmp_path_factory):
+    """Θ of a calibrated memory of two days (the tiny LM, 3 articles a day), its skip rule on: every reader
+    path has work to do."""
+    from helpers import learned_memory
+
+    from monim.data.stream import DEMO_STREAM, iter_days, open_source
+    from monim.lm.model import load_lm
+    from monim.storage.index import IndexConfig
+    from monim.storage.memory_settings import Settings
+    from monim.theta.memory import Memory
+
+    lm = load_lm(str(tiny_model_dir("llama")))
+    root = tmp_path_factory.mktemp("theta")
+    days = iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))
+    learned_memory(root, lm, [day.capped(3) for day in days], Settings(index=IndexConfig(k=16)))
+    return Memory.open(root, lm)
+
+
 @pytest.fixture
 def random_datastore(tmp_path):
     """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""
-    import numpy as np
+    from helpers import random_entries
 
     from monim.storage.datastore import Datastore
-    from monim.storage.entries import Entries
 
     def make(sizes: tuple[int, ...]) -> Datastore:
-        rng = np.random.default_rng(0)
         ds = Datastore(tmp_path, {"model": "random", "hidden_size": 8, "tokenizer": "vocab"})
         for i, n in enumerate(sizes):
-            keys = rng.standard_normal((n, 8)).astype(np.float16)
-            ds.commits.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)),
-                          n, "fullmem")
+            ds.commits.commit_day(f"2022-06-0{i + 1}", random_entries(n, seed=i), n, "fullmem")
         return ds
 
     return make

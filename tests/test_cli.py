@@ -152,7 +152,7 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     the article's token where it leaves the text is one MoNIM did not store (Θ's guess, not memory's)."""
     import datetime as dt
 
-    from test_generate import first_words, words_continued
+    from helpers import first_words, words_continued
 
     from monim.data.stream import iter_days, open_source
     from monim.serving.generate import GenerateConfig, generate

@@ -13,32 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FAILED, demo_rows, learn, refused, write_feed
 
-from monim.data.stream import DEMO_STREAM
+from cli.common import NO_ROOM
 from monim.storage.datastore import Datastore
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) -> Path:
     """A small JSONL feed: the demo's first articles of its first days, and extra records at the end."""
-    rows = []
-    for line in __import__("gzip").open(DEMO_STREAM, "rt"):
-        row = json.loads(line)
-        if sum(r["date"] == row["date"] for r in rows) < per_day and len({r["date"] for r in rows} | {row["date"]}) <= days:
-            rows.append(row)
-    path.write_text("\n".join(json.dumps(r) for r in [*rows, *extra]) + "\n")
-    return path
-
-
-def learn(monim, source: Path, workdir: Path, model: Path, *more, own_api: bool = False) -> subprocess.CompletedProcess:
-    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more,
-                 own_api=own_api, check=False)
-
-
-def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
-    """A refusal: exit status 1 or 2, the reason in one line naming what is wrong, no traceback."""
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode in (1, 2, 74) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert all(s in errors[0] for s in says), errors[0]
+    return write_feed(path, [*demo_rows(days, per_day), *extra])
 
 
 def arrays(workdir: Path) -> tuple[list[str], dict]:
@@ -73,7 +56,7 @@ def same_memory(a: Path, b: Path, days: int | None = None) -> bool:
 def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, clean, tmp_path):
     future = {"id": "x", "date": (dt.date.today() + dt.timedelta(days=400)).isoformat(), "text": "A record from later."}
     source = feed(tmp_path / "feed.jsonl", extra=[future])
-    one_line(learn(monim, source, tmp_path / "w", model), "after today", "--on-error skip")
+    refused(learn(monim, source, tmp_path / "w", model), "after today", "--on-error skip")
     assert not (tmp_path / "w" / "memories").exists()  # refused before any work
     assert learn(monim, source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
     assert same_memory(tmp_path / "w", clean)
@@ -133,7 +116,7 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     weights[next(iter(weights))] += 0.5
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     before = sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts)
-    one_line(learn(monim, source, workdir, changed), "field 'weights'")
+    refused(learn(monim, source, workdir, changed), "field 'weights'")
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts) == before
     assert arrays(workdir)[0] == ["1987-03-02"]
     other = tmp_path / "other"
@@ -171,8 +154,8 @@ def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, cle
     data = bytearray(keys.read_bytes())
     data[-3] ^= 0x10
     keys.write_bytes(bytes(data))
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
-             "monim fsck")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
+             "monim fsck", status=FAILED)
 
 
 @pytest.mark.slow
@@ -182,17 +165,17 @@ def test_errors_are_one_line_naming_the_file(monim, model, clean, tmp_path):
     manifest = workdir / "memories" / "fullmem" / "manifest.json"
     text = manifest.read_text()
     manifest.write_text(text[: len(text) // 2])  # truncated
-    one_line(monim("status", "--workdir", workdir, check=False), "manifest.json", "line", "column")
+    refused(monim("status", "--workdir", workdir, check=False), "manifest.json", "line", "column", status=FAILED)
     manifest.write_text(text)
     (workdir / "mlflow.db").write_bytes(b"not a database" * 100)
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
     (tmp_path / "file").write_text("")
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
     prefect = tmp_path / "p"
     shutil.copytree(clean, prefect, ignore=shutil.ignore_patterns("mlflow.db"))
     (prefect / "prefect").mkdir(exist_ok=True)
     (prefect / "prefect" / "prefect.db").write_bytes(b"not a database" * 100)
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged", status=FAILED)
 
 
 @pytest.mark.slow
@@ -202,11 +185,11 @@ def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     rows = source.read_text().splitlines()
     first = json.loads(rows[0])["id"]
     source.write_text("\n".join(rows + [json.dumps(dup | {"id": first})]) + "\n")
-    one_line(learn(monim, source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
+    refused(learn(monim, source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
     nameless = feed(tmp_path / "nameless.jsonl", extra=[{"date": "1987-03-04", "text": "A record without an id."}])
-    one_line(learn(monim, nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
+    refused(learn(monim, nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
     assert learn(monim, nameless, tmp_path / "n", model, "--missing-id", "hash").returncode == 0
-    one_line(monim("forget", "--workdir", clean, "--doc", "no-such-id", check=False), "no-such-id")
+    refused(monim("forget", "--workdir", clean, "--doc", "no-such-id", check=False), "no-such-id")
     skipping = feed(tmp_path / "skip.jsonl")
     skipping.write_text(skipping.read_text().replace("\n", "\n{broken\n", 1))
     out = learn(monim, skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
@@ -288,17 +271,17 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
 
     before = memory()
     proc = limited(4096)
-    one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
-             f"the memory is unchanged (day {date} not committed)")
-    assert proc.returncode == 74 and memory() == before
+    refused(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
+             f"the memory is unchanged (day {date} not committed)", status=NO_ROOM)
+    assert memory() == before
     server = local.mlflow_server(port := local.free_port(), workdir)  # its store beyond the limit
     try:
         uri = f"http://127.0.0.1:{port}"
         proc = limited(256 * 1024, "--tracking-uri", uri)
-        one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
+        refused(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
                  f"day {date} is committed; it is not calibrated, not evaluated, not registered, not logged to MLflow",
-                 f"monim fsck --workdir {workdir} --repair")
-        assert proc.returncode == 74 and arrays(workdir)[0][-1] == date
+                 f"monim fsck --workdir {workdir} --repair", status=NO_ROOM)
+        assert arrays(workdir)[0][-1] == date
         fsck = monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--json", check=False)
         assert fsck.returncode == 1 and f"day {date} committed but not calibrated, not evaluated" in fsck.stdout
         assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--repair", check=False).returncode == 0

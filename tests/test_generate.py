@@ -4,11 +4,11 @@ neighbours), the real LM continuing a memorized article, and recency at query ti
 import datetime as dt
 import itertools
 import math
-import re
 
 import numpy as np
 import pytest
 import torch
+from helpers import first_words, learned_memory, words_continued
 
 from monim.core.recency import Recency
 from monim.data.stream import DEMO_STREAM, Day, iter_days, open_source
@@ -217,27 +217,11 @@ def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
     assert [r.result.tokens for r in rows] == [generate(lm, p, None, cfg).tokens for p in prompts]
 
 
-def first_words(text: str, n: int) -> str:
-    """The text up to the end of its n-th word, as written (its own spaces and line breaks)."""
-    return text[: [m.end() for m in re.finditer(r"\S+", text)][n - 1]]
-
-
-def words_continued(text: str, prompt: str, generated: str) -> int:
-    """How many of the article's words after the prompt the generation writes before it leaves them."""
-    want, got = text[len(prompt):].split(), generated.split()
-    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-
-
 @pytest.fixture(scope="module")
 def trusted(smollm, stream, tmp_path_factory):
     """FullMem's first day of 3 articles, calibrated on them (the real LM): its memory and its day."""
-    from monim.learning.recalibration import calibrate
-
     day = stream[0].capped(3)
-    memory = Memory(tmp_path_factory.mktemp("trusted"), smollm)
-    memorize_day(memory, day, make_policy("fullmem"))
-    calibrate(memory, day)
-    return memory, day
+    return learned_memory(tmp_path_factory.mktemp("trusted"), smollm, [day]), day
 
 
 @pytest.mark.slow

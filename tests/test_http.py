@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import at_once, demo_texts
 from hypothesis import given, settings, strategies as st
-from test_serving import texts  # the demo's texts the Θ tests read
 
 from monim.data.stream import DEMO_STREAM
 
@@ -187,15 +187,10 @@ def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
 def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served, invoke):
     port, proc, log, _ = served
     bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
-              for t in texts(6, 400)]
+              for t in demo_texts(6, 400)]
     alone = [invoke(port, b) for b in bodies]
     assert all(status == 200 for status, _ in alone), alone
-    together: list = [None] * len(bodies)
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, invoke(port, bodies[i]))) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together = at_once(lambda body: invoke(port, body), bodies)
     for (_, a), (status, b) in zip(alone, together):
         assert status == 200
         (sa, ga), (sb, gb) = a["predictions"], b["predictions"]
@@ -226,7 +221,7 @@ def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, in
     from mlflow.pyfunc.scoring_server.client import ScoringServerClient
 
     port = served[0]
-    rows = [{"text": t} for t in texts(2, 300)] + [{"prompt": "The bank said"}]
+    rows = [{"text": t} for t in demo_texts(2, 300)] + [{"prompt": "The bank said"}]
     params = {"max_new_tokens": 4}
     status, want = invoke(port, {"dataframe_records": rows, "params": params})
     assert status == 200, want
@@ -252,7 +247,7 @@ def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     (name,) = [m.name for m in client.search_registered_models()]
     model = mlflow.pyfunc.load_model(client.get_model_version_download_uri(name, client.get_model_version_by_alias(
         name, "champion").version))
-    items = texts(2, 300)
+    items = demo_texts(2, 300)
     status, want = invoke(port, {"dataframe_records": [{"text": t} for t in items]})
     assert status == 200, want
     for data in (pd.DataFrame({"text": items}), [{"text": t} for t in items], {"text": items}):
@@ -268,7 +263,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     from servers import client
 
     port = served[0]
-    body = {"dataframe_records": [{"text": texts(1, 300)[0]}]}
+    body = {"dataframe_records": [{"text": demo_texts(1, 300)[0]}]}
     status, before = invoke(port, body)
     limits = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["limits"]
     assert status == 200 and limits["max_body_bytes"] == 12 * 20_000 * 32 + 65_536 and limits["max_depth"] == 32
