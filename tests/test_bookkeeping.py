@@ -110,7 +110,7 @@ def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model,
     for date in sorted({r["date"] for r in rows}):
         write_feed(folder / f"{date}.jsonl", [r for r in rows if r["date"] == date])
     with open(folder / "1987-03-04.jsonl", "a") as f:
-        f.write_feed(json.dumps(rows[0]) + "\n")  # an id met twice, after the range
+        f.write(json.dumps(rows[0]) + "\n")  # an id met twice, after the range
     workdir = tmp_path / "w"
     assert learn(monim, folder, workdir, model, "--start", "1987-03-03", "--end", "1987-03-03").returncode == 0
     before = sorted(p.relative_to(workdir) for p in (workdir / "memories").rglob("*"))
