@@ -1,6 +1,7 @@
-"""Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, the real LM."""
+"""Shared fixtures: the shared data folder, tiny random models with the real GPT-2 tokenizer, a tiny Θ, the real LM."""
 
 import atexit
+import datetime as dt
 import importlib.util
 import json
 import os
@@ -87,21 +88,36 @@ def tiny(tiny_model_dir):
     return load_lm(str(tiny_model_dir("llama")))
 
 
+@pytest.fixture(scope="module")
+def theta(tiny_model_dir, tmp_path_factory):
+    """Θ of a calibrated memory of two days (the tiny LM, 3 articles a day), its skip rule on: every reader
+    path has work to do."""
+    from helpers import learned_memory
+    from monim.core.config import DEMO_STREAM
+    from monim.data.sources import open_source
+    from monim.data.stream import iter_days
+    from monim.lm.model import load_lm
+    from monim.storage.index import IndexConfig
+    from monim.storage.memory_settings import Settings
+    from monim.theta.memory import Memory
+
+    lm = load_lm(str(tiny_model_dir("llama")))
+    root = tmp_path_factory.mktemp("theta")
+    days = iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))
+    learned_memory(root, lm, [day.capped(3) for day in days], Settings(index=IndexConfig(k=16)))
+    return Memory.open(root, lm)
+
+
 @pytest.fixture
 def random_datastore(tmp_path):
     """A function sizes -> a Datastore in tmp_path of random 8-dim fp16 keys, one committed day per size."""
-    import numpy as np
-
+    from helpers import random_entries
     from monim.storage.datastore import Datastore
-    from monim.storage.entries import Entries
 
     def make(sizes: tuple[int, ...]) -> Datastore:
-        rng = np.random.default_rng(0)
         ds = Datastore(tmp_path, {"model": "random", "hidden_size": 8, "tokenizer": "vocab"})
         for i, n in enumerate(sizes):
-            keys = rng.standard_normal((n, 8)).astype(np.float16)
-            ds.commits.commit_day(f"2022-06-0{i + 1}", Entries(keys, np.arange(n, dtype=np.int32), ["d"] * n, np.arange(n)),
-                          n, "fullmem")
+            ds.commits.commit_day(f"2022-06-0{i + 1}", random_entries(n, seed=i), n, "fullmem")
         return ds
 
     return make
@@ -172,9 +188,6 @@ def monim(prefect_api) -> Monim:
     return Monim(prefect_api)
 
 
-SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
-
-
 @pytest.fixture(scope="session")
 def invoke():
     """POST a body to a model server's /invocations on loopback: (HTTP status, the JSON answer),
@@ -184,9 +197,13 @@ def invoke():
     return lambda port, body, timeout=120: post(port, body, timeout)
 
 
+SLOW_FIXTURES = {"smollm", "prefect", "monim", "data_dir"}  # the real LM, a Prefect server, a monim process, the real data
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark as slow every test that loads the real LM, runs flows or reads the shared data:
-    `make test-fast` (pytest -m "not slow") leaves them out for inner-loop work."""
-    for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__ in ("test_cli", "test_servers"):
-            item.add_marker(pytest.mark.slow)
+    """A test that loads the real LM, runs flows or `monim`, or reads the shared data says so with the
+    `slow` marker (pyproject.toml; `make test-fast` leaves such tests out): one that does not is an error."""
+    unmarked = [f"{item.nodeid} ({', '.join(sorted(SLOW_FIXTURES & set(item.fixturenames)))})" for item in items
+                if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError("mark these tests @pytest.mark.slow: " + "; ".join(unmarked))

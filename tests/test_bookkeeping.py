@@ -3,7 +3,6 @@ small feed and a tiny model: a forget is forever, an id names one article across
 record is counted, late articles are named wherever a run reads their day, a range that cannot be
 learned is refused before any work, and meaningless settings are refused naming the field."""
 
-import gzip
 import json
 import math
 import shutil
@@ -12,34 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from monim.core.config import DEMO_STREAM
+from helpers import demo_rows, learn, refused, write_feed
 from monim.storage.datastore import Datastore
-
-
-def refused(proc: subprocess.CompletedProcess, *says: str) -> None:
-    """Refused in one line naming what is wrong: exit status 2, no traceback."""
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert all(s in errors[0] for s in says), errors[0]
-
-
-def demo_rows(days: int, per_day: int) -> list[dict]:
-    """The demo's first articles of its first days."""
-    rows: list[dict] = []
-    for line in gzip.open(DEMO_STREAM, "rt"):
-        row = json.loads(line)
-        if sum(r["date"] == row["date"] for r in rows) < per_day and len({r["date"] for r in rows} | {row["date"]}) <= days:
-            rows.append(row)
-    return rows
-
-
-def write(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
-
-
-def learn(monim, source: Path, workdir: Path, model: Path, *more) -> subprocess.CompletedProcess:
-    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more, check=False)
 
 
 def memory(workdir: Path) -> Datastore:
@@ -55,7 +28,7 @@ def model(tiny_model_dir, monim) -> Path:
 def learned(monim, model, tmp_path_factory) -> tuple[Path, Path]:
     """Two days learned (1987-03-02 and 03-03, three articles each) from a feed that holds a third."""
     root = tmp_path_factory.mktemp("learned")
-    source = write(root / "feed.jsonl", demo_rows(3, 3))
+    source = write_feed(root / "feed.jsonl", demo_rows(3, 3))
     assert learn(monim, source, root / "w", model, "--end", "1987-03-03").returncode == 0
     return source, root / "w"
 
@@ -68,6 +41,7 @@ def copy(monim, learned, tmp_path: Path) -> tuple[Path, Path]:
     return Path(shutil.copy(source, tmp_path / "feed.jsonl")), tmp_path / "w"
 
 
+@pytest.mark.slow
 def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     out = monim.last_json(monim("forget", "--workdir", workdir, "--day", "1987-03-03", "--reason", "takedown", "--json", check=False))
@@ -89,11 +63,12 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
 
 
+@pytest.mark.slow
 def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
     reused = memory(workdir).shards.shard_docs(memory(workdir).days[0].shard)[0]  # an article of 1987-03-02, learned
-    write(source, [r for r in rows] + [{"id": reused, "date": "1987-03-04", "text": "Another story, the same id."}])
+    write_feed(source, [r for r in rows] + [{"id": reused, "date": "1987-03-04", "text": "Another story, the same id."}])
     refused(learn(monim, source, workdir, model, "--start", "1987-03-04"), f"{source}:10: field 'id'", f"{reused!r} again",
             "learned an article of 1987-03-02")
     assert len(memory(workdir).days) == 2  # nothing written
@@ -106,6 +81,7 @@ def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_pa
     assert after["1987-03-04"] == before["1987-03-04"] and after["1987-03-02"] == before["1987-03-02"] - forget["removed"]["fullmem"]
 
 
+@pytest.mark.slow
 def test_every_record_counted_once_and_late_articles_named_where_their_day_is_read(monim, learned, model, tmp_path):
     source, workdir = copy(monim, learned, tmp_path)
     rows = demo_rows(3, 3)
@@ -113,25 +89,26 @@ def test_every_record_counted_once_and_late_articles_named_where_their_day_is_re
     late = {"id": "wire", "date": "1987-03-03", "text": "A story filed after its day was learned."}
     bad_end = json.dumps({"id": "x", "date": "1987-03-04", "text": ""})  # a bad record at a day's end
     lines = [*learned_days, late, *[r for r in rows if r["date"] == "1987-03-04"], bad_end, "{broken"]
-    write(source, lines[: len(learned_days) + 1])  # the learned days, then a late arrival for the last
+    write_feed(source, lines[: len(learned_days) + 1])  # the learned days, then a late arrival for the last
     rerun = learn(monim, source, workdir, model, "--end", "1987-03-03")  # a re-run of a learned range names it
     assert rerun.returncode == 0 and "wire (1987-03-03)" in rerun.stderr and "0 to learn" in rerun.stderr, rerun.stderr[-3000:]
     status = monim.last_json(monim("status", "--workdir", workdir, "--source", source, "--json", check=False))
     assert status["late"] == {"1987-03-03": [["wire", "1987-03-03"]]}
-    write(source, lines)
+    write_feed(source, lines)
     out = monim.last_json(learn(monim, source, workdir, model, "--on-error", "skip", "--json"))
     counted = {r["date"]: r["docs_records"] for r in out["rows"]}
     assert counted == {"1987-03-02": 3, "1987-03-03": 3, "1987-03-04": 5}  # 3 articles and 2 bad records
     assert sum(counted.values()) + len(status["late"]["1987-03-03"]) == len(lines)  # each record once, "wire" after 03-03
 
 
+@pytest.mark.slow
 def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model, tmp_path):
     """A per-day folder: a bad record in a day after --end refuses nothing (case 6); a day before the
     memory's last is refused at planning, no LM pass, nothing written (case 5)."""
     rows, folder = demo_rows(3, 3), tmp_path / "feed"
     folder.mkdir()
     for date in sorted({r["date"] for r in rows}):
-        write(folder / f"{date}.jsonl", [r for r in rows if r["date"] == date])
+        write_feed(folder / f"{date}.jsonl", [r for r in rows if r["date"] == date])
     with open(folder / "1987-03-04.jsonl", "a") as f:
         f.write(json.dumps(rows[0]) + "\n")  # an id met twice, after the range
     workdir = tmp_path / "w"
@@ -143,6 +120,7 @@ def test_a_range_that_cannot_be_learned_is_refused_before_any_work(monim, model,
     assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_meaningless_settings_and_dates_are_refused_naming_the_field(monim, learned, model, tmp_path):
     source, workdir = learned
     refused(learn(monim, source, tmp_path / "a", model, "--delta", "-inf"), "delta", "finite")
@@ -175,6 +153,7 @@ def test_a_non_finite_setting_is_refused_naming_it(make, field):
         make()
 
 
+@pytest.mark.slow
 def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(monim, learned, model, tmp_path):
     """A lone surrogate escape (`"\\ud800"`, valid JSON) in a record's text (issue 65, case 4): refused naming its
     file, line and field, or with --on-error skip named in the run's log and skipped; its day is learned (an odd but
@@ -183,19 +162,20 @@ def test_a_record_no_text_can_hold_is_named_and_skipped_and_the_stream_goes_on(m
     rows = demo_rows(4, 3)
     odd = {"id": "odd", "date": "1987-03-04", "text": "Control \x01 characters \u2028 and a noncharacter \uffff are text."}
     lines = [*(r for r in rows if r["date"] <= "1987-03-04"), odd, '{"id": "s", "date": "1987-03-04", "text": "a \\ud800"}']
-    write(source, lines)
+    write_feed(source, lines)
     said = f"{source}:{len(lines)}: field 'text': a lone surrogate (U+D800) at character 3"
     refused(learn(monim, source, workdir, model), said)
     skip = learn(monim, source, workdir, model, "--on-error", "skip", "--json")
     assert skip.returncode == 0 and said in skip.stderr, skip.stderr[-3000:]
     row = {r["date"]: r for r in monim.last_json(skip)["rows"]}["1987-03-04"]
     assert (row["docs_skipped"], row["docs_train"] + row["docs_validation"] + row["docs_test"], row["docs_records"]) == (1, 4, 5)
-    write(source, lines + [r for r in rows if r["date"] > "1987-03-04"])
+    write_feed(source, lines + [r for r in rows if r["date"] > "1987-03-04"])
     after = learn(monim, source, workdir, model, "--on-error", "skip", "--start", "1987-03-05", "--json")
     assert after.returncode == 0 and [r["date"] for r in monim.last_json(after)["rows"]] == ["1987-03-05"], after.stderr[-3000:]
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]
 
 
+@pytest.mark.slow
 def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_path):
     """A backup (`cp -a`) of a work directory: its champion, found and loaded as `monim serve-model` does,
     or by MLflow's own client through the backup's store, reads the backup's memory, with the original
@@ -206,7 +186,7 @@ def test_a_copied_work_directory_answers_from_its_own_memory(monim, model, tmp_p
     from tracking.versions import find_version
 
     original, backup = tmp_path / "w", tmp_path / "backup"
-    assert learn(monim, write(tmp_path / "feed.jsonl", demo_rows(3, 3)), original, model, "--end", "1987-03-03").returncode == 0
+    assert learn(monim, write_feed(tmp_path / "feed.jsonl", demo_rows(3, 3)), original, model, "--end", "1987-03-03").returncode == 0
     subprocess.run(["cp", "-a", original, backup], check=True)
     uri, memory = f"sqlite:///{backup.resolve() / 'mlflow.db'}", (backup / "memories" / "fullmem").resolve()
     found = find_version(uri, memory)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from helpers import nearest_by_numpy
 from monim.data.day import Day, split_day
 from monim.data.dedup import Signatures, containment, shingles, twin_groups
 from monim.data.sources import Document, open_source
@@ -33,10 +34,9 @@ def story(seed: int, n: int = 120) -> str:
 
 def test_index_leaves_out_excluded_ids_exactly(tmp_path, random_datastore):
     ds = random_datastore((300, 300, 200))
-    keys = ds.shards.array("keys").astype(np.float64)
+    keys = ds.shards.array("keys")
     queries = np.random.default_rng(1).standard_normal((7, 8)).astype(np.float32)
     exclude = np.r_[650:700, 720:730]  # an article's entries among the last day's
-    d = ((queries[:, None].astype(np.float64) - keys[None]) ** 2).sum(-1)
     for kind, cfg in (("flat", IndexConfig(k=12)), ("ivfpq", IndexConfig(k=12, exact_below=500, code_bytes=8, nprobe=64))):
         index = MemoryIndex(tmp_path / kind, 8, cfg)
         index.sync(ds)
@@ -46,9 +46,9 @@ def test_index_leaves_out_excluded_ids_exactly(tmp_path, random_datastore):
             assert not np.isin(ids, exclude).any() and (ids >= 0).all() and (below is None or (ids < below).all())
             if kind == "flat":  # exact: the 12 nearest of the allowed keys
                 allowed = ~np.isin(np.arange(len(keys)), exclude) & (np.arange(len(keys)) < (below or len(keys)))
-                ref = np.where(allowed[None], d, np.inf)
-                np.testing.assert_array_equal(np.sort(ids, 1), np.sort(np.argsort(ref, 1)[:, :12], 1))
-                np.testing.assert_allclose(dist, np.sort(ref, 1)[:, :12], rtol=1e-3)
+                want_dist, want_ids = nearest_by_numpy(queries, keys, 12, allowed)
+                np.testing.assert_array_equal(np.sort(ids, 1), np.sort(want_ids, 1))
+                np.testing.assert_allclose(dist, want_dist, rtol=1e-3)
 
 
 def test_near_duplicates_are_grouped_and_never_split():
@@ -72,6 +72,7 @@ def test_near_duplicates_are_grouped_and_never_split():
         assert 2 <= len(splits[1]) <= 4 and 2 <= len(splits[2]) <= 4  # 5% of 79, whole groups
 
 
+@pytest.mark.slow
 def test_realtimeqa_held_out_articles_have_no_twin_in_the_same_days_training(data_dir):
     """Brute force over exact shingle sets: before grouping, 7 validation and 6 test articles had one."""
     days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
@@ -122,6 +123,7 @@ def news(smollm, data_dir):
     return trained, unseen
 
 
+@pytest.mark.slow
 def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_path):
     """The issue's failure: calibrated on copies of memorized articles (the paper's scheme, a
     validation split whose articles repeat training ones), λ is large; on new articles that Θ is
@@ -153,6 +155,7 @@ def test_theta_falls_back_to_the_lm_when_calibrated_on_copies(smollm, news, tmp_
     assert evaluate(smollm, test, ours)["ppl"] <= 1.01 * bare["ppl"]
 
 
+@pytest.mark.slow
 def test_skip_rule_sees_neighbours_and_keeps_repeated_articles(smollm, news, tmp_path):
     """After a top-16 search the calibrator sees that a copy has a memorized twin: no copy token
     is skipped; on new articles a good share is skipped at little cost."""

@@ -205,6 +205,7 @@ def test_per_token_lambda_in_theta_scores_matches_numpy():
         assert got.max_logp[r] == pytest.approx(math.log(p.max()), rel=1e-6) and got.argmax[r] == p.argmax()
 
 
+@pytest.mark.slow
 def test_calibrated_memory_on_real_news(smollm, data_dir, tmp_path):
     """News repeats itself: some articles come back (syndicated copies), most are new. FullMem
     learns six RealTime QA articles; calibration (the paper's scheme: validation articles) and test

@@ -12,6 +12,8 @@ import pytest
 
 from monim.core.config import DEMO_STREAM
 
+pytestmark = pytest.mark.slow  # runs `monim` commands
+
 DEMO = str(DEMO_STREAM)
 
 
@@ -150,8 +152,7 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     the article's token where it leaves the text is one MoNIM did not store (Θ's guess, not memory's)."""
     import datetime as dt
 
-    from test_generate import first_words, words_continued
-
+    from helpers import first_words, words_continued
     from monim.data.sources import open_source
     from monim.data.stream import iter_days
     from monim.serving.generate import generate

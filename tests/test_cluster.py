@@ -8,6 +8,7 @@ import pytest
 DAYS = ("1987-03-02", "1987-03-02")  # one day: the LM pass is per day
 
 
+@pytest.mark.slow
 def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(prefect, tiny_model_dir, tmp_path):
     from distributed import LocalCluster
 
@@ -32,6 +33,7 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
     np.testing.assert_allclose(two.shards.array("keys").astype(np.float32), one.shards.array("keys").astype(np.float32), atol=2e-2)
 
 
+@pytest.mark.slow
 def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefect, tiny_model_dir, tmp_path):
     """Four threads of one Dask worker share its LM: each part's keys and scores are its own (the key
     is captured per forward pass), equal to what one process writes."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from helpers import write_feed
 from monim.data.day import records
 from monim.data.sources import StreamError, open_source
 from monim.data.stream import check_records, iter_days, read_day
@@ -45,10 +46,6 @@ def whole(path: Path, known=None) -> dict[str, dict]:
     return {d.date.isoformat(): d.counts() for d in iter_days(open_source(path), on_error="skip", known=known)}
 
 
-def write(path: Path, lines: list[str]) -> Path:
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
 
 def test_awkward_feeds_count_every_record_once(tmp_path, monkeypatch):
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
@@ -56,7 +53,7 @@ def test_awkward_feeds_count_every_record_once(tmp_path, monkeypatch):
              UNDATED, dated_bad(1), dated_bad(1),  # undated: the day above's; a day of bad records only: the next day's
              good("c", 2), good("a", 2), good("k", 2),  # an id met twice; one a memory learned on another day
              good("d", 3), good("late", 1), UNDATED, good("e", 3), good("f", 4), UNDATED]
-    path = write(tmp_path / "feed.jsonl", lines)
+    path = write_feed(tmp_path / "feed.jsonl", lines)
     known = {"k": ("2022-05-30", "memories/fullmem learned")}
     for counts in (by_day(path, known=known), whole(path, known)):
         assert sum(c["records"] for c in counts.values()) == len(lines)
@@ -72,8 +69,8 @@ def test_a_bad_record_beyond_the_range_refuses_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "feed"
     folder.mkdir()
-    write(folder / "2022-06-01.jsonl", [good("a", 0), good("b", 0)])
-    write(folder / "2022-06-02.jsonl", [good("c", 1), good("a", 1)])
+    write_feed(folder / "2022-06-01.jsonl", [good("a", 0), good("b", 0)])
+    write_feed(folder / "2022-06-02.jsonl", [good("c", 1), good("a", 1)])
     assert check_records(folder, end=D0) == [D0]
     with pytest.raises(StreamError, match=r"2022-06-02.jsonl:2: field 'id': 'a' again"):
         check_records(folder)
@@ -211,7 +208,7 @@ def test_a_day_files_unreadable_lines_count_for_its_day_read_whole_or_day_by_day
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "feed"
     folder.mkdir()
-    write(folder / "2022-06-01.jsonl", [good("a", 0), UNDATED])
-    write(folder / "2022-06-02.jsonl", [UNDATED, UNDATED, good("b", 1)])
+    write_feed(folder / "2022-06-01.jsonl", [good("a", 0), UNDATED])
+    write_feed(folder / "2022-06-02.jsonl", [UNDATED, UNDATED, good("b", 1)])
     for counts in (by_day(folder), whole(folder)):
         assert {d: (c["skipped"], c["records"]) for d, c in counts.items()} == {"2022-06-01": (1, 2), "2022-06-02": (2, 3)}

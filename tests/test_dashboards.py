@@ -3,7 +3,6 @@ MLflow experiment, and every page `monim ui` links, opened in a real headless br
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import chromium
 from monim.core.config import DEMO_STREAM
 
 NOISE = re.compile(r"warning|deprecat|View at |Traceback", re.IGNORECASE)
@@ -73,13 +73,6 @@ def terminal_ppl(output: str, cell: int = 5) -> dict[str, float]:
     return out
 
 
-def browser():
-    """A headless Chromium through Playwright: the system's (Debian's `chromium`), else Playwright's own."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
-    system = shutil.which("chromium") or shutil.which("chromium-browser")
-    return sync_api, ({"executable_path": system} if system else {})
-
-
 def read_links(log: Path, proc: subprocess.Popen) -> dict[str, str]:
     """The links `monim ui` prints, once both servers answer."""
     deadline = time.time() + 240
@@ -90,7 +83,6 @@ def read_links(log: Path, proc: subprocess.Popen) -> dict[str, str]:
 
 
 def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
-    sync_api, launch = browser()
     workdir, _ = compared
     shots = Path(os.environ.get("MONIM_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
@@ -103,12 +95,8 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
         experiment = "monim-reuters-1987-03-02_03-13"
         assert {"Prefect flow runs", f"MLflow runs of {experiment}", f"MLflow charts of {experiment}",
                 f"model versions of {experiment}-monim-amt"} <= set(links), links
-        with sync_api.sync_playwright() as p:
-            try:
-                chromium = p.chromium.launch(args=["--no-sandbox"], **launch)
-            except sync_api.Error as e:
-                pytest.skip(f"no headless Chromium could start: {str(e).splitlines()[0]}")
-            page = chromium.new_page(viewport={"width": 1920, "height": 1080})
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
 
             page.goto(links[f"MLflow runs of {experiment}"])
             header = page.locator("[role=columnheader]")
@@ -176,7 +164,6 @@ def test_the_pages_monim_ui_links_in_a_browser(monim, compared, tmp_path):
                 page.screenshot(path=shots / "prefect-runs.png")
             body = page.inner_text("body")  # the UI reaches its own API (not the default port's)
             assert "monim-compare" in body and "Can't connect to Server API" not in body
-            chromium.close()
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

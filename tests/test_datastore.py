@@ -6,19 +6,13 @@ import os
 import numpy as np
 import pytest
 
+from helpers import random_entries
 from monim.core.manifest import MemoryMismatch
 from monim.storage.datastore import Datastore
-from monim.storage.entries import Entries
 from monim.storage.forgotten import ForgottenDay
 from monim.storage.index import IndexConfig, MemoryIndex, indexed_ids
 
 D = 8
-
-
-def entries(n, seed=0, doc="a"):
-    rng = np.random.default_rng(seed)
-    return Entries(rng.standard_normal((n, D)).astype(np.float16), rng.integers(0, 70000, n).astype(np.int32),
-                   [f"{doc}{i % 3}" for i in range(n)], np.arange(n, dtype=np.int32))
 
 
 def snapshot(root):
@@ -29,7 +23,7 @@ def snapshot(root):
 
 def test_commit_reopen_and_counts(tmp_path):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    e1, e2 = entries(10), entries(5, seed=1, doc="b")
+    e1, e2 = random_entries(10), random_entries(5, seed=1, doc="b")
     assert ds.commits.commit_day("2022-06-01", e1, tokens_seen=20, policy="monim-amt", params={"delta": -1.5})
     assert ds.commits.commit_day("2022-06-02", e2, tokens_seen=25, policy="monim-amt")
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})  # reopen from disk
@@ -45,23 +39,23 @@ def test_commit_reopen_and_counts(tmp_path):
 
 def test_recommit_is_a_noop_and_force_replaces_only_the_last_day(tmp_path):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
-    ds.commits.commit_day("2022-06-02", entries(6, 1), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-02", random_entries(6, 1), 20, "fullmem")
     before = snapshot(tmp_path)
-    assert not ds.commits.commit_day("2022-06-02", entries(3, 2), 20, "fullmem")
+    assert not ds.commits.commit_day("2022-06-02", random_entries(3, 2), 20, "fullmem")
     assert snapshot(tmp_path) == before
     with pytest.raises(ValueError, match="not the last day"):
-        ds.commits.commit_day("2022-06-01", entries(3, 2), 20, "fullmem", force=True)
+        ds.commits.commit_day("2022-06-01", random_entries(3, 2), 20, "fullmem", force=True)
     with pytest.raises(ValueError, match="comes before"):
-        ds.commits.commit_day("2022-05-31", entries(3, 2), 20, "fullmem")
-    assert ds.commits.commit_day("2022-06-02", entries(3, 2), 20, "fullmem", force=True)
+        ds.commits.commit_day("2022-05-31", random_entries(3, 2), 20, "fullmem")
+    assert ds.commits.commit_day("2022-06-02", random_entries(3, 2), 20, "fullmem", force=True)
     assert len(ds) == 13 and [d.entries for d in ds.days] == [10, 3]
     assert len(list((tmp_path / "shards").iterdir())) == 2  # the replaced shard is gone
 
 
 def test_another_model_tokenizer_or_weights_is_refused_naming_the_field(tmp_path):
     ident = {"model": "m", "hidden_size": D, "tokenizer": "tok", "weights": "w1"}
-    Datastore(tmp_path, ident).commits.commit_day("2022-06-01", entries(4), 4, "fullmem")
+    Datastore(tmp_path, ident).commits.commit_day("2022-06-01", random_entries(4), 4, "fullmem")
     with pytest.raises(MemoryMismatch, match="field 'tokenizer': learned with 'tok', but this LM has 'other'"):
         Datastore(tmp_path, ident | {"tokenizer": "other"})
     with pytest.raises(MemoryMismatch, match="field 'model': learned with 'm'"):
@@ -78,7 +72,7 @@ class Crash(Exception):
 def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkeypatch):
     """Fail the k-th file-system step (fsync or rename) of a commit; the reader sees the old day."""
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(10), 20, "fullmem")
     before = snapshot(tmp_path)
     calls = {"n": 0, "published": False}
 
@@ -95,7 +89,7 @@ def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkey
     monkeypatch.setattr(os, "fsync", failing(os.fsync))
     monkeypatch.setattr(os, "replace", failing(os.replace))
     try:
-        ds.commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+        ds.commits.commit_day("2022-06-02", random_entries(7, 1), 20, "fullmem")
         crashed = False
     except Crash:
         crashed = True
@@ -106,13 +100,13 @@ def test_a_crash_at_any_step_leaves_the_previous_state(fail_at, tmp_path, monkey
         assert crashed and snapshot(tmp_path) == before
     # the memory stays usable: the day commits (or is already there) and leftovers are cleaned
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    ds.commits.commit_day("2022-06-02", random_entries(7, 1), 20, "fullmem")
     assert len(ds) == 17 and len(list((tmp_path / "shards").iterdir())) == 2
 
 
 def test_forget_documents_and_days_and_the_index_follows(tmp_path):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    e1, e2 = entries(12, doc="a"), entries(9, 1, doc="b")
+    e1, e2 = random_entries(12, doc="a"), random_entries(9, 1, doc="b")
     ds.commits.commit_day("2022-06-01", e1, 12, "fullmem")
     ds.commits.commit_day("2022-06-02", e2, 9, "fullmem")
     index = MemoryIndex(tmp_path, D)
@@ -141,9 +135,9 @@ def test_a_forget_repeated_leaves_no_stray_and_a_pinned_reader_keeps_its_state(t
     opened, whose files the forget removed, and an unpinned one of the old state cannot."""
     ident = {"model": "m", "hidden_size": D, "tokenizer": "tok"}
     ds = Datastore(tmp_path, ident)
-    e1 = entries(12, doc="a")
+    e1 = random_entries(12, doc="a")
     ds.commits.commit_day("2022-06-01", e1, 12, "fullmem")
-    ds.commits.commit_day("2022-06-02", entries(9, 1, doc="b"), 9, "fullmem")
+    ds.commits.commit_day("2022-06-02", random_entries(9, 1, doc="b"), 9, "fullmem")
     pinned, stale = Datastore.read(tmp_path), Datastore.read(tmp_path)
     pinned.shards.pin()
     old_shard = ds.days[0].shard
@@ -161,9 +155,9 @@ def test_a_forget_repeated_leaves_no_stray_and_a_pinned_reader_keeps_its_state(t
 def test_stale_or_missing_index_is_detected_and_rebuilt(tmp_path):
     cfg = IndexConfig(exact_below=300, code_bytes=4, nprobe=8)  # IVF-PQ: kept on disk
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(300), 300, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(300), 300, "fullmem")
     MemoryIndex(tmp_path, D, cfg).sync(ds)
-    ds.commits.commit_day("2022-06-02", entries(50, 1), 50, "fullmem")  # committed, index not updated (a crash)
+    ds.commits.commit_day("2022-06-02", random_entries(50, 1), 50, "fullmem")  # committed, index not updated (a crash)
     index = MemoryIndex(tmp_path, D, cfg)
     assert index.ntotal == 300 and index.sync(ds)["added"] == 50 and index.ntotal == 350
     (tmp_path / "index" / "index.faiss").unlink()
@@ -180,7 +174,7 @@ def test_an_exact_index_is_built_in_ram_from_the_shards_and_never_written(tmp_pa
     """Below `exact_below` the index is the shards' keys in RAM (fp32): on disk it would hold every key
     twice. An exact index an older monim wrote is removed at the next save."""
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(10), 10, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(10), 10, "fullmem")
     index = MemoryIndex(tmp_path, D)
     assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "flat" and index.ntotal == 10
     assert index.bytes_on_disk() == 0 and not (tmp_path / "index" / "index.faiss").exists()
@@ -202,15 +196,15 @@ def test_an_exact_index_is_built_in_ram_from_the_shards_and_never_written(tmp_pa
 def test_ivfpq_for_large_memories_grows_incrementally_and_retrains(tmp_path):
     cfg = IndexConfig(exact_below=2000, codec="pq", code_bytes=4, nprobe=8, retrain_growth=2.0, max_nlist=16)
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(1500), 1500, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(1500), 1500, "fullmem")
     index = MemoryIndex(tmp_path, D, cfg)
     assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "flat"
-    ds.commits.commit_day("2022-06-02", entries(1500, 1), 1500, "fullmem")
+    ds.commits.commit_day("2022-06-02", random_entries(1500, 1), 1500, "fullmem")
     assert index.sync(ds)["rebuilt"] and index.meta["kind"] == "ivfpq" and index.meta["trained_on"] == 3000
-    ds.commits.commit_day("2022-06-03", entries(1000, 2), 1000, "fullmem")
+    ds.commits.commit_day("2022-06-03", random_entries(1000, 2), 1000, "fullmem")
     stats = index.sync(ds)
     assert not stats["rebuilt"] and stats["added"] == 1000 and index.ntotal == 4000
-    ds.commits.commit_day("2022-06-04", entries(2000, 3), 2000, "fullmem")  # 6000 >= 2 x 3000: retrain
+    ds.commits.commit_day("2022-06-04", random_entries(2000, 3), 2000, "fullmem")  # 6000 >= 2 x 3000: retrain
     assert index.sync(ds)["rebuilt"] and index.meta["trained_on"] == 6000
     keys = ds.shards.array("keys").astype(np.float32)
     _, ids = index.search(keys[:200], k=10)

@@ -6,6 +6,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
+from helpers import learned_memory, nearest_by_numpy
 from monim.core.config import DEMO_STREAM
 from monim.data.sources import open_source
 from monim.data.stream import iter_days
@@ -13,7 +14,6 @@ from monim.evaluation.evaluate import combine, evaluate, evaluate_many
 from monim.evaluation.suite import EvalConfig, period_of, period_sets
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.lm.scoring import score, with_neighbors
 from monim.storage.index import IndexConfig, MemoryIndex
 from monim.storage.memory_settings import Settings
@@ -29,13 +29,9 @@ def stream():
     return list(iter_days(open_source(DEMO_STREAM), DAYS[0], DAYS[-1]))
 
 
-def learn(root, lm, days, index_cfg=None):
+def learn(root, lm, days):
     """A FullMem memory over the first 2 training articles of each day, calibrated daily."""
-    memory = Memory(root, lm, Settings(index=index_cfg or IndexConfig(k=16), calibrator=FAST))
-    for day in days:
-        memorize_day(memory, day.capped(2), make_policy("fullmem"))
-        calibrate(memory, day)
-    return memory
+    return learned_memory(root, lm, [day.capped(2) for day in days], Settings(index=IndexConfig(k=16), calibrator=FAST))
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +83,7 @@ def test_one_lm_pass_for_many_memories_equals_scoring_each(tiny, stream, memorie
 
 def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path, random_datastore):
     ds = random_datastore((200, 300, 200))
-    all_keys = ds.shards.array("keys").astype(np.float64)
+    all_keys = ds.shards.array("keys")
     queries = np.random.default_rng(1).standard_normal((9, 8)).astype(np.float32)
     for kind, cfg in (("flat", IndexConfig(k=10)), ("ivfpq", IndexConfig(k=10, exact_below=500, code_bytes=8, nprobe=64))):
         index = MemoryIndex(tmp_path / kind, 8, cfg)
@@ -96,9 +92,9 @@ def test_as_of_search_equals_numpy_over_the_days_up_to_it(tmp_path, random_datas
         dist, ids = index.search(queries, below=500)
         assert (ids < 500).all() and (ids >= 0).all()
         if kind == "flat":  # exact: the 10 nearest of the first two days' keys
-            d = ((queries[:, None].astype(np.float64) - all_keys[None, :500]) ** 2).sum(-1)
-            np.testing.assert_array_equal(np.sort(ids, 1), np.sort(np.argsort(d, 1)[:, :10], 1))
-            np.testing.assert_allclose(dist, np.sort(d, 1)[:, :10], rtol=1e-3)
+            want_dist, want_ids = nearest_by_numpy(queries, all_keys[:500], 10)
+            np.testing.assert_array_equal(np.sort(ids, 1), np.sort(want_ids, 1))
+            np.testing.assert_allclose(dist, want_dist, rtol=1e-3)
             few = index.search(queries, below=3)  # fewer entries than k: the rest are missing
             assert (few[1][:, :3] >= 0).all() and (few[1][:, 3:] == -1).all()
 

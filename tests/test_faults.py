@@ -14,31 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monim.core.config import DEMO_STREAM
+from cli.common import NO_ROOM
+from helpers import FAILED, demo_rows, learn, refused, write_feed
 from monim.storage.datastore import Datastore
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: list[dict] = ()) -> Path:
     """A small JSONL feed: the demo's first articles of its first days, and extra records at the end."""
-    rows = []
-    for line in __import__("gzip").open(DEMO_STREAM, "rt"):
-        row = json.loads(line)
-        if sum(r["date"] == row["date"] for r in rows) < per_day and len({r["date"] for r in rows} | {row["date"]}) <= days:
-            rows.append(row)
-    path.write_text("\n".join(json.dumps(r) for r in [*rows, *extra]) + "\n")
-    return path
-
-
-def learn(monim, source: Path, workdir: Path, model: Path, *more, own_api: bool = False) -> subprocess.CompletedProcess:
-    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more,
-                 own_api=own_api, check=False)
-
-
-def one_line(proc: subprocess.CompletedProcess, *says: str) -> None:
-    """A refusal: exit status 1 or 2, the reason in one line naming what is wrong, no traceback."""
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode in (1, 2, 74) and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert all(s in errors[0] for s in says), errors[0]
+    return write_feed(path, [*demo_rows(days, per_day), *extra])
 
 
 def arrays(workdir: Path) -> tuple[list[str], dict]:
@@ -69,10 +52,11 @@ def same_memory(a: Path, b: Path, days: int | None = None) -> bool:
     return all(np.array_equal(xa[k], xb[k][:cut]) for k in xa)
 
 
+@pytest.mark.slow
 def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, clean, tmp_path):
     future = {"id": "x", "date": (dt.date.today() + dt.timedelta(days=400)).isoformat(), "text": "A record from later."}
     source = feed(tmp_path / "feed.jsonl", extra=[future])
-    one_line(learn(monim, source, tmp_path / "w", model), "after today", "--on-error skip")
+    refused(learn(monim, source, tmp_path / "w", model), "after today", "--on-error skip")
     assert not (tmp_path / "w" / "memories").exists()  # refused before any work
     assert learn(monim, source, tmp_path / "w", model, "--on-error", "skip").returncode == 0
     assert same_memory(tmp_path / "w", clean)
@@ -87,6 +71,7 @@ def test_a_record_dated_after_today_is_refused_skipped_or_undone(monim, model, c
     assert monim("fsck", "--workdir", tmp_path / "w", check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(monim, model, clean, tmp_path):
     """At random points (Prefect's start-up, a day's tasks, between days), 20 times over one work
     directory: each stop takes under 10 s, leaves no process, and whole days from the first."""
@@ -113,6 +98,7 @@ def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(moni
             assert days == ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05", "1987-03-06", "1987-03-07"][: len(days)]
 
 
+@pytest.mark.slow
 def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, model, clean, tmp_path):
     """New weights of the same shape at the same path, or another window through the run's spec:
     refused naming the field, nothing learned, no feature of the new weights kept."""
@@ -130,7 +116,7 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     weights[next(iter(weights))] += 0.5
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
     before = sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts)
-    one_line(learn(monim, source, workdir, changed), "field 'weights'")
+    refused(learn(monim, source, workdir, changed), "field 'weights'")
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*") if "features" in p.parts) == before
     assert arrays(workdir)[0] == ["1987-03-02"]
     other = tmp_path / "other"
@@ -142,6 +128,7 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     assert arrays(other)[0] == arrays(clean)[0]
 
 
+@pytest.mark.slow
 def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)  # a copied work directory: a warning, not a fault
@@ -167,40 +154,42 @@ def test_fsck_raises_no_false_alarm_and_finds_and_mends_damage(monim, model, cle
     data = bytearray(keys.read_bytes())
     data[-3] ^= 0x10
     keys.write_bytes(bytes(data))
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
-             "monim fsck")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "fails its checks", "keys.npy",
+             "monim fsck", status=FAILED)
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_naming_the_file(monim, model, clean, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(clean, workdir)
     manifest = workdir / "memories" / "fullmem" / "manifest.json"
     text = manifest.read_text()
     manifest.write_text(text[: len(text) // 2])  # truncated
-    one_line(monim("status", "--workdir", workdir, check=False), "manifest.json", "line", "column")
+    refused(monim("status", "--workdir", workdir, check=False), "manifest.json", "line", "column", status=FAILED)
     manifest.write_text(text)
     (workdir / "mlflow.db").write_bytes(b"not a database" * 100)
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), workdir, model), "mlflow.db", "damaged")
     (tmp_path / "file").write_text("")
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl"), tmp_path / "file", model), "is a file")
     prefect = tmp_path / "p"
     shutil.copytree(clean, prefect, ignore=shutil.ignore_patterns("mlflow.db"))
     (prefect / "prefect").mkdir(exist_ok=True)
     (prefect / "prefect" / "prefect.db").write_bytes(b"not a database" * 100)
-    one_line(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged")
+    refused(learn(monim, feed(tmp_path / "feed.jsonl", days=4), prefect, model, own_api=True), "prefect.db", "damaged", status=FAILED)
 
 
+@pytest.mark.slow
 def test_input_is_never_changed_silently(monim, model, clean, tmp_path):
     dup = {"id": "1914", "date": "1987-03-04", "text": "An article under an id met before."}
     source = feed(tmp_path / "dup.jsonl", extra=[])
     rows = source.read_text().splitlines()
     first = json.loads(rows[0])["id"]
     source.write_text("\n".join(rows + [json.dumps(dup | {"id": first})]) + "\n")
-    one_line(learn(monim, source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
+    refused(learn(monim, source, tmp_path / "w", model), "field 'id'", "dup.jsonl:1 has the same id")
     nameless = feed(tmp_path / "nameless.jsonl", extra=[{"date": "1987-03-04", "text": "A record without an id."}])
-    one_line(learn(monim, nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
+    refused(learn(monim, nameless, tmp_path / "n", model), "field 'id': missing", "--missing-id hash")
     assert learn(monim, nameless, tmp_path / "n", model, "--missing-id", "hash").returncode == 0
-    one_line(monim("forget", "--workdir", clean, "--doc", "no-such-id", check=False), "no-such-id")
+    refused(monim("forget", "--workdir", clean, "--doc", "no-such-id", check=False), "no-such-id")
     skipping = feed(tmp_path / "skip.jsonl")
     skipping.write_text(skipping.read_text().replace("\n", "\n{broken\n", 1))
     out = learn(monim, skipping, tmp_path / "s", model, "--on-error", "skip", "--json")
@@ -220,6 +209,7 @@ def no_growth() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
 
+@pytest.mark.slow
 def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupted_learn(monim, model, clean, tmp_path):
     """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
     nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
@@ -258,6 +248,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     assert version.tags["monim.checksum"] == Datastore.read(root).checksum(date)
 
 
+@pytest.mark.slow
 def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim, model, tmp_path):
     """A file-size limit (`ulimit -f`; a full disk fails the same writes). 4 KiB: the first file the learn
     writes (a check's cache, MLflow's journal) does not fit, and the stream stops before any work. 256 KiB, MLflow behind its
@@ -280,17 +271,17 @@ def test_a_learn_out_of_room_names_the_file_and_says_what_the_memory_holds(monim
 
     before = memory()
     proc = limited(4096)
-    one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
-             f"the memory is unchanged (day {date} not committed)")
-    assert proc.returncode == 74 and memory() == before
+    refused(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/",
+             f"the memory is unchanged (day {date} not committed)", status=NO_ROOM)
+    assert memory() == before
     server = local.mlflow_server(port := local.free_port(), workdir)  # its store beyond the limit
     try:
         uri = f"http://127.0.0.1:{port}"
         proc = limited(256 * 1024, "--tracking-uri", uri)
-        one_line(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
+        refused(proc, f"the file-size limit is reached (ulimit -f) while writing {workdir.resolve()}/memories/fullmem/",
                  f"day {date} is committed; it is not calibrated, not evaluated, not registered, not logged to MLflow",
-                 f"monim fsck --workdir {workdir} --repair")
-        assert proc.returncode == 74 and arrays(workdir)[0][-1] == date
+                 f"monim fsck --workdir {workdir} --repair", status=NO_ROOM)
+        assert arrays(workdir)[0][-1] == date
         fsck = monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--json", check=False)
         assert fsck.returncode == 1 and f"day {date} committed but not calibrated, not evaluated" in fsck.stdout
         assert monim("fsck", "--workdir", workdir, "--tracking-uri", uri, "--repair", check=False).returncode == 0

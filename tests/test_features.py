@@ -5,20 +5,17 @@ import datetime as dt
 import numpy as np
 import pytest
 
+from helpers import learned_memory
 from monim.core.config import DEMO_STREAM, ScoreConfig
 from monim.data.day import Day
 from monim.data.sources import Document, open_source
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate
-from monim.learning.memorize import memorize_day
-from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.lm.features import Features, gc
 from monim.lm.model import load_lm
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings
 from monim.theta.calibrator import CalibratorConfig
-from monim.theta.memory import Memory
 
 DAYS = (dt.date(1987, 3, 2), dt.date(1987, 3, 3))
 FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed=8)
@@ -32,11 +29,7 @@ def days():
 
 def learn(root, lm, days, features=None, policy="monim-amt"):
     """A memory learned under CFG's window, the LM's features from a store or (None) the LM itself."""
-    memory = Memory(root, lm, Settings(window=CFG, index=IndexConfig(k=8), calibrator=FAST))
-    for day in days:
-        memorize_day(memory, day, make_policy(policy), features)
-        calibrate(memory, day, features)
-    return memory
+    return learned_memory(root, lm, days, Settings(window=CFG, index=IndexConfig(k=8), calibrator=FAST), policy, features)
 
 
 def entries(memory):

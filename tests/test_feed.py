@@ -14,6 +14,8 @@ from monim.core.config import DEMO_STREAM, RunConfig
 from monim.data.sources import open_source
 from monim.data.stream import iter_days
 
+pytestmark = pytest.mark.slow  # runs the daily flow under Prefect
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -13,6 +13,8 @@ from monim.core.config import DEMO_STREAM, RunConfig
 from monim.data.sources import open_source
 from monim.data.stream import iter_days
 
+pytestmark = pytest.mark.slow  # runs Prefect flows
+
 DAYS = ("1987-03-02", "1987-03-03")
 
 

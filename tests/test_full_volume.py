@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # reads the shared data
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_volume.py"
 DAYS = ("1987-03-27", "1987-04-01")  # two ISO weeks and two months: the matrix and the quiz have two parts each
 LATER = "1987-05-04"  # a question past what is learned: asked with --qa-end (Table 7's upper triangle)

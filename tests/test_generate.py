@@ -4,12 +4,12 @@ neighbours), the real LM continuing a memorized article, and recency at query ti
 import datetime as dt
 import itertools
 import math
-import re
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import first_words, learned_memory, words_continued
 from monim.core.config import DEMO_STREAM
 from monim.core.recency import Recency
 from monim.data.day import Day
@@ -173,6 +173,7 @@ def test_a_narrow_window_of_an_ivfpq_memory_is_searched_exactly(tiny, tmp_path):
     assert set(ids[ids >= 0]) == set(range(1640, 1670)) and (ids[:, 30:] == -1).all() and np.isinf(dist[:, 30:]).all()
 
 
+@pytest.mark.slow
 def test_the_real_lm_continues_a_memorized_article_word_for_word(smollm, stream, tmp_path):
     """FullMem learns one article; from its first line, greedy Θ (λ = 0.5) writes its next 30 tokens
     as they are, where the bare LM does not, and names the article as the source."""
@@ -221,29 +222,14 @@ def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
     assert [r.result.tokens for r in rows] == [generate(lm, p, None, cfg).tokens for p in prompts]
 
 
-def first_words(text: str, n: int) -> str:
-    """The text up to the end of its n-th word, as written (its own spaces and line breaks)."""
-    return text[: [m.end() for m in re.finditer(r"\S+", text)][n - 1]]
-
-
-def words_continued(text: str, prompt: str, generated: str) -> int:
-    """How many of the article's words after the prompt the generation writes before it leaves them."""
-    want, got = text[len(prompt):].split(), generated.split()
-    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-
-
 @pytest.fixture(scope="module")
 def trusted(smollm, stream, tmp_path_factory):
     """FullMem's first day of 3 articles, calibrated on them (the real LM): its memory and its day."""
-    from monim.learning.recalibration import calibrate
-
     day = stream[0].capped(3)
-    memory = Memory(tmp_path_factory.mktemp("trusted"), smollm)
-    memorize_day(memory, day, make_policy("fullmem"))
-    calibrate(memory, day)
-    return memory, day
+    return learned_memory(tmp_path_factory.mktemp("trusted"), smollm, [day]), day
 
 
+@pytest.mark.slow
 def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
     """Cold start: FullMem learns 3 articles on its first day and calibrates on them (its calibration
     sees contexts the memory holds as well as new text); greedy Θ continues each learned article from
@@ -258,6 +244,7 @@ def test_a_memory_is_trusted_from_its_first_day(smollm, trusted):
                for d in day.train) < 8  # the LM alone does not know them
 
 
+@pytest.mark.slow
 def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
     """Six prompts (greedy and sampled) in one decoder: three join at once (prefilled together, padded
     to the longest), three more two steps later (a long one prefilled apart), and they leave as they

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from test_serving import texts  # the demo's texts the Θ tests read
 
+from helpers import at_once, demo_texts
 from monim.core.config import DEMO_STREAM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,18 +183,14 @@ def served(monim, prefect_api, tiny_model_dir, tmp_path_factory):
         proc.kill()
 
 
+@pytest.mark.slow
 def test_the_server_answers_clients_at_once_as_alone_and_errors_in_one_line(served, invoke):
     port, proc, log, _ = served
     bodies = [{"dataframe_records": [{"text": t}, {"prompt": " ".join(t.split()[:6])}], "params": {"max_new_tokens": 4}}
-              for t in texts(6, 400)]
+              for t in demo_texts(6, 400)]
     alone = [invoke(port, b) for b in bodies]
     assert all(status == 200 for status, _ in alone), alone
-    together: list = [None] * len(bodies)
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, invoke(port, bodies[i]))) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together = at_once(lambda body: invoke(port, body), bodies)
     for (_, a), (status, b) in zip(alone, together):
         assert status == 200
         (sa, ga), (sb, gb) = a["predictions"], b["predictions"]
@@ -217,6 +213,7 @@ def same_answers(got: list[dict], want: list[dict]) -> bool:
         for g, w in zip(got, want))
 
 
+@pytest.mark.slow
 def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, invoke):
     """MLflow's own scoring client (a DataFrame sent as dataframe_split) and each of MLflow's formats by
     hand get the answers the same rows get as dataframe_records."""
@@ -224,7 +221,7 @@ def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, in
     from mlflow.pyfunc.scoring_server.client import ScoringServerClient
 
     port = served[0]
-    rows = [{"text": t} for t in texts(2, 300)] + [{"prompt": "The bank said"}]
+    rows = [{"text": t} for t in demo_texts(2, 300)] + [{"prompt": "The bank said"}]
     params = {"max_new_tokens": 4}
     status, want = invoke(port, {"dataframe_records": rows, "params": params})
     assert status == 200, want
@@ -237,6 +234,7 @@ def test_the_server_takes_mlflows_four_formats_and_its_scoring_client(served, in
         assert status == 200 and same_answers(out["predictions"], want["predictions"]), (body, out)
 
 
+@pytest.mark.slow
 def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     """The registered pyfunc model, as MLflow loads it, answers a DataFrame, records, a dict of columns and a
     dict of one value each as the server answers the same rows."""
@@ -249,7 +247,7 @@ def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     (name,) = [m.name for m in client.search_registered_models()]
     model = mlflow.pyfunc.load_model(client.get_model_version_download_uri(name, client.get_model_version_by_alias(
         name, "champion").version))
-    items = texts(2, 300)
+    items = demo_texts(2, 300)
     status, want = invoke(port, {"dataframe_records": [{"text": t} for t in items]})
     assert status == 200, want
     for data in (pd.DataFrame({"text": items}), [{"text": t} for t in items], {"text": items}):
@@ -257,6 +255,7 @@ def test_the_mlflow_model_takes_what_a_dataframe_takes(served, invoke):
     assert same_answers(model.predict({"text": items[0]}), want["predictions"][:1])
 
 
+@pytest.mark.slow
 def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(served, invoke):
     """A body over the size limit is refused (413) as declared and, chunked, once read that far; one nested
     too deep, or holding a lone surrogate, gets a 400 naming it; a route or method not served a 404/405:
@@ -264,7 +263,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     from servers import client
 
     port = served[0]
-    body = {"dataframe_records": [{"text": texts(1, 300)[0]}]}
+    body = {"dataframe_records": [{"text": demo_texts(1, 300)[0]}]}
     status, before = invoke(port, body)
     limits = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["limits"]
     assert status == 200 and limits["max_body_bytes"] == 12 * 20_000 * 32 + 65_536 and limits["max_depth"] == 32
@@ -293,6 +292,7 @@ def test_the_server_bounds_what_it_reads_and_every_error_is_its_json_object(serv
     assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health").read())["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_an_abandoned_request_stops_and_a_sigterm_stops_the_server(served, invoke):
     import psutil
 

@@ -11,7 +11,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-from test_serving import theta  # noqa: F401  (a calibrated memory of two days, the tiny LM)
 
 
 def exactly(model, answer: dict) -> None:
@@ -38,7 +37,7 @@ def get(port: int, path: str) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(theta):  # noqa: F811
+def server(theta):
     """The app over the memory on loopback, following a champion that is the version served."""
     import uvicorn
 

@@ -3,12 +3,15 @@
 import datetime as dt
 
 import numpy as np
+import pytest
 import torch
 
 from monim.core.config import DEFAULT_MODEL, ScoreConfig
 from monim.data.sources import Document
 from monim.lm.model import convert_gguf, packaged_gguf
 from monim.lm.scoring import score
+
+pytestmark = pytest.mark.slow  # loads the real LM
 
 
 def test_wikitext_perplexity_in_sane_band(smollm, data_dir):

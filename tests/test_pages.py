@@ -109,6 +109,7 @@ def check(page: Path, monim, tmp_path: Path) -> None:
 GUIDES = [p for p in PAGES if runnable(p) and name(p).startswith("docs/guides/")]  # tests/test_pages_guides.py
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable(p) and p not in GUIDES], ids=name)
 def test_every_command_a_page_shows_runs_as_written_and_prints_what_it_shows(page, monim, tmp_path):
     check(page, monim, tmp_path)

@@ -4,6 +4,8 @@ file of their own: the pages take minutes each, and the two files run on two wor
 import pytest
 from test_pages import GUIDES, check, name
 
+pytestmark = pytest.mark.slow  # runs the guides' commands
+
 
 @pytest.mark.parametrize("page", GUIDES, ids=name)
 def test_every_command_a_guide_shows_runs_as_written_and_prints_what_it_shows(page, monim, tmp_path):

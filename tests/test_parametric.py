@@ -122,6 +122,7 @@ def _ppl(model, tokenizer, docs: list[Document]) -> float:
     return math.exp(nll / n)
 
 
+@pytest.mark.slow
 def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weights(prefect, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

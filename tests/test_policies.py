@@ -109,6 +109,7 @@ def article_day(date, text, doc_id):
     return Day(date, [Document(doc_id, date, text)], [], [])
 
 
+@pytest.mark.slow
 def test_monim_learns_repeated_text_stores_less(smollm, data_dir, tmp_path):
     """Day 2 repeating day 1's article stores far fewer entries than day 2 bringing a new one."""
     days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
@@ -221,6 +222,7 @@ def memorized(smollm, tmp_path, name, day, policy, **how):
     return memorize_day(memory, day, policy, **how), entries(memory)
 
 
+@pytest.mark.slow
 def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smollm, data_dir, tmp_path):
     """Day 2 memorized onto the same memory (constant λ) with and without the skip: the same entries."""
     day2, _ = start_and_day2(smollm, data_dir, tmp_path)
@@ -239,6 +241,7 @@ def test_the_decision_skip_stores_exactly_what_searching_every_token_stores(smol
     assert memorize_day(bare, day2, make_policy("monim-amt", **EXACT)).stored != stats[True].stored
 
 
+@pytest.mark.slow
 def test_the_decision_leaves_to_the_lm_only_the_tokens_its_margin_and_context_settle(smollm, data_dir, tmp_path):
     """With a search margin and the context rule, every searched token is decided as before; the only
     tokens that may be stored differently are, worked out here from the LM's statistics and day 1's

@@ -92,6 +92,7 @@ def test_a_memory_holding_the_answers_answers_them(tiny, tmp_path):
     assert out["memory"]["qa_accuracy"] == 1.0 > out["lm"]["qa_accuracy"]
 
 
+@pytest.mark.slow
 def test_the_realtime_qa_quiz_reads_whole(data_dir):
     questions = read_questions(data_dir / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl")
     assert len(questions) == 459

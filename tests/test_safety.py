@@ -13,18 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import random_entries
 from monim.core.atomic import DiskFull, is_stray, replacing, write_json
 from monim.core.lock import Locked, hold
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 
 D = 8
-
-
-def entries(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return Entries(rng.standard_normal((n, D)).astype(np.float16), rng.integers(0, 50000, n).astype(np.int32),
-                   [f"doc{i % 3}" for i in range(n)], np.arange(n, dtype=np.int32))
 
 
 def test_a_failed_write_leaves_what_was_there(tmp_path):
@@ -75,7 +70,7 @@ def test_a_store_killed_while_mlflow_makes_its_schema(tmp_path, maker):
 
 def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monkeypatch):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(10), 20, "fullmem")
     manifest = (tmp_path / "manifest.json").read_bytes()
     real_save = np.save
 
@@ -88,16 +83,16 @@ def test_a_full_disk_during_a_commit_leaves_the_memory_unchanged(tmp_path, monke
 
     monkeypatch.setattr(np, "save", full)
     with pytest.raises(DiskFull, match="the disk is full while writing .*unchanged"):
-        ds.commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+        ds.commits.commit_day("2022-06-02", random_entries(7, 1), 20, "fullmem")
     monkeypatch.undo()
     assert (tmp_path / "manifest.json").read_bytes() == manifest
     assert [p.name for p in (tmp_path / "shards").iterdir()] == [ds.days[0].shard]  # no half-written shard
-    assert Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"}).commits.commit_day("2022-06-02", entries(7, 1), 20, "fullmem")
+    assert Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"}).commits.commit_day("2022-06-02", random_entries(7, 1), 20, "fullmem")
 
 
 def test_a_commit_records_each_shard_file_checksum(tmp_path):
     ds = Datastore(tmp_path, {"model": "m", "hidden_size": D, "tokenizer": "tok"})
-    ds.commits.commit_day("2022-06-01", entries(10), 20, "fullmem")
+    ds.commits.commit_day("2022-06-01", random_entries(10), 20, "fullmem")
     folder = tmp_path / "shards" / ds.days[0].shard
     files = sorted(p.name for p in folder.iterdir())
     assert files == ["docs.json", "docs.npy", "ids.npy", "keys.npy", "positions.npy", "values.npy"]

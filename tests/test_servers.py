@@ -17,6 +17,8 @@ import pytest
 
 from monim.core.config import DEMO_STREAM, RunConfig
 
+pytestmark = pytest.mark.slow  # starts Prefect and MLflow servers
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 

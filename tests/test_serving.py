@@ -12,46 +12,13 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from helpers import at_once, demo_texts
 from monim.core.config import DEMO_STREAM
 from monim.data.sources import Document, open_source
 from monim.data.stream import iter_days
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
 from monim.storage.memory_settings import Settings
-
-
-@pytest.fixture(scope="module")
-def theta(tiny_model_dir, tmp_path_factory):
-    """A calibrated memory of two days (tiny LM), its skip rule on: every reader path has work to do."""
-    from monim.learning.memorize import memorize_day
-    from monim.learning.recalibration import calibrate
-    from monim.lm.model import load_lm
-    from monim.theta.memory import Memory
-
-    lm = load_lm(str(tiny_model_dir("llama")))
-    root = tmp_path_factory.mktemp("theta")
-    memory = Memory(root, lm, Settings(index=IndexConfig(k=16)))
-    for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)):
-        memorize_day(memory, day.capped(3), make_policy("fullmem"))
-        calibrate(memory, day.capped(3))
-    return Memory.open(root, lm)
-
-
-def texts(n: int, chars: int = 600) -> list[str]:
-    docs = [d for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5)) for d in day.train]
-    return [d.text[:chars] for d in docs[:n]]
-
-
-def at_once(service, bodies: list[dict]) -> list:
-    """The service's answers to the bodies, each sent from its own thread at the same time."""
-    together: list = [None] * len(bodies)
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, service.answer(bodies[i])))
-               for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return together
 
 
 def test_threads_on_one_theta_get_what_each_gets_alone(theta):
@@ -61,79 +28,71 @@ def test_threads_on_one_theta_get_what_each_gets_alone(theta):
     from monim.serving.generate import generate
     from monim.serving.generation import GenerateConfig
 
-    lm, items = theta.lm, texts(8)
+    lm, items = theta.lm, demo_texts(8)
     calls = [(lambda t=t: evaluate(lm, [Document("t", dt.date.min, t)], theta)) if i % 2 else
              (lambda t=t: generate(lm, " ".join(t.split()[:10]), theta, GenerateConfig(max_new_tokens=6)).as_dict())
              for i, t in enumerate(items)]
     alone = [call() for call in calls]
-    together: list = [None] * len(calls)
-    errors = []
-
-    def run(i: int) -> None:
-        try:
-            for _ in range(3):  # again and again, so that the calls overlap
-                together[i] = calls[i]()
-        except Exception as e:  # noqa: BLE001
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    together = at_once(lambda call: [call() for _ in range(3)][-1], calls)  # again and again: the calls overlap
     for a, b in zip(alone, together):
         assert a == b
 
 
-PROMPT_WORDS = (10, 3, 25)  # the reference prompts: the first words of texts(3)
-# generate() on `theta` as recorded before prompts were decoded together (each then alone in its own loop):
-# (skip threshold, prompt, temperature, tokens, λ, Θ's log P of each token)
-BEFORE_BATCHING = [
-    (None, 0, 0.0, [3224, 3037, 13, 198, 220, 220, 220, 220],
-     [0.25] * 8, [-2.55182, -2.34745, -1.79175, -1.75811, -2.20988, -1.76083, -1.85543, -1.85588]),
-    (None, 0, 0.9, [3224, 313, 263, 6848, 36460, 9825, 14707, 10174],
-     [0.25] * 8, [-2.55182, -11.05191, -4.10319, -5.01708, -11.09723, -4.16753, -2.11245, -11.07704]),
-    (None, 1, 0.0, [262, 198, 220, 220, 220, 220, 220, 220],
-     [0.25] * 8, [-2.82041, -3.06089, -2.77118, -1.85972, -1.86073, -1.96557, -2.08235, -2.08327]),
-    (None, 1, 0.9, [262, 1306, 1542, 585, 40769, 1315, 12, 13158],
-     [0.25] * 8, [-2.82041, -4.16352, -1.91142, -4.51366, -11.09773, -4.18653, -2.37768, -11.07664]),
-    (None, 2, 0.0, [2828, 531, 13, 198, 220, 220, 220, 220],
-     [0.25] * 8, [-2.71759, -2.0083, -2.546, -1.66865, -2.5482, -1.76075, -1.76087, -1.76099]),
-    (None, 2, 0.9, [2828, 6193, 262, 1315, 15587, 12, 16, 34462],
-     [0.25] * 8, [-2.71759, -11.05201, -4.56607, -4.14467, -11.09724, -4.18597, -2.5368, -11.07676]),
-    (0.3, 0, 0.0, [3224, 3037, 4926, 422, 257, 614, 2961, 35358],
-     [0.25, 0.25, 0.0, 0.0, 0.25, 0.25, 0.25, 0.0], [-2.55182, -2.34745, -10.36058, -10.32625, -1.88954, -2.93456, -2.03747, -10.36616]),
-    (0.3, 0, 0.9, [3224, 313, 18883, 35402, 13921, 8190, 8829, 26297],
-     [0.25, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [-2.55182, -11.05191, -10.90066, -10.81962, -10.80929, -10.74343, -10.71549, -10.7899]),
-    (0.3, 1, 0.0, [18389, 23108, 26346, 4745, 31874, 26737, 6357, 26435],
-     [0.0] * 8, [-10.30799, -10.37985, -10.35275, -10.36626, -10.36708, -10.32273, -10.30651, -10.36829]),
-    (0.3, 1, 0.9, [19381, 22764, 34675, 3109, 15955, 23609, 32877, 28217],
-     [0.0] * 8, [-10.83844, -10.7639, -10.9002, -10.81911, -10.80897, -10.74412, -10.71524, -10.7897]),
-    (0.3, 2, 0.0, [13625, 32266, 4289, 9618, 33260, 49098, 15992, 75],
-     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.25], [-10.35076, -10.40686, -10.36979, -10.34998, -10.38902, -10.36851, -10.30715, -2.47644]),
-    (0.3, 2, 0.9, [45119, 8646, 33010, 290, 21366, 1201, 37977, 15160],
-     [0.0, 0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 0.0], [-10.83804, -11.0523, -10.89985, -4.4496, -11.09723, -10.74379, -10.71512, -10.78944]),
-]
+PROMPT_WORDS = (10, 3, 25)  # the prompts: the first words of demo_texts(3)
 
 
-def test_a_prompt_alone_is_continued_as_before_prompts_were_decoded_together(theta):
-    """generate() (one row) writes the recorded tokens, λ and log P (1e-4), greedy and sampled, ± the skip rule; past
-    a step float rounding decides (a skip threshold ±1e-3 writes them; a greedy tie within 1e-4) nothing is compared."""
+@pytest.mark.parametrize("skip", [None, 0.4])  # 0.4: away from the calibrator's λ of most tokens here (0.26-0.30)
+def test_a_prompt_decoded_together_with_others_is_continued_as_alone(theta, skip):
+    """Prompts continued greedy and sampled by one Decoder, some joining while others are written, each
+    write the tokens, λ and Θ's log-probabilities the same prompt written alone (`generate`) does, ± the skip rule."""
+    from monim.serving.generate import Decoder, generate
+    from monim.serving.generation import GenerateConfig
+    from monim.theta.memory import Memory
+
+    memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=skip)
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(demo_texts(3), PROMPT_WORDS)]
+    asked = [(p, GenerateConfig(max_new_tokens=8, temperature=t, top_p=0.8, seed=3, keep_distributions=True))
+             for p in prompts for t in (0.0, 0.9)]
+    alone = [generate(memory.lm, p, memory, cfg) for p, cfg in asked]
+    decoder = Decoder(memory.lm, memory)
+    rows = [decoder.add(p, cfg) for p, cfg in asked[:3]]
+    for _ in range(3):
+        decoder.step()
+    rows += [decoder.add(p, cfg) for p, cfg in asked[3:]]
+    while decoder:
+        decoder.step()
+    for a, b in zip(alone, (r.result for r in rows)):
+        assert b.tokens == a.tokens and len(a.tokens) == 8
+        np.testing.assert_allclose(b.lams, a.lams, atol=1e-5)
+        np.testing.assert_allclose(np.stack(b.logprobs), np.stack(a.logprobs), atol=1e-4)
+    assert any(0.0 in a.lams for a in alone) == (skip is not None)  # the skip rule left some tokens to the LM alone
+
+
+@pytest.mark.parametrize("skip", [None, 0.4])
+def test_greedy_writes_thetas_top_token_as_scoring_the_prompt_and_its_continuation_gives_it(theta, skip):
+    """Each token a greedy continuation writes is Θ's top-1 after its prefix, with Θ's log P and λ, as
+    scoring the prompt and continuation as one text gives them: one forward pass without a KV cache,
+    Θ's maximum found among its candidates (the LM's top-1 and the neighbours' values), ± the skip rule."""
+    import functools
+
+    from monim.lm.scoring import score_tokens
+    from monim.lm.token_scores import TokenScores
     from monim.serving.generate import generate
     from monim.serving.generation import GenerateConfig
     from monim.theta.memory import Memory
 
-    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(3), PROMPT_WORDS)]
-    for skip, i, temperature, tokens, lams, logp in BEFORE_BATCHING:
-        cfg = GenerateConfig(max_new_tokens=8, temperature=temperature, top_p=0.8, seed=3, keep_distributions=True)
-        gens = [generate(theta.lm, prompts[i], Memory.open(theta.ds.root, theta.lm, skip_threshold=t), cfg)
-                for t in ([None] if skip is None else [skip, skip - 1e-3, skip + 1e-3])]
-        gen = next((g for g in gens if g.tokens == tokens), gens[0])
-        n = next((j for j, (a, b) in enumerate(zip(gen.tokens, tokens)) if a != b), len(tokens))
-        assert n == len(tokens) or temperature == 0.0 and abs(gen.logprobs[n][tokens[n]] - gen.logprobs[n][gen.tokens[n]]) < 1e-4
-        np.testing.assert_allclose(gen.lams[:n + 1], lams[:n + 1], atol=1e-4)
-        np.testing.assert_allclose([p[t] for p, t in zip(gen.logprobs[:n + 1], gen.tokens)], logp[:n + 1], atol=1e-4)
+    memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=skip)
+    for prompt in (" ".join(t.split()[:n]) for t, n in zip(demo_texts(3), PROMPT_WORDS)):
+        gen = generate(memory.lm, prompt, memory, GenerateConfig(max_new_tokens=8, keep_distributions=True))
+        ids = memory.lm.tokenizer(prompt)["input_ids"]
+        batch = TokenScores.concat(list(score_tokens(memory.lm, [("g", ids + gen.tokens, 1)], memory.settings.window,
+                                                     functools.partial(memory.search, skip=True))))
+        assert batch.position.tolist() == list(range(1, len(ids) + 8))
+        written, scored = slice(len(ids) - 1, None), memory.theta_scores(batch)  # the rows of the written tokens
+        assert batch.target[written].tolist() == gen.tokens == scored.argmax[written].tolist()
+        np.testing.assert_allclose(scored.logp[written], [p[t] for p, t in zip(gen.logprobs, gen.tokens)], atol=1e-4)
+        lam = np.broadcast_to(memory.lam(batch), len(batch)) * (batch.knn_values[:, 0] >= 0)  # none searched: 0
+        np.testing.assert_allclose(gen.lams, lam[written], atol=1e-5)
 
 
 def same_continuation(a: dict, b: dict) -> bool:
@@ -176,10 +135,10 @@ def test_requests_join_and_leave_the_continuations_in_flight(theta):
     request's alone."""
     from monim.serving.service import Limits, Service
 
-    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(4), (12, 4, 20, 8))]
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(demo_texts(4), (12, 4, 20, 8))]
     long = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 200}}
     short = [{"dataframe_records": [{"prompt": prompts[1]}, {"prompt": prompts[2]}], "params": {"max_new_tokens": 6}},
-             {"dataframe_records": [{"text": texts(5)[4]}, {"prompt": prompts[2]}],
+             {"dataframe_records": [{"text": demo_texts(5)[4]}, {"prompt": prompts[2]}],
               "params": {"max_new_tokens": 9, "temperature": 0.8, "seed": 5}}]
     leaving = {"dataframe_records": [{"prompt": prompts[3]}], "params": {"max_new_tokens": 200}}
     service = Service(theta, Limits(max_new_tokens=200, seconds=300))
@@ -205,7 +164,7 @@ def test_a_request_that_waits_for_room_in_a_full_batch_is_refused_if_its_caller_
     before it wrote anything it is refused like a request that never ran; the 64 are answered in full."""
     from monim.serving.service import Busy, Limits, Service
 
-    prompts = [" ".join(t.split()[: 3 + i % 5]) for i, t in enumerate(texts(8) * 8)]
+    prompts = [" ".join(t.split()[: 3 + i % 5]) for i, t in enumerate(demo_texts(8) * 8)]
     full = {"dataframe_records": [{"prompt": p} for p in prompts], "params": {"max_new_tokens": 40}}
     service = Service(theta, Limits(max_rows=64, seconds=300))
     looks = itertools.count()
@@ -229,7 +188,7 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
     memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
     other.ds.commits.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
-    prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(2), (12, 6))]
+    prompts = [" ".join(t.split()[:n]) for t, n in zip(demo_texts(2), (12, 6))]
     first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}
     then = {"dataframe_records": [{"prompt": prompts[1]}], "params": {"max_new_tokens": 8}}
     alone = {}
@@ -257,9 +216,9 @@ def test_the_service_answers_concurrent_requests_as_alone_and_refuses_by_name(th
     try:
         bodies = [{"dataframe_records": [{"text": t}]} if i % 3 else
                   {"dataframe_records": [{"prompt": " ".join(t.split()[:8])}], "params": {"max_new_tokens": 5}}
-                  for i, t in enumerate(texts(12))]
+                  for i, t in enumerate(demo_texts(12))]
         alone = [service.answer(b) for b in bodies]
-        together = at_once(service, bodies)
+        together = at_once(service.answer, bodies)
         for a, b in zip(alone, together):
             if "ppl" in a[0]:  # scored beside other texts in packed rows: the same to float precision
                 assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
@@ -287,7 +246,7 @@ def test_long_texts_scored_together_get_what_each_gets_alone(theta):
     (each leaving the batch when it ends): each answer equals the same request's alone."""
     from monim.serving.service import Limits, Service
 
-    whole = " ".join(texts(60, 4000))
+    whole = " ".join(demo_texts(60, 4000))
     items = [whole[300 * i : 300 * i + n] for i, n in enumerate((600, 2500, 4500, 7000, 9500, 3500))]
     stride = theta.settings.window.stride
     steps = {-(-len(theta.lm.tokenizer(t)["input_ids"]) // stride) for t in items}
@@ -296,7 +255,7 @@ def test_long_texts_scored_together_get_what_each_gets_alone(theta):
     try:
         bodies = [{"dataframe_records": [{"text": t}]} for t in items]
         alone = [service.answer(b) for b in bodies]
-        together = at_once(service, bodies)
+        together = at_once(service.answer, bodies)
         for a, b in zip(alone, together):
             assert b[0]["tokens"] == a[0]["tokens"] and b[0]["ppl"] == pytest.approx(a[0]["ppl"], rel=1e-5)
     finally:

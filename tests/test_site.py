@@ -12,7 +12,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from test_dashboards import browser
+
+from helpers import chromium
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,6 @@ def test_the_diagram_is_drawn_and_no_request_leaves_the_machine(tmp_path):
     proc = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(site)], cwd=REPO,
                           env=os.environ | {"NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    sync_api, launch = browser()
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -39,12 +39,8 @@ def test_the_diagram_is_drawn_and_no_request_leaves_the_machine(tmp_path):
             route.abort()
 
     try:
-        with sync_api.sync_playwright() as p:
-            try:
-                chromium = p.chromium.launch(args=["--no-sandbox"], **launch)
-            except sync_api.Error as e:
-                pytest.skip(f"no headless Chromium could start: {str(e).splitlines()[0]}")
-            page = chromium.new_page()
+        with chromium() as browser:
+            page = browser.new_page()
             page.route("**/*", only_here)
             # Material draws the diagram into a closed shadow root: opened here, so that the test sees its <svg>
             page.add_init_script("const attach = Element.prototype.attachShadow; Element.prototype.attachShadow = "
@@ -53,7 +49,6 @@ def test_the_diagram_is_drawn_and_no_request_leaves_the_machine(tmp_path):
                 page.goto(f"http://127.0.0.1:{server.server_port}/{path}", wait_until="networkidle")
             page.locator(".mermaid svg").first.wait_for(timeout=60_000)
             drawn = page.locator(".mermaid svg").first.text_content()
-            chromium.close()
     finally:
         server.shutdown()
     assert outside == []

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from helpers import write_feed
 from monim.core.config import DEMO_STREAM
 from monim.data.day import split_day
 from monim.data.sources import DatasetsSource, Document, StreamError, open_source
@@ -17,6 +18,7 @@ from monim.data.stream import iter_days
 D = dt.date
 
 
+@pytest.mark.slow
 def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
     assert len(days) == 30 + 31 + 31 + 30
@@ -31,6 +33,7 @@ def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
         d.twin_groups > 0 and len(d.validation) + len(d.test) > 2 for d in days) > 0
 
 
+@pytest.mark.slow
 def test_reuters_day_counts_and_proportions(data_dir):
     days = list(iter_days(open_source(data_dir / "news" / "reuters21578.jsonl.gz")))
     assert len(days) == 58 and sum(len(d) + d.duplicates for d in days) == 16934
@@ -57,11 +60,6 @@ def test_split_is_deterministic_seeded_and_disjoint():
     assert [len(s) for s in split_day(docs[:3])] == [1, 1, 1]
 
 
-def write(path, lines: list[bytes]):
-    with gzip.open(path, "wb") as f:
-        f.write(b"\n".join(lines) + b"\n")
-    return path
-
 
 GOOD = [json.dumps({"id": str(i), "date": "2022-06-0%d" % (1 + i // 2), "text": f"story {i}"}).encode() for i in range(6)]
 BAD = {
@@ -76,7 +74,7 @@ BAD = {
 def test_repeated_texts_within_a_day_count_once(tmp_path):
     rows = [{"id": "a", "date": "2022-06-01", "text": "Same story."}, {"id": "b", "date": "2022-06-01", "text": "Same story.\n"},
             {"id": "c", "date": "2022-06-01", "text": "Other story."}, {"id": "d", "date": "2022-06-02", "text": "Same story."}]
-    path = write(tmp_path / "news.jsonl.gz", [json.dumps(r).encode() for r in rows])
+    path = write_feed(tmp_path / "news.jsonl.gz", rows)
     days = list(iter_days(open_source(path)))
     assert [(len(d), d.duplicates) for d in days] == [(2, 1), (1, 0)]  # across days a repeat is news again
     assert {d.id for d in days[0].train} == {"a", "c"}
@@ -85,7 +83,7 @@ def test_repeated_texts_within_a_day_count_once(tmp_path):
 @pytest.mark.parametrize("problem", BAD)
 def test_bad_record_names_file_line_and_field(problem, tmp_path):
     raw, field = BAD[problem]
-    path = write(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw] + GOOD[3:])
+    path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw] + GOOD[3:])
     with pytest.raises(StreamError) as err:
         list(iter_days(open_source(path)))
     msg = str(err.value)
@@ -94,7 +92,7 @@ def test_bad_record_names_file_line_and_field(problem, tmp_path):
 
 
 def test_bad_records_are_skipped_and_counted(tmp_path):
-    path = write(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw for raw, _ in BAD.values()] + GOOD[3:])
+    path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw for raw, _ in BAD.values()] + GOOD[3:])
     days = list(iter_days(open_source(path), on_error="skip"))
     assert [len(d) for d in days] == [2, 2, 2]
     assert [d.skipped for d in days] == [0, 5, 0]  # met while reading 2022-06-02
@@ -103,14 +101,14 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
 def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_path):
     from monim.data.stream import list_dates, read_day
 
-    path = write(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
+    path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
     whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
     one_by_one = [read_day(path, d, on_error="skip").skipped for d in list_dates(path, on_error="skip")]
     assert whole == one_by_one == [1, 0, 1]  # between two days: the day above's (being read); at the end: the last day's
 
 
 def test_a_record_out_of_date_order_is_named_late_not_learned_and_blocks_nothing(tmp_path):
-    path = write(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
+    path = write_feed(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
     (day,) = list(iter_days(open_source(path)))  # on_error="raise": late news is no error
     assert day.date == D(2022, 6, 3) and len(day) == 1 and day.late == [("0", "2022-06-01")]
 
@@ -119,7 +117,7 @@ def test_a_late_record_is_skipped_counted_and_named_in_the_day_it_follows(tmp_pa
     from monim.data.stream import list_dates, read_day
 
     late = [json.dumps({"id": f"late-{d}", "date": f"2022-06-0{d}", "text": f"filed late {d}"}).encode() for d in (1, 2)]
-    path = write(tmp_path / "news.jsonl.gz", GOOD[:4] + [BAD["malformed JSON"][0], late[0]] + GOOD[4:] + [late[1]])
+    path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:4] + [BAD["malformed JSON"][0], late[0]] + GOOD[4:] + [late[1]])
     with pytest.raises(StreamError, match=r"news.jsonl.gz:5: malformed JSON"):
         list_dates(path)
     whole = list(iter_days(open_source(path), on_error="skip"))
@@ -128,7 +126,7 @@ def test_a_late_record_is_skipped_counted_and_named_in_the_day_it_follows(tmp_pa
         assert [d.date for d in days] == [D(2022, 6, 1), D(2022, 6, 2), D(2022, 6, 3)]
         assert [d.late for d in days] == [[], [("late-1", "2022-06-01")], [("late-2", "2022-06-02")]]
         assert [(d.counts()["late"], d.skipped, len(d)) for d in days] == [(0, 0, 2), (1, 1, 2), (1, 0, 2)]
-    strict = list(iter_days(open_source(write(tmp_path / "raise.jsonl.gz", GOOD[:4] + [late[0]] + GOOD[4:]))))
+    strict = list(iter_days(open_source(write_feed(tmp_path / "raise.jsonl.gz", GOOD[:4] + [late[0]] + GOOD[4:]))))
     assert [d.late for d in strict] == [[], [("late-1", "2022-06-01")], []]  # on_error="raise" too: no block
 
 
@@ -247,7 +245,7 @@ def test_a_feed_past_its_lag_has_stalled(tmp_path):
 
 def test_news_crawl_docs_format(tmp_path):
     b64 = lambda s: base64.b64encode(s.encode())  # noqa: E731
-    path = write(tmp_path / "news-docs.2020.en.filtered.gz", [
+    path = write_feed(tmp_path / "news-docs.2020.en.filtered.gz", [
         b"20200101\t" + b64("A.\nB.") + b"\t" + b64("A. B."),
         b"20200102\t" + b64("C.") + b"\t" + b64("C, in full."),
         b"20200102\tx\t!!notbase64",

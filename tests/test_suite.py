@@ -50,6 +50,7 @@ def history(client, run_id, key):
     return {m.step: m.value for m in client.get_metric_history(run_id, chart_name(key))}
 
 
+@pytest.mark.slow
 def test_period_ppl_is_logged_as_of_each_period_end(suite):
     workdir, model, client, runs, _ = suite
     lm = load_lm(model)
@@ -66,6 +67,7 @@ def test_period_ppl_is_logged_as_of_each_period_end(suite):
     assert bare[S07] == bare[S09] == pytest.approx(evaluate(lm, sets["1987-W10"])["ppl_lm"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_forgetting_probe_and_qa_are_logged(suite):
     workdir, model, client, runs, qa = suite
     for name, run_id in runs.items():
@@ -85,6 +87,7 @@ def test_forgetting_probe_and_qa_are_logged(suite):
     assert isinstance(questions[0], Question)
 
 
+@pytest.mark.slow
 def test_report_has_the_papers_tables(suite):
     workdir, model, client, runs, _ = suite
     report = (workdir / "report" / "report.md").read_text()
@@ -96,6 +99,7 @@ def test_report_has_the_papers_tables(suite):
         assert (workdir / "report" / png).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_rerunning_the_suite_logs_nothing_twice(suite):
     from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream

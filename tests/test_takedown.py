@@ -3,40 +3,21 @@ the article's headline, text, token n-grams, lexical contexts or LM keys; a `--r
 learns the day without it (as a feed without it would), and a near-duplicate of it is named and not
 learned. Run through `monim` as a user runs it, on a small feed and a tiny model."""
 
-import gzip
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from monim.core.config import DEMO_STREAM
+from helpers import demo_rows, learn, write_feed
 from monim.lm.features import digest
 from monim.storage.datastore import Datastore
 from monim.storage.lexical import context_grams
 
+pytestmark = pytest.mark.slow  # runs `monim learn`
+
 DAYS = ("1987-03-02", "1987-03-03", "1987-03-04")
-
-
-def feed_rows(per_day: int = 5) -> list[dict]:
-    """The demo's first articles of its first three days."""
-    rows: list[dict] = []
-    for line in gzip.open(DEMO_STREAM, "rt"):
-        row = json.loads(line)
-        if row["date"] in DAYS and sum(r["date"] == row["date"] for r in rows) < per_day:
-            rows.append(row)
-    return rows
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def learn(monim, source: Path, workdir: Path, model: Path, *more: str) -> subprocess.CompletedProcess:
-    return monim("learn", "--source", source, "--workdir", workdir, "--model", model, "--policy", "fullmem", *more)
 
 
 def found(workdir: Path, needles: dict[str, bytes]) -> dict[str, list[str]]:
@@ -59,9 +40,9 @@ def model(tiny_model_dir) -> Path:
 def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplicates(monim, model, tmp_path):
     from transformers import AutoTokenizer
 
-    rows = feed_rows()
-    source, workdir = write(tmp_path / "feed.jsonl", [r for r in rows if r["date"] <= DAYS[1]]), tmp_path / "w"
-    learn(monim, source, workdir, model)
+    rows = demo_rows(3, 5)
+    source, workdir = write_feed(tmp_path / "feed.jsonl", [r for r in rows if r["date"] <= DAYS[1]]), tmp_path / "w"
+    learn(monim, source, workdir, model, check=True)
     ds = Datastore.read(workdir / "memories" / "fullmem")
     last = ds.days[-1]
     taken, *kept = ds.shards.shard_articles(last.shard)  # a training article of the last day: [id, title, text]
@@ -91,11 +72,11 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
     assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
 
     # its day learned again (asked by name): without it, as a feed without it learns the day
-    again = learn(monim, source, workdir, model, "--relearn", last.date, "--json")
+    again = learn(monim, source, workdir, model, "--relearn", last.date, "--json", check=True)
     assert f"{doc_id}: forgotten" in again.stderr, again.stderr[-3000:]
     alone = tmp_path / "alone"
-    learn(monim, write(tmp_path / "without.jsonl", [r for r in rows if r["date"] <= DAYS[1] and str(r["id"]) != doc_id]),
-          alone, model)
+    learn(monim, write_feed(tmp_path / "without.jsonl", [r for r in rows if r["date"] <= DAYS[1] and str(r["id"]) != doc_id]),
+          alone, model, check=True)
     relearned = Datastore.read(workdir / "memories" / "fullmem")
     reference = Datastore.read(alone / "memories" / "fullmem")
     day, want = relearned.days[-1], reference.days[-1]
@@ -106,8 +87,8 @@ def test_a_takedown_leaves_nothing_and_stays_out_of_a_relearn_and_of_near_duplic
 
     # the next day brings the same story under another id: named, not learned
     copy = {"id": "copy-of-it", "date": DAYS[2], "title": "Another headline", "text": text.replace(" the ", " a ", 1)}
-    write(source, [*rows, copy])
-    nxt = learn(monim, source, workdir, model, "--json")
+    write_feed(source, [*rows, copy])
+    nxt = learn(monim, source, workdir, model, "--json", check=True)
     assert "copy-of-it: a near-duplicate of a forgotten article" in nxt.stderr, nxt.stderr[-3000:]
     memory = Datastore.read(workdir / "memories" / "fullmem")
     assert memory.days[-1].date == DAYS[2] and "copy-of-it" not in memory.shards.shard_seen(memory.days[-1].shard)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs `monim` on an old work directory
+
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = "18216b6af937fb19c2c3b5c303117d34340af30a"  # read-through mend (issue 57): the last commit before monim/ became packages
 DAYS = ("1987-03-02", "1987-03-03", "1987-03-04")
