@@ -74,6 +74,14 @@ def _suite_key(context, parameters: dict) -> str:
     return f"monim-{context.task.name}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
+def _asked(e: EvalConfig, name: str) -> str:
+    """A measure's setting, which the flow sets whenever it asks for the measure."""
+    value = getattr(e, name)
+    if value is None:
+        raise ValueError(f"evaluation.{name} is not set: the measure that reads it was not asked for")
+    return value
+
+
 def _cells(results: dict) -> dict[str, dict[str, dict]]:
     """{(run, day): metrics} as {run: {day: metrics}}."""
     out: dict[str, dict[str, dict]] = {}
@@ -87,12 +95,13 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
     """PPL and next-word accuracy on each period's test articles, with each run's memory as of the
     end of that period and of every later one (the lower triangle of the forgetting matrix)."""
     cfg = configs[0]
-    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), e.period, cfg.seed,
+    period = _asked(e, "period")
+    sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), period, cfg.seed,
                        e.period_docs, fields=cfg.fields(), on_error=cfg.on_error)
-    later = lambda key, period: period_of(dt.date.fromisoformat(key[1]), e.period) >= period  # noqa: E731
-    out = {period: _cells(cells) for period, cells in period_results(_views(configs, days, e), sets, later).items()}
-    for period, runs in out.items():
-        logger().info("%s: %d test articles, PPL by run and day: %s", period, len(sets[period]),
+    later = lambda key, end_of: period_of(dt.date.fromisoformat(key[1]), period) >= end_of  # noqa: E731
+    out = {p: _cells(cells) for p, cells in period_results(_views(configs, days, e), sets, later).items()}
+    for p, runs in out.items():
+        logger().info("%s: %d test articles, PPL by run and day: %s", p, len(sets[p]),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in runs.items()})
     return out
 
@@ -100,7 +109,7 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
 @task(cache_key_fn=_suite_key, persist_result=True)
 def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
-    doc = text_document(e.text, e.text_chars)
+    doc = text_document(_asked(e, "text"), e.text_chars)
     results = _cells(text_results(_views(configs, days, e), doc))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
@@ -110,7 +119,7 @@ def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) ->
 def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalConfig) -> dict:
     """Multiple-choice accuracy of each run's final memory on the questions of its window
     (EvalConfig.qa_window), for each number of shots: {run: {shots: metrics}}."""
-    by_shots = qa_results(_views(configs, [last], e), e.qa, dt.date.fromisoformat(first), dt.date.fromisoformat(last), e)
+    by_shots = qa_results(_views(configs, [last], e), _asked(e, "qa"), dt.date.fromisoformat(first), dt.date.fromisoformat(last), e)
     out: dict[str, dict] = {}
     for k, cells in by_shots.items():
         for (name, _), metrics in cells.items():

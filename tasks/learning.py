@@ -47,14 +47,14 @@ def progress(description: str) -> Iterator[Callable[[int, int], None]]:
             said[0] = int(percent // LOG_EVERY * LOG_EVERY)
             logger().info("%s: %d%% (%s of %s tokens, %.0f tokens/s)", description, percent, f"{done:,}", f"{total:,}",
                           done / max(time.perf_counter() - started, 1e-9))
-        update_progress_artifact(artifact, percent)
+        update_progress_artifact(artifact, percent)  # type: ignore[arg-type]  # sync here: a UUID, not a coroutine
 
     try:
         yield update
     finally:
         if bar is not None:
             bar.close()
-        update_progress_artifact(artifact, 100.0)
+        update_progress_artifact(artifact, 100.0)  # type: ignore[arg-type]
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
