@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from monim.core.config import DEMO_STREAM
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate, evaluate_many
 from monim.evaluation.suite import EvalConfig, period_of, period_sets
+from monim.learning.calibration import calibrate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.lm.scoring import score, with_neighbors
 from monim.storage.index import IndexConfig, MemoryIndex
 from monim.storage.memory_settings import Settings
@@ -26,7 +26,7 @@ FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed
 
 @pytest.fixture(scope="module")
 def stream():
-    return list(iter_days(open_source(DEMO_STREAM), DAYS[0], DAYS[-1]))
+    return list(iter_days(open_feed(DEMO_STREAM), DAYS[0], DAYS[-1]))
 
 
 def learn(root, lm, days, index_cfg=None):

@@ -7,12 +7,12 @@ import pytest
 
 from monim.core.config import DEMO_STREAM, ScoreConfig
 from monim.data.day import Day
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate
+from monim.learning.calibration import calibrate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.lm.features import Features, gc
 from monim.lm.model import load_lm
 from monim.storage.index import IndexConfig
@@ -27,7 +27,7 @@ CFG = ScoreConfig(stride=48, context=32, batch_size=4)
 
 @pytest.fixture(scope="module")
 def days():
-    return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_source(DEMO_STREAM), *DAYS)]
+    return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_feed(DEMO_STREAM), *DAYS)]
 
 
 def learn(root, lm, days, features=None, policy="monim-amt"):

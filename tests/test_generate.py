@@ -13,7 +13,7 @@ import torch
 from monim.core.config import DEMO_STREAM
 from monim.core.recency import Recency
 from monim.data.day import Day
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
@@ -31,7 +31,7 @@ K, LAM, T = 8, 0.4, 3.0
 
 @pytest.fixture(scope="module")
 def stream():
-    return list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+    return list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
 
 
 def constant_theta(memory: Memory, lam: float, temperature: float) -> None:
@@ -138,7 +138,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
 def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
-    from monim.data.sources import TITLE_CAP
+    from monim.data.feed import TITLE_CAP
     from monim.serving.sentences import entry_articles
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
@@ -235,7 +235,7 @@ def words_continued(text: str, prompt: str, generated: str) -> int:
 @pytest.fixture(scope="module")
 def trusted(smollm, stream, tmp_path_factory):
     """FullMem's first day of 3 articles, calibrated on them (the real LM): its memory and its day."""
-    from monim.learning.recalibration import calibrate
+    from monim.learning.calibration import calibrate
 
     day = stream[0].capped(3)
     memory = Memory(tmp_path_factory.mktemp("trusted"), smollm)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from monim.core.config import DEMO_STREAM
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
@@ -23,22 +23,22 @@ from monim.storage.memory_settings import Settings
 @pytest.fixture(scope="module")
 def theta(tiny_model_dir, tmp_path_factory):
     """A calibrated memory of two days (tiny LM), its skip rule on: every reader path has work to do."""
+    from monim.learning.calibration import calibrate
     from monim.learning.memorize import memorize_day
-    from monim.learning.recalibration import calibrate
     from monim.lm.model import load_lm
     from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
     root = tmp_path_factory.mktemp("theta")
     memory = Memory(root, lm, Settings(index=IndexConfig(k=16)))
-    for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)):
+    for day in iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)):
         memorize_day(memory, day.capped(3), make_policy("fullmem"))
         calibrate(memory, day.capped(3))
     return Memory.open(root, lm)
 
 
 def texts(n: int, chars: int = 600) -> list[str]:
-    docs = [d for day in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5)) for d in day.train]
+    docs = [d for day in iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5)) for d in day.train]
     return [d.text[:chars] for d in docs[:n]]
 
 
@@ -227,7 +227,7 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     from monim.theta.memory import Memory
 
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
-    memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
+    memorize_day(other, next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
     other.ds.commits.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
     prompts = [" ".join(t.split()[:n]) for t, n in zip(texts(2), (12, 6))]
     first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from monim.data.sources import short_title
+from monim.data.feed import short_title
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.evaluation.evaluate import score_texts
 from monim.serving.generate import Decoder, Row
 from monim.serving.request import BadRequest, Limits, Request, parse
