@@ -201,7 +201,7 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
     decoder = Decoder(tiny, None, max_rows=2, max_cells=40)
     rows, batches = [decoder.add(p, c) for p, c in zip(prompts, cfgs)], []
     while decoder:
-        decoder.step()
+        decoder.advance()
         batches.append([rows.index(r) for r in decoder.active])
     assert batches == [[0, 1]] * 2 + [[1]] * 5 + [[]] + [[2]] * 3 + [[]] + [[3]] * 2 + [[]]
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
@@ -215,7 +215,7 @@ def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
     decoder, batches = Decoder(lm), []
     rows = [decoder.add(p, cfg) for p in prompts]
     while decoder:
-        decoder.step()
+        decoder.advance()
         batches.append(len(decoder.active))
     assert batches == [1, 1, 0] * 3
     assert [r.result.tokens for r in rows] == [generate(lm, p, None, cfg).tokens for p in prompts]
@@ -273,11 +273,11 @@ def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
     decoder, sizes = Decoder(memory.lm, memory), []
     rows = [decoder.add(p, c, stop) for p, c, stop in zip(prompts[:3], cfgs[:3], stops[:3])]
     for _ in range(2):
-        decoder.step()
+        decoder.advance()
         sizes.append(len(decoder.active))
     rows += [decoder.add(p, c, stop) for p, c, stop in zip(prompts[3:], cfgs[3:], stops[3:])]
     while decoder:
-        decoder.step()
+        decoder.advance()
         sizes.append(len(decoder.active))
     assert len({len(r.ids) for r in rows[:3]}) == 3 and sizes[:3] == [3, 3, 6]  # joined at once, then three more
     assert sizes[-1] == 0 and len(set(sizes)) == 7  # left one by one while the others went on

@@ -300,7 +300,7 @@ def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, t
 
 
 def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
-    from monim.data import dayindex, sources
+    from monim.data import dayindex, feed
     from monim.data.stream import read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
@@ -308,8 +308,8 @@ def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
     _write_days(path, [(f"2022-06-{d:02d}", 50) for d in range(1, 21)])
     read_day(path, D(2022, 6, 1))  # builds the index
     parsed = []
-    real = sources.to_document
-    monkeypatch.setattr(sources, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
+    real = feed.to_document
+    monkeypatch.setattr(feed, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
     dayindex.READS.clear()
     day = read_day(path, D(2022, 6, 20))
     assert len(day) == 50 and dayindex.READS[str(path)] == 1

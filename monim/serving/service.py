@@ -148,7 +148,7 @@ class Service:
             decoders = [d for d in decoders[:-1] if len(d)] + decoders[-1:]  # an old Θ's decoder, once drained, goes
             for n, decoder in enumerate(decoders):
                 try:
-                    decoder.step()
+                    decoder.advance()
                 except Exception as e:  # noqa: BLE001 (every continuation of this decoder failed with it)
                     log.exception("generation failed")
                     for j, d in running:
