@@ -62,7 +62,7 @@ def test_an_old_work_directory_passes_fsck_resumes_and_registers(monim, old):
 
 
 def test_a_version_registered_before_serves_as_eval_reads_its_day(monim, old, invoke, tmp_path):
-    import flows.servers.local as servers
+    import servers.local as servers
 
     workdir, _ = old
     text = ("The company said its first quarter profits rose on higher sales of its products, and "
