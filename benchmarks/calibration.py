@@ -34,7 +34,7 @@ from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.features import Features
 from monim.theta.memory import Memory
 from monim.run import make_run
-from monim.data.sources import Document
+from monim.data.feed import Document
 from harness import RESULTS, first_days, news_parser, save
 
 RUNS = {  # name: (policy, calibration source)
@@ -105,7 +105,7 @@ def main() -> None:
             memories[name] = memory = run.memory
             row["runs"][name] = {"memrate_day": stats["memrate"], "memrate": stats["memrate_total"],
                                  "entries": stats["entries"], "lam": theta["lam"], "temperature": theta["temperature"],
-                                 "nll": theta["record"].get("nll"), "fallback": memory.fallback,
+                                 "nll": theta["summary"].get("nll"), "fallback": memory.fallback,
                                  "seconds": time.perf_counter() - t}
         nll = token_nll(lm, day.test, memories, cfg)
         row["test_tokens"] = len(nll["lm"])

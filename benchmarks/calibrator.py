@@ -2,7 +2,7 @@
 
 Each policy is a run (monim.run.MemoryRun) that learns the days (≤ max-docs training articles a
 day) the product's way: `learn` memorizes and calibrates every day (the default calibration:
-monim.learning.recalibration), RandMem at MoNIM's MemRate (monim.core.catalogue.followed_memrate); each final
+monim.learning.calibration), RandMem at MoNIM's MemRate (monim.core.catalogue.followed_memrate); each final
 memory is evaluated with the constant λ and with the calibrator. FullMem and RandMem (at MoNIM's
 rate) do not read Θ while memorizing; MoNIM does, so `--runs monim-amt-const` learns a MoNIM
 memory with a constant-λ Θ throughout. On the final memories and all the days' test articles it
@@ -79,12 +79,12 @@ def main() -> None:
         label, cal_seconds = run.cfg.name, []
         for step, day in enumerate(days):
             row = run.learn(day.capped(run.cfg.max_docs), step)
-            record = run.memory.calibrator().record  # the calibrator the day's calibration trained
-            cal_seconds.append(record["seconds"])
+            summary = run.memory.calibrator().summary  # the calibrator the day's calibration trained
+            cal_seconds.append(summary["seconds"])
             console.print(f"{label} {day.date}: stored {row['entries_stored']}/{row['tokens_seen']}, memory {row['entries']}, "
                           f"λ={row['lam']} T={row['temperature']}, calibration set {row['calibration_tokens']} "
-                          f"tokens, held-out NLL {record['held_out_nll']:.4f} "
-                          f"(constant λ {record['held_out_nll_start']:.4f})")
+                          f"tokens, held-out NLL {summary['held_out_nll']:.4f} "
+                          f"(constant λ {summary['held_out_nll_start']:.4f})")
         memory = run.memory
         full, seconds, _ = timed_score(memory, test, skip=False)
         row = {"memrate": memory.ds.memrate, "entries": len(memory), "lam": memory.interpolation.lam,
@@ -106,7 +106,7 @@ def main() -> None:
         interp = memory.interpolation
         base = dataclasses.replace(memory.calibrator_cfg, skip_threshold=None)
         ablation = {"all (warm-started daily)": {"ppl": ppl_of(full, memory, memory.calibrator()),
-                                                 **memory.calibrator().record}}
+                                                 **memory.calibrator().summary}}
         for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
                 (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
             cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature)

@@ -148,7 +148,7 @@ def learn_day(date: dt.date, args, runs: dict[str, MemoryRun]) -> dict:
         row["runs"][name] = {"tokens": learned["tokens_seen"], "stored": learned["entries_stored"],
                              "memrate_day": learned["memrate_day"], "entries": learned["entries"],
                              "memrate": learned["memrate"], "lam": learned["lam"], "fallback": memory.fallback,
-                             "nll": theta["record"].get("nll"), "search_s": stats["seconds"].get("search")}
+                             "nll": theta["summary"].get("nll"), "search_s": stats["seconds"].get("search")}
         with timed(seconds, f"measure_{name}"):
             if isinstance(policy, MoNIM):  # a rule that reads Θ: what the LM alone would store
                 row["runs"][name]["memrate_lm"] = memrate_lm(policy, day.train, features, f"{date}-train")

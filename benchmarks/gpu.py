@@ -309,7 +309,7 @@ def paper_day(lm: LM, index: TorchExact, values: np.ndarray, size: dict, knnlm_r
     total = t["featurize_and_search"] + t["theta_and_rule"] + t["commit_write"] + t["index_rebuild"] + t["calibrate"] + t["evaluate"]
     return {"day_tokens": size["day"], "memory_keys": index.ntotal, "tokens_measured": counts["tokens"],
             "searched_share": counts["searched"] / counts["tokens"], "memrate": counts["stored"] / counts["tokens"],
-            "stored_bytes_on_disk": disk * scale, "calibrator_epochs": calibrator.record["epochs"],
+            "stored_bytes_on_disk": disk * scale, "calibrator_epochs": calibrator.summary["epochs"],
             "seconds": t, "day_minutes": total / 60, "projected": scale > 1}
 
 

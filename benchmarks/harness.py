@@ -53,10 +53,10 @@ def news_parser(doc: str, name: str) -> argparse.ArgumentParser:
 
 def first_days(args: argparse.Namespace) -> list[Day]:
     """The first `args.days` days of the stream from `args.start`."""
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
 
-    return list(itertools.islice(iter_days(open_source(args.source), start=args.start), args.days))
+    return list(itertools.islice(iter_days(open_feed(args.source), start=args.start), args.days))
 
 
 def resume(path: Path, empty: dict | list) -> dict | list:
@@ -80,11 +80,11 @@ def monim_json(*args: str) -> dict:
 def requests_pool(n_texts: int, n_prompts: int, new_tokens: int) -> list[dict]:
     """Distinct requests to a served model from the demo stream's articles: texts of ~1,000 characters
     to score, and article openings to continue."""
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.core.config import DEMO_STREAM
     from monim.data.stream import iter_days
 
-    docs = [d for day in iter_days(open_source(DEMO_STREAM)) for d in day.train + day.test]
+    docs = [d for day in iter_days(open_feed(DEMO_STREAM)) for d in day.train + day.test]
     texts = [{"dataframe_records": [{"text": d.text[:1000]}]} for d in docs[:n_texts]]
     prompts = [{"dataframe_records": [{"prompt": " ".join(d.text.split()[:12])}], "params": {"max_new_tokens": new_tokens}}
                for d in docs[n_texts : n_texts + n_prompts]]

@@ -25,7 +25,7 @@ from monim.storage.index import IndexConfig
 from monim.theta.memory import Memory
 from monim.run import make_run
 from monim.storage.memory_settings import Settings
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days, list_dates
 from harness import RESULTS, REUTERS, parser, save
 
@@ -46,10 +46,10 @@ def main() -> None:
     lm, features = run.lm, run.features
     dates = [d for d in list_dates(args.source, args.start) if d.weekday() < 5]
     learn, held = dates[: args.days], dates[args.days]
-    for day in iter_days(open_source(args.source), learn[0], learn[-1]):
+    for day in iter_days(open_feed(args.source), learn[0], learn[-1]):
         if day.date in learn:
             run.memorize(day)
-    docs = next(iter_days(open_source(args.source), held, held)).train[: args.eval_docs]
+    docs = next(iter_days(open_feed(args.source), held, held)).train[: args.eval_docs]
     rows = []
     for label, cfg in [("exact", IndexConfig(exact_below=EXACT)), ("fastscan", IndexConfig(exact_below=0, codec="fastscan")),
                        ("pq", IndexConfig(exact_below=0, codec="pq"))]:

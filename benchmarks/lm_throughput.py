@@ -17,7 +17,7 @@ from rich.table import Table
 from monim.lm.model import load_lm
 from monim.core.config import ScoreConfig
 from monim.lm.scoring import score
-from monim.data.sources import Document
+from monim.data.feed import Document
 from harness import REPO, RESULTS, parser, save
 
 

@@ -79,7 +79,7 @@ def learn_day(date: dt.date, source: Path, runs: dict[str, MemoryRun]) -> dict:
                              "bytes_total": status["bytes_total"], "index": memory.index.meta.get("kind"),
                              "seconds": stats["seconds"] | {"memorize": memorized, "calibrate": learned - memorized,
                                                             "learn": learned},
-                             "lam": theta["record"].get("lam"), "fallback": memory.fallback}
+                             "lam": theta["summary"].get("lam"), "fallback": memory.fallback}
     t = time.perf_counter()
     features = first.features
     memories = {name: run.memory for name, run in runs.items()}

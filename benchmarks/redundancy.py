@@ -25,7 +25,7 @@ import numpy as np
 from monim.core.config import RunConfig
 from monim.lm.features import Features
 from monim.run import MemoryRun, make_run
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.data.day import Day
 from monim.data.stream import read_day
 from harness import parser, save

@@ -232,7 +232,7 @@ def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], poli
     """The dates with articles, every record of them read first and each policy's range planned
     (monim.storage.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
     (its file, line and field) or an id a memory read on another day is a clear error before any work."""
-    from monim.data.sources import StreamError
+    from monim.data.feed import StreamError
     from monim.storage.plan import plan
 
     first, last = day(start), day(end)

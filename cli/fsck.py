@@ -1,5 +1,5 @@
-"""fsck of a work directory: every memory against its manifest, run records against memories,
-MLflow's steps against run records, and each committed day against what its recipe writes after the
+"""fsck of a work directory: every memory against its manifest, runs' rows against memories,
+MLflow's steps against runs' rows, and each committed day against what its recipe writes after the
 commit; with `repair`, what is derived is rebuilt (a damaged calibrator trained again) and a
 half-finished day finished. A check runs no Prefect flow, loads no LM and writes nothing (it runs on
 a full disk); a repair may do all three."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from monim.core.lock import reading
 from monim.storage.datastore import Datastore
-from monim.storage.fsck import check_memory, check_records, unfinished
+from monim.storage.fsck import check_memory, check_rows, unfinished
 from monim.storage.workdirs import memories, run_lock
 from tracking.champion import register_state, stale_champion
 from tracking.logged import check_steps, memory_runs, run_config
@@ -25,14 +25,14 @@ def check_workdir(workdir: str, tracking_uri: str | None = None, repair: bool = 
     """Every problem found (each with what repair does, and whether it was done)."""
     uri = resolve_tracking_uri(workdir, tracking_uri)
     problems = [p.as_dict() for root in memories(workdir) for p in check_memory(root, repair, _retrain)]
-    problems += [p.as_dict() for p in check_records(workdir, repair)]
+    problems += [p.as_dict() for p in check_rows(workdir, repair)]
     problems += check_steps(uri, workdir, repair)
     return problems + check_days(uri, workdir, repair) + check_champions(uri, workdir, repair)
 
 
 def _retrain(ds) -> None:
     """A damaged last calibrator trained again (torch and the calibrator loaded only for this repair)."""
-    from monim.learning.recalibration import retrain_calibrator
+    from monim.learning.calibration import retrain_calibrator
 
     retrain_calibrator(ds)
 
@@ -55,7 +55,7 @@ def check_champions(uri: str, workdir: str, repair: bool = False) -> list[dict]:
 
 def check_days(uri: str, workdir: str, repair: bool = False) -> list[dict]:
     """Each memory's committed days against what a day's recipe (monim.run.Run.day) writes after its
-    commit: its calibration, its row in the run's record, its registered version and its MLflow step.
+    commit: its calibration, its row in runs/<run>.json, its registered version and its MLflow step.
     A day a learn left half-finished (stopped after the commit, e.g. by `kill -9`) is named with what
     it lacks; `repair` finishes it as a resume does: the stream flow over that day, with the settings
     its MLflow run recorded."""

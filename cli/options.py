@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from monim.core.config import SOURCES, CalibratorConfig, RunConfig
+from monim.core.config import CALIBRATION_EXAMPLES, CalibratorConfig, RunConfig
 
 SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
 # fields a command sets itself (source, workdir, policy) or a comparison does (followed_memrate); the
@@ -19,7 +19,7 @@ NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}
 NAMES = {"calibrated": ("--calibrated/--constant-lam",), "review": ("--review", "--review-text")}  # older names kept
 FEED = ("date_field", "text_field", "id_field", "title_field", "missing_id")  # how a feed's records are read (Fields)
 CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
-    "calibration": ("source", Optional[Literal[SOURCES]],
+    "calibration": ("source", Optional[Literal[CALIBRATION_EXAMPLES]],
                     "Calibration examples: train (a sample of the day's training articles, their own near-duplicates "
                     "left out), yesterday (the sample against the memory before the day) or validation (the paper's: "
                     "the validation articles)."),

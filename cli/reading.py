@@ -70,7 +70,7 @@ def status(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLI
 
 def late_articles(root: Path, source: str, fields: Fields | None = None) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
-    from monim.data.sources import StreamError
+    from monim.data.feed import StreamError
     from monim.storage.datastore import Datastore
     from monim.storage.plan import arrivals
 
@@ -98,7 +98,7 @@ def evaluate(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = PO
     """PPL and next-word accuracy of the LM alone and with a memory (as of a past day, if asked) on a
     source's articles (overall and per period), a text file, and multiple-choice questions, by the
     evaluation suite's rules."""
-    from monim.data.sources import StreamError
+    from monim.data.feed import StreamError
     from monim.evaluation.suite import evaluate_memory
 
     if source is None and text is None and qa is None:

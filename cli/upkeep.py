@@ -28,10 +28,10 @@ from servers import local
 
 
 def fsck(workdir: Path = WORKDIR, repair: bool = typer.Option(False, "--repair", help="Rebuild what is derived (index, "
-                                                              "lexical counts, records, MLflow steps), remove strays and "
+                                                              "lexical counts, rows, MLflow steps), remove strays and "
                                                               "finish half-finished days (loads the LM)."),
          tracking_uri: Optional[str] = TRACKING, as_json: bool = AS_JSON) -> None:
-    """Check every memory against its manifest (shards, checksums, index, strays), run records and
+    """Check every memory against its manifest (shards, checksums, index, strays), runs' rows and
     MLflow's steps against them, and each committed day for its calibration, row, registered version
     and MLflow step; exit status 1 when something is wrong (and not repaired). Without --repair it
     writes nothing (it runs on a full disk)."""

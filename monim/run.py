@@ -30,10 +30,10 @@ from monim.data.day import SPLITS, Day
 from monim.data.stream import read_day
 from monim.evaluation.evaluate import evaluate_many
 from monim.evaluation.totals import so_far
+from monim.learning.calibration import calibrate as calibrate_memory
 from monim.learning.memorize import memorize_day
 from monim.learning.parametric import Weights, load_day, train_day, trained_copy
 from monim.learning.policies import policy_params, run_policy
-from monim.learning.recalibration import calibrate as calibrate_memory
 from monim.lm.features import Features
 from monim.lm.model import LM, cached_lm
 from monim.storage import forgotten, workdirs
@@ -140,7 +140,7 @@ class Run:
                                             *LEARNER_FIELDS})
 
     def record(self, row: dict) -> None:
-        """Record a finished day's row in the memory's manifest and the run's record (atomically)."""
+        """Record a finished day's row in the memory's manifest and the run's rows (atomically)."""
         workdirs.write_row(self.cfg.workdir, self.cfg.name, row, None if self.memory is None else self.memory.ds)
 
     def row(self, day: Day, step: int, lm_pass: dict, learned: dict, seconds_learn: float, metrics: dict) -> dict:
@@ -234,19 +234,19 @@ class MemoryRun(Run):
 
     def calibrate(self, day: Day) -> dict:
         """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
-        (idempotent per day): Θ's settings after it, and the calibration's record under "record"."""
+        (idempotent per day): Θ's settings after it, and the calibration's summary under "summary"."""
         memory = self.memory
-        record = calibrate_memory(memory, day, self.features)
+        summary = calibrate_memory(memory, day, self.features)
         interp, rule = memory.interpolation, memory.rule  # just tuned, or as it stood if the day was already calibrated
         out = {"lam": interp.lam, "temperature": interp.temperature, "theta_fallback": int(rule == "lm"),
                "theta_rule": RULES.index(rule)}
-        nll = record.get("nll")  # trained now, or as the day's calibration recorded it
+        nll = summary.get("nll")  # trained now, or as the day's calibration recorded it
         if nll:
-            out |= {"calibration_tokens": record["calibration_tokens"], "calibration_new_tokens": record["new_tokens"],
-                    "calibrator_seconds": record["calibrator"]["seconds"], "lam_copy": record.get("lam_copy", interp.lam)}
+            out |= {"calibration_tokens": summary["calibration_tokens"], "calibration_new_tokens": summary["new_tokens"],
+                    "calibrator_seconds": summary["calibrator"]["seconds"], "lam_copy": summary.get("lam_copy", interp.lam)}
             out |= {f"heldout_nll_{r}": nll[r] for r in RULES if nll.get(r) is not None}
             out |= {f"heldout_seen_nll_{r}": v for r, v in (nll.get("seen") or {}).items() if r in RULES and v is not None}
-        return out | {"record": record}
+        return out | {"summary": summary}
 
     @staticmethod
     def learned(stats: dict, theta: dict) -> dict:
@@ -259,7 +259,7 @@ class MemoryRun(Run):
             "tokens_seen": stats["tokens_seen"], "entries_stored": stats["stored"], "memrate_day": stats["memrate"],
             "memrate": stats["memrate_total"], "entries": stats["entries"], "memory_bytes": stats["bytes"],
             "tokens_per_s": stats["tokens_seen"] / pass_seconds if pass_seconds else 0.0,
-        } | stats["index"] | {k: v for k, v in theta.items() if k != "record"} | {f"seconds_{k}": v for k, v in seconds.items()}
+        } | stats["index"] | {k: v for k, v in theta.items() if k != "summary"} | {f"seconds_{k}": v for k, v in seconds.items()}
 
     def learn(self, day: Day, step: int) -> dict:
         stats = self.memorize(day)
@@ -310,9 +310,9 @@ class LearnerRun(Run):
         previous = weights.latest(before=date)
         lm = self.lm_at(previous)
         pretrained = self.lm.model.state_dict() if learner.method == "recadam" else None
-        step = weights.meta(previous)["step"] if previous else 0
+        optimizer_step = weights.meta(previous)["step"] if previous else 0
         _LOADED.pop(id(lm), None)  # its weights change now: reloaded at the next lm_at if training fails
-        stats = train_day(lm, day.train, learner, index, step, pretrained)
+        stats = train_day(lm, day.train, learner, index, optimizer_step, pretrained)
         weights.save(date, lm.model, stats | {"date": date, "from": previous})
         _LOADED[id(lm)] = (str(weights.root), date)
         return weights.meta(date)

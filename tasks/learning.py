@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from monim.core.config import RunConfig
 from monim.data.day import Day
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.features import Features
 from monim.lm.model import cached_lm
 from monim.run import LearnerRun, MemoryRun, Run
@@ -121,12 +121,12 @@ def calibrate(run: MemoryRun, day: Day) -> dict:
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     cfg = run.cfg
     out = run.calibrate(day)
-    record, rule = out["record"], run.memory.rule
-    if record["trained"]:
-        nll = record.get("nll") or {}
+    summary, rule = out["summary"], run.memory.rule
+    if summary["trained"]:
+        nll = summary.get("nll") or {}
         logger().info("calibrated on %d tokens (%s): constant λ=%.2f T=%g, λ on copies %.2f; held-out NLL on new text: %s; "
-                      "on held contexts: %s; Θ's rule: %s", record["calibration_tokens"], record["source"], record["lam"],
-                      record["temperature"], record["lam_copy"], _rounded(nll), _rounded(nll.get("seen") or {}), rule)
+                      "on held contexts: %s; Θ's rule: %s", summary["calibration_tokens"], summary["source"], summary["lam"],
+                      summary["temperature"], summary["lam_copy"], _rounded(nll), _rounded(nll.get("seen") or {}), rule)
     if rule == "lm":
         logger().warning("%s %s: Θ is worse than the LM on %d held-out tokens: tomorrow's Θ falls back to the LM alone",
                          cfg.name, day.date, run.memory.theta()["nll"]["tokens"])
@@ -139,6 +139,6 @@ def _rounded(nll: dict) -> dict:
 
 @task(cache_policy=NO_CACHE)
 def record_day(run: Run, row: dict) -> None:
-    """Record a finished day's row in the memory's manifest and the run's record (atomically); the
+    """Record a finished day's row in the memory's manifest and the run's rows (atomically); the
     stream resumes after it."""
     run.record(row)

@@ -94,7 +94,7 @@ def theta(tiny_model_dir, tmp_path_factory):
     path has work to do."""
     from helpers import learned_memory
     from monim.core.config import DEMO_STREAM
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
     from monim.lm.model import load_lm
     from monim.storage.index import IndexConfig
@@ -103,7 +103,7 @@ def theta(tiny_model_dir, tmp_path_factory):
 
     lm = load_lm(str(tiny_model_dir("llama")))
     root = tmp_path_factory.mktemp("theta")
-    days = iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))
+    days = iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))
     learned_memory(root, lm, [day.capped(3) for day in days], Settings(index=IndexConfig(k=16)))
     return Memory.open(root, lm)
 

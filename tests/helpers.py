@@ -46,10 +46,10 @@ def demo_rows(days: int = 3, per_day: int = 3) -> list[dict]:
 
 def demo_texts(n: int, chars: int = 600) -> list[str]:
     """The first `chars` characters of the demo's first n training articles of 1987-03-04 and 03-05."""
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
 
-    days = iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5))
+    days = iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 5))
     return [d.text[:chars] for d in [d for day in days for d in day.train][:n]]
 
 
@@ -84,9 +84,9 @@ def learn(monim, source: Path, workdir: Path, model: Path, *more, check: bool = 
 def learned_memory(root: Path, lm, days, settings=None, policy: str = "fullmem", features=None):
     """A memory of these days as a day's run makes it in process: each day memorized under `policy`,
     then Θ calibrated on it (the LM's features from a store, or None: the LM itself)."""
+    from monim.learning.calibration import calibrate
     from monim.learning.memorize import memorize_day
     from monim.learning.policies import make_policy
-    from monim.learning.recalibration import calibrate
     from monim.theta.memory import Memory
 
     memory = Memory(root, lm, settings)

@@ -10,12 +10,12 @@ import pytest
 from helpers import nearest_by_numpy
 from monim.data.day import Day, split_day
 from monim.data.dedup import Signatures, containment, shingles, twin_groups
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate, evaluate_many
+from monim.learning.calibration import calibrate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig, MemoryIndex
 from monim.storage.memory_settings import Settings
@@ -75,7 +75,7 @@ def test_near_duplicates_are_grouped_and_never_split():
 @pytest.mark.slow
 def test_realtimeqa_held_out_articles_have_no_twin_in_the_same_days_training(data_dir):
     """Brute force over exact shingle sets: before grouping, 7 validation and 6 test articles had one."""
-    days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
+    days = list(iter_days(open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
     assert sum(d.twin_groups for d in days) > 50
     for day in days:
         train = [shingles(d.text) for d in day.train]
@@ -110,14 +110,14 @@ def cut(lm, doc: Document, n: int, doc_id: str | None = None) -> Document:
 
 def held_out_id(prefix: str, want: bool) -> str:
     """A document id that the paper's scheme holds back (one in three, by hash) or trains on."""
-    from monim.learning.recalibration import _held_out
+    from monim.learning.calibration import _held_out
 
     return next(f"{prefix}-{i}" for i in range(100) if _held_out(f"{prefix}-{i}", 3) == want)
 
 
 @pytest.fixture(scope="module")
 def news(smollm, data_dir):
-    days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), D, dt.date(2022, 6, 8)))
+    days = list(iter_days(open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), D, dt.date(2022, 6, 8)))
     trained = [cut(smollm, d, 300) for d in days[0].train[:3] + days[1].train[:3]]
     unseen = [cut(smollm, d, 250) for day in days[2:] for d in day.validation + day.test]
     return trained, unseen

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from monim.data.day import Day
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
+from monim.learning.calibration import calibrate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
-from monim.learning.recalibration import calibrate
 from monim.lm.token_scores import TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
@@ -157,14 +157,14 @@ def test_calibrator_separates_a_useful_memory_from_a_useless_one():
     cal = train_calibrator(ex, cfg, lam=0.25, temperature=1.0)
     lam = cal.lam(test)
     assert lam[good].mean() > 0.9 and lam[~good].mean() < 0.1, (lam[good].mean(), lam[~good].mean())
-    assert cal.record["held_out_nll"] < cal.record["held_out_nll_start"]  # better than the constant λ it started at
+    assert cal.summary["held_out_nll"] < cal.summary["held_out_nll_start"]  # better than the constant λ it started at
     # the ablation switch really removes inputs: without density (and with uninformative other
     # features) nothing separates the two halves
     blind = train_calibrator(ex, cfg.without("density"), lam=0.25, temperature=1.0).lam(test)
     assert abs(blind[good].mean() - blind[~good].mean()) < 0.1
     # warm start keeps training from where yesterday's net stopped
     again = train_calibrator(ex, cfg, 0.25, 1.0, start=cal, epochs=1)
-    assert again.record["warm_start"] and again.record["held_out_nll_start"] == pytest.approx(cal.record["held_out_nll"], rel=1e-5)
+    assert again.summary["warm_start"] and again.summary["held_out_nll_start"] == pytest.approx(cal.summary["held_out_nll"], rel=1e-5)
 
 
 def test_calibrator_lambda_never_reaches_one():
@@ -211,7 +211,7 @@ def test_calibrated_memory_on_real_news(smollm, data_dir, tmp_path):
     learns six RealTime QA articles; calibration (the paper's scheme: validation articles) and test
     sets each mix copies of memorized articles with unseen ones. The calibrator's test PPL is below
     the best constant λ of a grid chosen on the TEST set itself."""
-    source = open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
+    source = open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")
     days = list(iter_days(source, dt.date(2022, 6, 1), dt.date(2022, 6, 8)))
     cut = lambda doc, n=400: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:n])  # noqa: E731
     trained = [Document(d.id, d.date, cut(d)) for d in days[0].train[:3] + days[1].train[:3]]
@@ -222,8 +222,8 @@ def test_calibrated_memory_on_real_news(smollm, data_dir, tmp_path):
     memory = Memory(tmp_path, smollm, Settings(calibrator=CalibratorConfig(source="validation")))
     day = Day(dt.date(2022, 6, 2), trained, calibration, [])
     memorize_day(memory, day, make_policy("fullmem"))
-    record = calibrate(memory, day)
-    assert record["calibrator"]["held_out_nll"] <= record["calibrator"]["held_out_nll_start"]
+    summary = calibrate(memory, day)
+    assert summary["calibrator"]["held_out_nll"] <= summary["calibrator"]["held_out_nll_start"]
     assert not memory.fallback
     full = memory.score(test, skip=False)
     grid = {(lam, t): perplexity(full, Interpolation(lam, t)) for lam in LAMBDAS for t in TEMPERATURES}

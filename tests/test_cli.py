@@ -153,7 +153,7 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     import datetime as dt
 
     from helpers import first_words, words_continued
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
     from monim.serving.generate import generate
     from monim.serving.generation import GenerateConfig
@@ -165,7 +165,7 @@ def test_run_demo_with_the_default_lm(monim, smollm, tmp_path):
     assert set(policies) == {"fullmem", "monim-amt"}
     assert policies["fullmem"]["memrate"] == 1.0 and 0 < policies["monim-amt"]["memrate"] < 1
     assert 5 < policies["fullmem"]["ppl_lm"] < 100
-    day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(2)
+    day = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(2)
     for name in ("fullmem", "monim-amt"):
         root = tmp_path / "memories" / name
         memory, ds = Memory.open(root, smollm), Datastore.read(root)

@@ -63,7 +63,7 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
 
 
 def test_balanced_parts_put_each_article_on_the_lightest_part():
-    from monim.data.sources import Document
+    from monim.data.feed import Document
     from monim.lm.features import balanced_parts
 
     docs = [Document(str(n), "1987-03-02", "x" * n) for n in (1, 10, 2, 9, 1)]

@@ -69,7 +69,7 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
 
     from cli import app
     from cli.common import run_spec
-    from monim.data.sources import StreamError
+    from monim.data.feed import StreamError
     from monim.data.stream import read_day
 
     feed = tmp_path / "feed.jsonl"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helpers import write_feed
 from monim.data.day import records
-from monim.data.sources import StreamError, open_source
+from monim.data.feed import StreamError, open_feed
 from monim.data.stream import check_records, iter_days, read_day
 
 D0 = dt.date(2022, 6, 1)
@@ -43,7 +43,7 @@ def by_day(path: Path, on_error: str = "skip", known=None) -> dict[str, dict]:
 
 
 def whole(path: Path, known=None) -> dict[str, dict]:
-    return {d.date.isoformat(): d.counts() for d in iter_days(open_source(path), on_error="skip", known=known)}
+    return {d.date.isoformat(): d.counts() for d in iter_days(open_feed(path), on_error="skip", known=known)}
 
 
 

@@ -85,7 +85,7 @@ def test_every_monim_command_written_names_real_commands_and_options():
 def test_the_http_reference_describes_the_fields_the_server_accepts():
     from monim.serving.generation import GenerateConfig, Generation
     from monim.serving.request import FORMATS, ROW_FIELDS, Limits
-    from monim.serving.sentences import Source
+    from monim.serving.sentences import Cited
     from servers import schema
 
     assert set(schema.Row.model_fields) == set(schema.Columns.model_fields) == {*ROW_FIELDS, "retrieve"}
@@ -97,4 +97,4 @@ def test_the_http_reference_describes_the_fields_the_server_accepts():
     # the answers: a prompt's Generation and its sentences' sources, field for field (tests/test_http_reference.py
     # checks every answer the server gives against these models)
     assert list(schema.Continuation.model_fields) == [f.name for f in fields(Generation) if f.name != "logprobs"]
-    assert list(schema.Cited.model_fields) == [f.name for f in fields(Source)]
+    assert list(schema.Cited.model_fields) == [f.name for f in fields(Cited)]

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import learned_memory, nearest_by_numpy
 from monim.core.config import DEMO_STREAM
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate, evaluate_many
 from monim.evaluation.suite import EvalConfig, period_of, period_sets
@@ -26,7 +26,7 @@ FAST = CalibratorConfig(max_epochs=1, docs_per_day=2, hidden=16, layers=1, embed
 
 @pytest.fixture(scope="module")
 def stream():
-    return list(iter_days(open_source(DEMO_STREAM), DAYS[0], DAYS[-1]))
+    return list(iter_days(open_feed(DEMO_STREAM), DAYS[0], DAYS[-1]))
 
 
 def learn(root, lm, days):

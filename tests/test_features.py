@@ -8,7 +8,7 @@ import pytest
 from helpers import learned_memory
 from monim.core.config import DEMO_STREAM, ScoreConfig
 from monim.data.day import Day
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate
 from monim.lm.features import Features, gc
@@ -24,7 +24,7 @@ CFG = ScoreConfig(stride=48, context=32, batch_size=4)
 
 @pytest.fixture(scope="module")
 def days():
-    return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_source(DEMO_STREAM), *DAYS)]
+    return [Day(d.date, d.train[:3], d.validation, d.test[:2]) for d in iter_days(open_feed(DEMO_STREAM), *DAYS)]
 
 
 def learn(root, lm, days, features=None, policy="monim-amt"):

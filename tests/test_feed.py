@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from monim.core.config import DEMO_STREAM, RunConfig
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 
 pytestmark = pytest.mark.slow  # runs the daily flow under Prefect
@@ -43,7 +43,7 @@ def stalled(prefect, tiny_model_dir, tmp_path_factory):
 
     today = dt.datetime.now(ZoneInfo("UTC")).date()
     day = lambda n: (today - dt.timedelta(days=n)).isoformat()  # noqa: E731  (n days ago)
-    texts = iter(d.text for d in next(iter_days(open_source(DEMO_STREAM))).train)  # real, distinct news
+    texts = iter(d.text for d in next(iter_days(open_feed(DEMO_STREAM))).train)  # real, distinct news
     story = lambda doc_id, date: {"id": doc_id, "date": date, "text": next(texts)}  # noqa: E731
     work = tmp_path_factory.mktemp("feed")
     feed = work / "feed.jsonl"

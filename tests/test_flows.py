@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from monim.core.config import DEMO_STREAM, RunConfig
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 
 pytestmark = pytest.mark.slow  # runs Prefect flows
@@ -43,7 +43,7 @@ def test_memories_hold_what_each_policy_stores(compared, tiny_model_dir):
 
     workdir, model, summary = compared
     tok = AutoTokenizer.from_pretrained(model)
-    days = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+    days = list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
     tokens = sum(len(tok(d.text)["input_ids"]) - 1 for day in days for d in day.train[:3])
     assert summary["fullmem"]["entries"] == summary["fullmem"]["tokens_seen"] == tokens
     assert summary["fullmem"]["memrate"] == 1.0
@@ -157,7 +157,7 @@ def test_the_daily_flow_trains_and_uses_the_calibrator(compared):
 
     workdir, model, summary = compared
     memory = Memory.open(workdir / "memories" / "monim-amt", load_lm(model))
-    assert memory.calibrator().record["date"] == DAYS[1]
+    assert memory.calibrator().summary["date"] == DAYS[1]
     chain = memory.calibration_files()
     assert [p.split("/")[1][:10] for p in chain] == list(DAYS)  # one day's examples each
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -212,7 +212,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
 
     import mlflow
 
-    from monim.data.sources import Document
+    from monim.data.feed import Document
     from monim.lm.model import load_lm
     from monim.theta.memory import Memory
 
@@ -222,7 +222,7 @@ def test_each_committed_day_is_a_model_version_behind_a_champion_gate(compared):
     versions = sorted(client.search_model_versions(f"name = '{MODEL_NAME}'"), key=lambda v: int(v.version))
     assert [v.tags["monim.as_of"] for v in versions] == list(DAYS)  # one version a day, none added by re-runs
     assert "MLFLOW_TRACKING_URI" not in os.environ and mlflow.get_tracking_uri() != uri  # no process-wide state
-    day2 = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0]
+    day2 = list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0]
     new, champion = validation_ppl(lm, root, day2, DAYS[1]), validation_ppl(lm, root, day2, DAYS[0])
     assert float(versions[1].tags["gate_ppl"]) == pytest.approx(new, rel=1e-4)
     assert float(versions[1].tags["gate_ppl_champion"]) == pytest.approx(champion, rel=1e-4)

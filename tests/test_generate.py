@@ -13,7 +13,7 @@ from helpers import first_words, learned_memory, words_continued
 from monim.core.config import DEMO_STREAM
 from monim.core.recency import Recency
 from monim.data.day import Day
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
@@ -31,7 +31,7 @@ K, LAM, T = 8, 0.4, 3.0
 
 @pytest.fixture(scope="module")
 def stream():
-    return list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+    return list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
 
 
 def constant_theta(memory: Memory, lam: float, temperature: float) -> None:
@@ -138,7 +138,7 @@ def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
 def test_a_headline_stored_whole_is_cited_cut(tiny, tmp_path):
     """A memory written before titles were capped at ingest holds a 1,000,000-character headline: the
     sources of a continuation name it cut to TITLE_CAP characters (a 12-token answer is not 2 MB)."""
-    from monim.data.sources import TITLE_CAP
+    from monim.data.feed import TITLE_CAP
     from monim.serving.sentences import entry_articles
 
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
@@ -202,7 +202,7 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
     decoder = Decoder(tiny, None, max_rows=2, max_cells=40)
     rows, batches = [decoder.add(p, c) for p, c in zip(prompts, cfgs)], []
     while decoder:
-        decoder.step()
+        decoder.advance()
         batches.append([rows.index(r) for r in decoder.active])
     assert batches == [[0, 1]] * 2 + [[1]] * 5 + [[]] + [[2]] * 3 + [[]] + [[3]] * 2 + [[]]
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
@@ -216,7 +216,7 @@ def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
     decoder, batches = Decoder(lm), []
     rows = [decoder.add(p, cfg) for p in prompts]
     while decoder:
-        decoder.step()
+        decoder.advance()
         batches.append(len(decoder.active))
     assert batches == [1, 1, 0] * 3
     assert [r.result.tokens for r in rows] == [generate(lm, p, None, cfg).tokens for p in prompts]
@@ -260,11 +260,11 @@ def test_prompts_decoded_together_write_what_each_writes_alone(trusted):
     decoder, sizes = Decoder(memory.lm, memory), []
     rows = [decoder.add(p, c, stop) for p, c, stop in zip(prompts[:3], cfgs[:3], stops[:3])]
     for _ in range(2):
-        decoder.step()
+        decoder.advance()
         sizes.append(len(decoder.active))
     rows += [decoder.add(p, c, stop) for p, c, stop in zip(prompts[3:], cfgs[3:], stops[3:])]
     while decoder:
-        decoder.step()
+        decoder.advance()
         sizes.append(len(decoder.active))
     assert len({len(r.ids) for r in rows[:3]}) == 3 and sizes[:3] == [3, 3, 6]  # joined at once, then three more
     assert sizes[-1] == 0 and len(set(sizes)) == 7  # left one by one while the others went on

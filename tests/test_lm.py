@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from monim.core.config import ScoreConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import last_mlp, load_lm
 from monim.lm.scoring import score, score_tokens
 from monim.lm.token_scores import Found

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from monim.core.config import DEFAULT_MODEL, ScoreConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import convert_gguf, packaged_gguf
 from monim.lm.scoring import score
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from monim.core.config import DEMO_STREAM
-from monim.data.sources import open_source
+from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.merging import greedy_merge
@@ -76,7 +76,7 @@ def test_weights_enter_the_knn_distribution_as_log_priors(tiny, tmp_path):
 
 
 def test_a_greedy_merge_day_stores_less_than_it_saw_and_reruns_change_nothing(tiny, tmp_path):
-    days = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
+    days = list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3)))
     memory = Memory(tmp_path, tiny, Settings(calibrated=False))
     policy = make_policy("greedy-merge")
     stats = [memorize_day(memory, day.capped(3), policy) for day in days]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from monim.core.config import DEMO_STREAM, RunConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 
 
@@ -127,7 +127,7 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
     from monim.evaluation.suite import EvalConfig
     from monim.run import recorded_days
@@ -159,7 +159,7 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     tok = AutoTokenizer.from_pretrained(model)
     ref = AutoModelForCausalLM.from_pretrained(model).eval()
     ref.load_state_dict(Weights(tmp_path / "work" / "weights" / "finetune").load(days[1]), strict=False)
-    test = list(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0].test
+    test = list(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))[0].test
     rows = recorded_days(RunConfig.model_validate(run.model_dump() | {"policy": "finetune"}))
     assert rows[days[1]]["ppl"] == pytest.approx(_ppl(ref, tok, test), rel=2e-3)
     assert rows[days[1]]["ppl_lm"] == pytest.approx(_ppl(AutoModelForCausalLM.from_pretrained(model).eval(), tok, test), rel=2e-3)

@@ -9,11 +9,11 @@ import pytest
 from monim.core import catalogue
 from monim.core.config import PolicyConfig
 from monim.data.day import Day
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
+from monim.learning.calibration import calibrate
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import KL, MoNIM, RandMem, key_surprisal, make_policy, policy_params
-from monim.learning.recalibration import calibrate
 from monim.learning.threshold import amt_threshold
 from monim.lm.model import load_lm
 from monim.storage.datastore import Datastore
@@ -61,7 +61,7 @@ def test_each_memory_policy_is_made_with_the_policy_fields_its_name_reads():
              "ralm+monim-amt": {"adaptive": True, "in_context": True}}
     for name in catalogue.names(catalogue.MEMORY):
         policy = make_policy(name, cfg)
-        read = {{"merge_k": "k"}.get(f, f): getattr(cfg, f) for f in catalogue.entry(name).reads if not f.startswith("ralm_")}
+        read = {{"merge_k": "k"}.get(f, f): getattr(cfg, f) for f in catalogue.policy_info(name).reads if not f.startswith("ralm_")}
         assert policy.name == name and policy_params(policy) == read | fixed.get(name, {})
 
 
@@ -112,7 +112,7 @@ def article_day(date, text, doc_id):
 @pytest.mark.slow
 def test_monim_learns_repeated_text_stores_less(smollm, data_dir, tmp_path):
     """Day 2 repeating day 1's article stores far fewer entries than day 2 bringing a new one."""
-    days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
+    days = iter_days(open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
     first, second = [d.train[0] for d in days]
     cut = lambda doc: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:700])  # noqa: E731
     day1 = article_day(dt.date(2022, 6, 1), cut(first), "a")
@@ -204,7 +204,7 @@ EXACT = {"search_margin": None, "search_context": False}  # MoNIM deciding every
 def start_and_day2(smollm, data_dir, tmp_path) -> tuple[Day, list[int]]:
     """A memory of day 1's article (constant λ) in tmp_path / "start", and day 2: a repeat of it and a
     new one; with day 1's tokens."""
-    days = iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
+    days = iter_days(open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"), end=dt.date(2022, 6, 2))
     first, second = [d.train[0] for d in days]
     cut = lambda doc, n: smollm.tokenizer.decode(smollm.tokenizer(doc.text)["input_ids"][:n])  # noqa: E731
     start = Memory(tmp_path / "start", smollm)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from monim.data.sources import Document, StreamError
+from monim.data.feed import Document, StreamError
 from monim.evaluation.qa import Question, answer_questions, prompt, read_questions, shots_for, wilson
 from monim.lm.scoring import score
 from monim.storage.entries import Entries

@@ -12,7 +12,7 @@ import torch
 
 from monim.core.config import PolicyConfig, ScoreConfig
 from monim.data.day import Day
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.lm.model import load_lm
@@ -117,7 +117,7 @@ def test_a_stride_is_scored_as_the_lm_reads_article_separator_and_text(lm, tmp_p
     for n, s in enumerate(range(1, len(toks), 4)):
         e, p = min(s + 4, len(toks)), max(0, s - 1 - (6 + 32 - 4))  # the text the LM alone would read
         article = index.best([lm.tokenizer.decode(toks[max(0, s - 32):s])])[0]
-        assert ralm.sources["t"][n] == (article.id if article else "")
+        assert ralm.retrieved["t"][n] == (article.id if article else "")
         head = lm.tokenizer(f"{article.title}\n{article.text}", add_special_tokens=False)["input_ids"] if article else []
         head = head[: size + 1 - (e - p) - len(sep)] + sep if article else []
         assert len(head) + e - p - 1 <= size
@@ -127,7 +127,7 @@ def test_a_stride_is_scored_as_the_lm_reads_article_separator_and_text(lm, tmp_p
         for t in range(s, e):
             j = len(head) + t - p
             assert got[t] == pytest.approx(float(logp[j - 1, toks[t]]), abs=1e-4)
-    assert any(ralm.sources["t"]) and ralm.lm_tokens / ralm.scored > 4  # every stride reads its article again
+    assert any(ralm.retrieved["t"]) and ralm.lm_tokens / ralm.scored > 4  # every stride reads its article again
 
 
 def test_evaluation_scores_every_token_once_with_the_lm_alone_beside_it(lm, tmp_path):
@@ -151,10 +151,10 @@ def test_scored_training_text_never_retrieves_itself_or_its_twin(lm, tmp_path):
     memorize_day(memory, day, make_policy("ralm"))
     wheat = Document("wheat", D1, TEXTS["wheat"])
     ralm = score_with_articles(lm, memory, [wheat], [lm.tokenizer(wheat.text)["input_ids"]])
-    assert ralm.sources["wheat"] and not {"wheat", "wheat-copy"} & set(ralm.sources["wheat"])
+    assert ralm.retrieved["wheat"] and not {"wheat", "wheat-copy"} & set(ralm.retrieved["wheat"])
     unseen = Document("new", D2, TEXTS["wheat"].replace("Chicago", "Kansas"))  # text the memory never learned
     ralm = score_with_articles(lm, memory, [unseen], [lm.tokenizer(unseen.text)["input_ids"]])
-    assert {"wheat", "wheat-copy"} & set(ralm.sources["new"])
+    assert {"wheat", "wheat-copy"} & set(ralm.retrieved["new"])
 
 
 def test_a_ralm_memory_records_its_settings_and_refuses_others(lm, tmp_path):

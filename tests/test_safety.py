@@ -135,13 +135,13 @@ def test_a_second_writer_waits_and_says_for_whom(tmp_path):
 def test_a_writer_reads_what_another_committed_before_writing(tiny, tmp_path):
     """Two handles opened before either wrote (two processes): the second sees the first's day under the lock."""
     from monim.core.config import DEMO_STREAM
-    from monim.data.sources import open_source
+    from monim.data.feed import open_feed
     from monim.data.stream import iter_days
     from monim.learning.memorize import memorize_day
     from monim.learning.policies import make_policy
     from monim.theta.memory import Memory
 
-    days = [d for d in iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
+    days = [d for d in iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
     days = [type(d)(d.date, d.train[:2], [], []) for d in days]
     first, second = Memory(tmp_path / "m", tiny), Memory(tmp_path / "m", tiny)
     alone = Memory(tmp_path / "alone", tiny)
@@ -194,8 +194,8 @@ def test_fsck_finds_a_flipped_byte_strays_and_a_stale_index_and_repairs_what_is_
 def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_view(tiny, tmp_path):
     """A day's row lives in its memory's manifest (only for a committed day); runs/<name>.json is
     rewritten from it, and fsck finds a record that differs and rewrites it."""
-    from monim.storage.fsck import check_records
-    from monim.storage.workdirs import read_rows, record_path, write_row
+    from monim.storage.fsck import check_rows
+    from monim.storage.workdirs import read_rows, rows_file, write_row
     from monim.theta.memory import Memory
 
     memory = Memory(tmp_path / "memories" / "fullmem", tiny)
@@ -206,14 +206,14 @@ def test_the_manifest_says_which_days_are_evaluated_and_the_run_record_is_its_vi
         write_row(tmp_path, "fullmem", {"date": "2022-06-02", "ppl": 1.0}, memory.ds)
     write_row(tmp_path, "fullmem", row, memory.ds)
     assert Datastore.read(memory.ds.root).evaluations() == {"2022-06-01": row} == read_rows(tmp_path, "fullmem")
-    view = record_path(tmp_path, "fullmem")
-    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_records(tmp_path) == []
+    view = rows_file(tmp_path, "fullmem")
+    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_rows(tmp_path) == []
     write_json(view, {})  # the view lost (an old record, a crash between the two writes)
-    (problem,) = check_records(tmp_path, repair=True)
+    (problem,) = check_rows(tmp_path, repair=True)
     assert "2022-06-01 evaluated in the memory but not recorded" in problem.what and problem.repaired
-    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_records(tmp_path) == []
+    assert json.loads(view.read_text()) == {"2022-06-01": row} and check_rows(tmp_path) == []
     write_json(view, {"2022-06-01": row, "2022-06-02": row})
-    (problem,) = check_records(tmp_path)
+    (problem,) = check_rows(tmp_path)
     assert "2022-06-02 recorded but not evaluated" in problem.what and not problem.repaired
     # replacing the last day forgets its evaluation; the bare LM's record is its own truth
     memory.ds.commits.commit_day("2022-06-01", day, 5, "fullmem", force=True)

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import at_once, demo_texts
 from monim.core.config import DEMO_STREAM
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.learning.policies import make_policy
 from monim.storage.index import IndexConfig
@@ -57,10 +57,10 @@ def test_a_prompt_decoded_together_with_others_is_continued_as_alone(theta, skip
     decoder = Decoder(memory.lm, memory)
     rows = [decoder.add(p, cfg) for p, cfg in asked[:3]]
     for _ in range(3):
-        decoder.step()
+        decoder.advance()
     rows += [decoder.add(p, cfg) for p, cfg in asked[3:]]
     while decoder:
-        decoder.step()
+        decoder.advance()
     for a, b in zip(alone, (r.result for r in rows)):
         assert b.tokens == a.tokens and len(a.tokens) == 8
         np.testing.assert_allclose(b.lams, a.lams, atol=1e-5)
@@ -186,7 +186,7 @@ def test_a_new_theta_answers_at_once_while_the_continuations_in_flight_end_on_th
     from monim.theta.memory import Memory
 
     other = Memory(tmp_path, theta.lm, Settings(calibrated=False, index=IndexConfig(k=16)))  # another Θ: λ 0.7
-    memorize_day(other, next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
+    memorize_day(other, next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2))).capped(2), make_policy("fullmem"))
     other.ds.commits.set_theta({"date": "1987-03-02", "lam": 0.7, "temperature": 1.0})
     prompts = [" ".join(t.split()[:n]) for t, n in zip(demo_texts(2), (12, 6))]
     first = {"dataframe_records": [{"prompt": prompts[0]}], "params": {"max_new_tokens": 120}}

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from helpers import write_feed
 from monim.core.config import DEMO_STREAM
 from monim.data.day import split_day
-from monim.data.sources import DatasetsSource, Document, StreamError, open_source
+from monim.data.feed import DatasetsFeed, Document, StreamError, open_feed
 from monim.data.stream import iter_days
 
 D = dt.date
@@ -20,7 +20,7 @@ D = dt.date
 
 @pytest.mark.slow
 def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
-    days = list(iter_days(open_source(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
+    days = list(iter_days(open_feed(data_dir / "news" / "realtimeqa-2022-06-to-09.jsonl.gz")))
     assert len(days) == 30 + 31 + 31 + 30
     assert [d.date for d in days] == sorted(d.date for d in days)
     assert sum(len(d) + d.duplicates for d in days) == 3160
@@ -35,16 +35,16 @@ def test_realtimeqa_has_every_day_of_june_to_september(data_dir):
 
 @pytest.mark.slow
 def test_reuters_day_counts_and_proportions(data_dir):
-    days = list(iter_days(open_source(data_dir / "news" / "reuters21578.jsonl.gz")))
+    days = list(iter_days(open_feed(data_dir / "news" / "reuters21578.jsonl.gz")))
     assert len(days) == 58 and sum(len(d) + d.duplicates for d in days) == 16934
     day = next(d for d in days if d.date == D(1987, 3, 2))
     assert day.duplicates == 3 and (len(day.train), len(day.validation), len(day.test)) == (467, 5, 5)  # 477: 1% each
 
 
 def test_date_range_and_bundled_demo():
-    days = list(iter_days(open_source(DEMO_STREAM), start=D(1987, 3, 4), end=D(1987, 3, 9)))
+    days = list(iter_days(open_feed(DEMO_STREAM), start=D(1987, 3, 4), end=D(1987, 3, 9)))
     assert [d.date.day for d in days] == [4, 5, 6, 7, 9]
-    assert sum(len(d) + d.duplicates for d in iter_days(open_source(DEMO_STREAM))) == 4003
+    assert sum(len(d) + d.duplicates for d in iter_days(open_feed(DEMO_STREAM))) == 4003
     assert (DEMO_STREAM.parent / "NOTICE.md").read_text().count("research purposes only") == 1
 
 
@@ -75,7 +75,7 @@ def test_repeated_texts_within_a_day_count_once(tmp_path):
     rows = [{"id": "a", "date": "2022-06-01", "text": "Same story."}, {"id": "b", "date": "2022-06-01", "text": "Same story.\n"},
             {"id": "c", "date": "2022-06-01", "text": "Other story."}, {"id": "d", "date": "2022-06-02", "text": "Same story."}]
     path = write_feed(tmp_path / "news.jsonl.gz", rows)
-    days = list(iter_days(open_source(path)))
+    days = list(iter_days(open_feed(path)))
     assert [(len(d), d.duplicates) for d in days] == [(2, 1), (1, 0)]  # across days a repeat is news again
     assert {d.id for d in days[0].train} == {"a", "c"}
 
@@ -85,7 +85,7 @@ def test_bad_record_names_file_line_and_field(problem, tmp_path):
     raw, field = BAD[problem]
     path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw] + GOOD[3:])
     with pytest.raises(StreamError) as err:
-        list(iter_days(open_source(path)))
+        list(iter_days(open_feed(path)))
     msg = str(err.value)
     assert f"{path}:4:" in msg and problem in msg
     assert (f"field '{field}'" in msg) if field else ("field" not in msg)
@@ -93,7 +93,7 @@ def test_bad_record_names_file_line_and_field(problem, tmp_path):
 
 def test_bad_records_are_skipped_and_counted(tmp_path):
     path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:3] + [raw for raw, _ in BAD.values()] + GOOD[3:])
-    days = list(iter_days(open_source(path), on_error="skip"))
+    days = list(iter_days(open_feed(path), on_error="skip"))
     assert [len(d) for d in days] == [2, 2, 2]
     assert [d.skipped for d in days] == [0, 5, 0]  # met while reading 2022-06-02
 
@@ -102,14 +102,14 @@ def test_a_bad_record_between_two_days_counts_once_read_whole_or_day_by_day(tmp_
     from monim.data.stream import list_dates, read_day
 
     path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:2] + [BAD["malformed JSON"][0]] + GOOD[2:] + [b"{end"])
-    whole = [d.skipped for d in iter_days(open_source(path), on_error="skip")]
+    whole = [d.skipped for d in iter_days(open_feed(path), on_error="skip")]
     one_by_one = [read_day(path, d, on_error="skip").skipped for d in list_dates(path, on_error="skip")]
     assert whole == one_by_one == [1, 0, 1]  # between two days: the day above's (being read); at the end: the last day's
 
 
 def test_a_record_out_of_date_order_is_named_late_not_learned_and_blocks_nothing(tmp_path):
     path = write_feed(tmp_path / "news.jsonl.gz", [GOOD[4], GOOD[0]])
-    (day,) = list(iter_days(open_source(path)))  # on_error="raise": late news is no error
+    (day,) = list(iter_days(open_feed(path)))  # on_error="raise": late news is no error
     assert day.date == D(2022, 6, 3) and len(day) == 1 and day.late == [("0", "2022-06-01")]
 
 
@@ -120,33 +120,33 @@ def test_a_late_record_is_skipped_counted_and_named_in_the_day_it_follows(tmp_pa
     path = write_feed(tmp_path / "news.jsonl.gz", GOOD[:4] + [BAD["malformed JSON"][0], late[0]] + GOOD[4:] + [late[1]])
     with pytest.raises(StreamError, match=r"news.jsonl.gz:5: malformed JSON"):
         list_dates(path)
-    whole = list(iter_days(open_source(path), on_error="skip"))
+    whole = list(iter_days(open_feed(path), on_error="skip"))
     one_by_one = [read_day(path, d, on_error="skip") for d in list_dates(path, on_error="skip")]
     for days in (whole, one_by_one):  # neither blocked: counted once, in the day whose records they follow
         assert [d.date for d in days] == [D(2022, 6, 1), D(2022, 6, 2), D(2022, 6, 3)]
         assert [d.late for d in days] == [[], [("late-1", "2022-06-01")], [("late-2", "2022-06-02")]]
         assert [(d.counts()["late"], d.skipped, len(d)) for d in days] == [(0, 0, 2), (1, 1, 2), (1, 0, 2)]
-    strict = list(iter_days(open_source(write_feed(tmp_path / "raise.jsonl.gz", GOOD[:4] + [late[0]] + GOOD[4:]))))
+    strict = list(iter_days(open_feed(write_feed(tmp_path / "raise.jsonl.gz", GOOD[:4] + [late[0]] + GOOD[4:]))))
     assert [d.late for d in strict] == [[], [("late-1", "2022-06-01")], []]  # on_error="raise" too: no block
 
 
 def test_missing_source_file():
     with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
-        open_source("/nowhere.jsonl")
+        open_feed("/nowhere.jsonl")
 
 
 def test_custom_field_names_and_plain_jsonl(tmp_path):
-    from monim.data.sources import Fields
+    from monim.data.feed import Fields
 
     path = tmp_path / "feed.jsonl"
     path.write_text('{"published": "2022-06-01T08:30:00Z", "body": "Rates rose."}\n')
     with pytest.raises(StreamError, match=r"feed.jsonl:1: field 'id': missing"):
-        list(iter_days(open_source(path, Fields(date="published", text="body"))))
-    (day,) = iter_days(open_source(path, Fields(date="published", text="body", missing_id="hash")))
+        list(iter_days(open_feed(path, Fields(date="published", text="body"))))
+    (day,) = iter_days(open_feed(path, Fields(date="published", text="body", missing_id="hash")))
     assert day.date == D(2022, 6, 1) and day.train[0].text == "Rates rose."
     copy = tmp_path / "elsewhere.jsonl"  # the id is the record's, whatever the file is called
     copy.write_text(path.read_text())
-    (again,) = iter_days(open_source(copy, Fields(date="published", text="body", missing_id="hash")))
+    (again,) = iter_days(open_feed(copy, Fields(date="published", text="body", missing_id="hash")))
     assert day.train[0].id == again.train[0].id and day.train[0].id.startswith("h")
 
 
@@ -156,8 +156,8 @@ def test_an_id_met_twice_is_refused_naming_both_lines_or_skipped(tmp_path):
     path = tmp_path / "feed.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(StreamError, match=rf"feed.jsonl:3: field 'id': 'a' again: {path}:1 has the same id"):
-        list(iter_days(open_source(path)))
-    (day,) = iter_days(open_source(path), on_error="skip")
+        list(iter_days(open_feed(path)))
+    (day,) = iter_days(open_feed(path), on_error="skip")
     assert sorted(d.text for d in day.train + day.validation + day.test) == ["One.", "Two."] and day.skipped == 1
 
 
@@ -178,12 +178,12 @@ def test_a_record_dated_after_today_is_refused_or_skipped(tmp_path):
 def test_a_bom_is_read_and_a_json_array_refused_saying_so(tmp_path):
     path = tmp_path / "feed.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "date": "2022-06-01", "text": "One."}).encode() + b"\n")
-    (day,) = iter_days(open_source(path))
+    (day,) = iter_days(open_feed(path))
     assert day.train[0].text == "One."
     array = tmp_path / "feed.json"
     array.write_text(json.dumps([{"id": "a", "date": "2022-06-01", "text": "One."}]))
     with pytest.raises(StreamError, match=r"feed.json: line 1: a JSON array; monim reads JSON Lines.*jq -c"):
-        open_source(array)
+        open_feed(array)
 
 
 def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
@@ -197,7 +197,7 @@ def test_a_long_article_is_cut_to_the_token_cap_and_counted(tmp_path):
 
 
 def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused(tmp_path):
-    from monim.data.sources import ID_CAP, TEXT_CAP, TITLE_CAP, short_title
+    from monim.data.feed import ID_CAP, TEXT_CAP, TITLE_CAP, short_title
 
     rows = [{"id": "big", "date": "2022-06-01", "title": "T" * 1_000_000, "text": "x" * (TEXT_CAP + 5)},
             {"id": "ok", "date": "2022-06-01", "title": " Short ", "text": "fine"},
@@ -205,8 +205,8 @@ def test_titles_and_texts_are_capped_at_ingest_and_counted_and_a_long_id_refused
     path = tmp_path / "feed.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(StreamError, match=rf"feed.jsonl:3: field 'id': {ID_CAP + 1} characters"):
-        list(iter_days(open_source(path)))
-    (day,) = iter_days(open_source(path), on_error="skip")
+        list(iter_days(open_feed(path)))
+    (day,) = iter_days(open_feed(path), on_error="skip")
     docs = {d.id: d for d in day.train + day.validation + day.test}
     assert len(docs["big"].title) == TITLE_CAP and docs["big"].title.endswith("T…") and len(docs["big"].text) == TEXT_CAP
     assert (docs["ok"].title, docs["ok"].text) == ("Short", "fine")
@@ -250,18 +250,18 @@ def test_news_crawl_docs_format(tmp_path):
         b"20200102\t" + b64("C.") + b"\t" + b64("C, in full."),
         b"20200102\tx\t!!notbase64",
     ])
-    days = list(iter_days(open_source(path), on_error="skip"))
+    days = list(iter_days(open_feed(path), on_error="skip"))
     assert [(d.date, [x.text for x in d.train]) for d in days] == [(D(2020, 1, 1), ["A. B."]), (D(2020, 1, 2), ["C, in full."])]
     assert days[1].skipped == 1
     with pytest.raises(StreamError, match=r":3: field 'text': invalid base64"):
-        list(iter_days(open_source(path)))
+        list(iter_days(open_feed(path)))
 
 
 def test_datasets_source_on_local_files(tmp_path):
     path = tmp_path / "rows.jsonl"
     rows = [{"id": "l", "date": "2022-06-02", "text": "later"}, {"id": "e", "date": "2022-06-01", "text": "earlier"}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    days = list(iter_days(DatasetsSource("json", data_files=str(path))))  # sorted by its date column
+    days = list(iter_days(DatasetsFeed("json", data_files=str(path))))  # sorted by its date column
     assert [(d.date, d.train[0].text) for d in days] == [(D(2022, 6, 1), "earlier"), (D(2022, 6, 2), "later")]
 
 
@@ -298,7 +298,7 @@ def test_day_index_reads_only_the_day_and_follows_appends_and_rewrites(suffix, t
 
 
 def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
-    from monim.data import dayindex, sources
+    from monim.data import dayindex, feed
     from monim.data.stream import read_day
 
     monkeypatch.setenv("MONIM_CACHE", str(tmp_path / "cache"))
@@ -306,8 +306,8 @@ def test_a_day_read_opens_the_file_once_from_that_day(tmp_path, monkeypatch):
     _write_days(path, [(f"2022-06-{d:02d}", 50) for d in range(1, 21)])
     read_day(path, D(2022, 6, 1))  # builds the index
     parsed = []
-    real = sources.to_document
-    monkeypatch.setattr(sources, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
+    real = feed.to_document
+    monkeypatch.setattr(feed, "to_document", lambda row, fields, where: parsed.append(where) or real(row, fields, where))
     dayindex.READS.clear()
     day = read_day(path, D(2022, 6, 20))
     assert len(day) == 50 and dayindex.READS[str(path)] == 1
@@ -350,7 +350,7 @@ RAW = st.sampled_from([  # lines json.dumps never writes
 def valid(rec, where: str) -> bool:
     """Whether a record is a valid Document at `where`, or a BadRecord at `where` naming a field of the
     record (or none: the line as a whole), its message printable."""
-    from monim.data.sources import BadRecord
+    from monim.data.feed import BadRecord
 
     if isinstance(rec, BadRecord):
         return rec.where == where and rec.field in (None, *FIELDS) and bool(str(rec).encode())
@@ -360,7 +360,7 @@ def valid(rec, where: str) -> bool:
 def sound(doc: Document) -> bool:
     """Whether a Document's fields are what one promises: a date; id, title and text strings UTF-8 encodes,
     without NUL; a text with more than spaces; an id of 1 to ID_CAP characters; title and text within their caps."""
-    from monim.data.sources import ID_CAP, TEXT_CAP, TITLE_CAP
+    from monim.data.feed import ID_CAP, TEXT_CAP, TITLE_CAP
 
     texts = (doc.id, doc.title, doc.text)
     return (isinstance(doc.date, dt.date) and all(isinstance(t, str) and "\x00" not in t for t in texts)
@@ -371,7 +371,7 @@ def sound(doc: Document) -> bool:
 @settings(max_examples=300, deadline=None)
 @given(ROWS, st.sampled_from(["error", "hash"]))
 def test_any_record_is_a_valid_document_or_a_bad_record_naming_its_field(row, missing_id):
-    from monim.data.sources import Fields, to_document
+    from monim.data.feed import Fields, to_document
 
     rec = to_document(row, Fields(missing_id=missing_id), "feed.jsonl:7")
     event("a Document" if isinstance(rec, tuple) else f"bad: {rec.field}")
@@ -384,11 +384,11 @@ def test_any_line_of_a_feed_is_a_document_or_a_bad_record_naming_its_line_and_fi
     """Written to a file (json.dumps escapes a lone surrogate as `\\ud800`, as a feed would hold it): each line is
     read as a valid Document or a BadRecord naming its file:line, its date for the day index is the record's,
     and the stream skips and counts what is bad (nothing raises)."""
-    from monim.data.sources import BadRecord, JsonlSource
+    from monim.data.feed import BadRecord, JsonlFeed
 
     path = tmp_path_factory.mktemp("feed") / "feed.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    source = JsonlSource(path)
+    source = JsonlFeed(path)
     got = list(source.records())
     nonblank = [n for n, raw in enumerate(lines, 1) if raw.strip()]
     assert len(got) == len(nonblank)

@@ -16,7 +16,7 @@ import torch
 from helpers import refused
 from monim.core.config import DEMO_STREAM, RunConfig, ScoreConfig
 from monim.data.day import Day
-from monim.data.sources import Document, open_source
+from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.lm.scoring import with_neighbors
 from monim.storage.index import IndexConfig
@@ -50,7 +50,7 @@ def test_a_writer_with_other_settings_is_refused_and_an_old_memory_adopts_them(t
     from monim.theta.memory import Memory
 
     lm = load_lm(str(tiny_model_dir("llama")))
-    day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(1)
+    day = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).capped(1)
     odd = Settings(window=ScoreConfig(stride=64, context=32), index=IndexConfig(k=8))
     memorize_day(Memory(tmp_path / "m", lm, odd), day, make_policy("fullmem"))
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
@@ -99,7 +99,7 @@ def test_the_served_model_eval_and_the_gate_score_a_text_alike(monim, odd_run, t
     from tracking.versions import registered
 
     cfg, rows = odd_run
-    day2 = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))
+    day2 = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 3), dt.date(1987, 3, 3)))
     text = day2.test[0].text[:1500]
     (tmp_path / "text.txt").write_text(text)
     uri = f"sqlite:///{Path(cfg.workdir).resolve() / 'mlflow.db'}"
@@ -128,7 +128,7 @@ def test_generations_first_step_is_the_evaluations_distribution(odd_run):
     memory = Memory.open(memory_root(cfg.workdir, cfg.name))
     assert memory.settings.window.stride == 64 and memory.settings.index.k == 8
     assert memory.settings.calibrator.skip_threshold == 0.3
-    day = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2)))
+    day = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2)))
     tokens = memory.lm.tokenizer(day.train[0].text)["input_ids"][:40]  # a learned article's start
     prompt = memory.lm.tokenizer.decode(tokens[:-1])
     gen = generate(memory.lm, prompt, memory, GenerateConfig(max_new_tokens=1, keep_distributions=True))
@@ -158,7 +158,7 @@ def test_a_forget_during_a_learns_commit_leaves_a_clean_run_plus_the_forget(moni
     model, env = str(tiny_model_dir("gpt2")), os.environ | {"PREFECT_API_URL": prefect_api}  # the session's API: no start-up per learn
     args = ["learn", "--source", str(DEMO_STREAM), "--start", DAYS[0], "--end", "1987-03-04", "--policy", "fullmem",
             "--model", model, "--max-docs", "3"]
-    victim = next(iter_days(open_source(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[0].id
+    victim = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[0].id
     racing, log = tmp_path / "racing", tmp_path / "learn.log"
     learn = subprocess.Popen([monim.script, *args, "--workdir", racing], env=env, stdout=subprocess.DEVNULL,
                              stderr=log.open("w"))

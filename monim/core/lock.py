@@ -1,4 +1,4 @@
-"""One writer at a time: an exclusive lock per memory (and per work directory's run records).
+"""One writer at a time: an exclusive lock per memory (and per work directory, for its runs' rows).
 
 The lock is an advisory `flock` on a file, through `filelock`: the kernel drops it when its holder
 dies, even by `kill -9`, so a dead holder's lock is simply free. Beside it, `<lock>.holder`

@@ -47,7 +47,7 @@ def read_manifest(path: Path) -> dict:
 
 
 @dataclass
-class DayRecord:
+class CommittedDay:
     """One committed day in the manifest."""
 
     date: str
@@ -72,10 +72,10 @@ def _theta_history(root: Path) -> list[dict]:
     (a day calibrated twice counts its last calibration)."""
     metas = sorted((root / "theta").glob("*/meta.json"), key=lambda p: (p.parent.name[:10], p.stat().st_mtime_ns))
     history: dict[str, dict] = {}
-    for meta in metas:
-        record = json.loads(meta.read_text())
-        history[record["date"]] = {k: record[k] for k in ("lam", "temperature", "date", "nll") if k in record} | {
-            "dir": f"theta/{meta.parent.name}"}
+    for path in metas:
+        meta = json.loads(path.read_text())
+        history[meta["date"]] = {k: meta[k] for k in ("lam", "temperature", "date", "nll") if k in meta} | {
+            "dir": f"theta/{path.parent.name}"}
     return list(history.values())
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from monim.data import dedup
-from monim.data.sources import Document
+from monim.data.feed import Document
 
 SPLITS = ("train", "validation", "test")
 READ = ("train", "validation", "test", "duplicates", "capped", "forgotten")  # the counts that add up to a day's articles in the feed
@@ -30,8 +30,8 @@ class Day:
     groups: dict[str, str] = field(default_factory=dict)  # doc id -> its near-duplicate group (first doc's id)
     capped_out: int = 0  # training articles left out by a cap on articles a day (max_docs)
     truncated: int = 0  # articles cut to a cap on tokens an article
-    titles_cut: int = 0  # headlines cut to monim.data.sources.TITLE_CAP characters at ingest
-    texts_cut: int = 0  # articles cut to monim.data.sources.TEXT_CAP characters at ingest
+    titles_cut: int = 0  # headlines cut to monim.data.feed.TITLE_CAP characters at ingest
+    texts_cut: int = 0  # articles cut to monim.data.feed.TEXT_CAP characters at ingest
     late: list[tuple[str, str]] = field(default_factory=list)  # (id, date) of late records read with the day, not learned
     ids: tuple[str, ...] = ()  # every article's id the day read (repeats and capped ones too): what a memory knows
     forgotten: list[tuple[str, str]] = field(default_factory=list)  # (id, why) of articles a memory forgot, read and not learned

@@ -1,4 +1,4 @@
-"""News streams: a source's records read day by day, each day made a Day (monim.data.day).
+"""News streams: a feed's records read day by day, each day made a Day (monim.data.day).
 
 A stream refuses (or, with on_error="skip", skips and counts) what it cannot trust: a bad record, an
 id met twice, a record dated after today. A late record (one out of date order, dated before a record
@@ -17,7 +17,7 @@ from typing import Iterator, Literal, Mapping
 
 from monim.data import dedup
 from monim.data.day import Day, split_day
-from monim.data.sources import BadRecord, Document, Fields, Record, Source, StreamError, open_source
+from monim.data.feed import BadRecord, Document, Feed, Fields, Record, StreamError, open_feed
 
 NAMED = 20  # bad records a day keeps to name (file, line, field, problem); the rest are counted
 
@@ -80,7 +80,7 @@ class Gathered:
         self.read = earlier.read + self.read
 
 
-def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
+def _day_documents(feed: Feed, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"],
                    known: Known | None = None) -> Iterator[Gathered]:
     """What each day from start to end counts, in date order, every record of the range in exactly one
     day (read whole or day by day through the day index alike), decided by the records above it only
@@ -113,7 +113,7 @@ def _day_documents(source: Source, start: dt.date | None, end: dt.date | None, o
         day.bad += [str(b) for b in bad[: NAMED - len(day.bad)]]
         day.read += [(str(b), "") for b in bad]
 
-    for rec in source.records(start):
+    for rec in feed.records(start):
         if not isinstance(rec, BadRecord) and rec[1].date > latest_date():
             rec = BadRecord(rec[0], "date", f"{rec[1].date} is after today ({dt.date.today()}): a mis-dated record")
         date = rec.date if isinstance(rec, BadRecord) else rec[1].date
@@ -181,14 +181,14 @@ def _articled(days: Iterator[Gathered]) -> Iterator[Gathered]:
 
 
 def iter_days(
-    source: Source,
+    feed: Feed,
     start: dt.date | None = None,
     end: dt.date | None = None,
     seed: int = 0,
     on_error: Literal["raise", "skip"] = "raise",
     known: Known | None = None,
 ) -> Iterator[Day]:
-    """The source's days with articles from `start` to `end` (inclusive), in date order, one day in memory.
+    """The feed's days with articles from `start` to `end` (inclusive), in date order, one day in RAM.
 
     A bad record raises StreamError, or with on_error="skip" is skipped and counted in the `skipped`
     of its day (monim.data.stream._day_documents says which); a day without articles counts with the next
@@ -197,7 +197,7 @@ def iter_days(
     record. A text repeated within a day is kept once (counted in `duplicates`); near-duplicates are
     grouped (`groups`).
     """
-    for gathered in _articled(_day_documents(source, start, end, on_error, known)):
+    for gathered in _articled(_day_documents(feed, start, end, on_error, known)):
         yield _make_day(gathered, seed)
 
 
@@ -207,7 +207,7 @@ def read_range(source: str | Path, start: dt.date | None = None, end: dt.date | 
     """Every record from start to end, read once, a day with articles at a time (StreamError at the
     first bad one, naming its file, line and field, unless skipped)."""
     list_dates(source, start, end, on_error, fields)  # days after today refused by the day index, before reading
-    return _articled(_day_documents(open_source(source, fields), start, end, on_error, known))
+    return _articled(_day_documents(open_feed(source, fields), start, end, on_error, known))
 
 
 def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
@@ -219,20 +219,20 @@ def check_records(source: str | Path, start: dt.date | None = None, end: dt.date
 
 def read_day(source: str | Path, date: dt.date, seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
              fields: Fields | None = None, since: dt.date | None = None, known: Known | None = None) -> Day | None:
-    """One day of a source, or None when it has no articles that day. `since`: the first day after the
+    """One day of the feed, or None when it has no articles that day. `since`: the first day after the
     run's previous day with articles, whose records (bad or late only) this day counts too."""
-    days = iter_days(open_source(source, fields), since or date, date, seed, on_error, known)
+    days = iter_days(open_feed(source, fields), since or date, date, seed, on_error, known)
     return next((d for d in days if d.date == date), None)
 
 
 def list_dates(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
                on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[dt.date]:
-    """The dates between start and end (inclusive) on which the source has articles. Dates after
+    """The dates between start and end (inclusive) on which the feed has articles. Dates after
     today are refused (StreamError), or with on_error="skip" left out."""
-    src = open_source(source, fields)
-    indexed = src.dates()
+    feed = open_feed(source, fields)
+    indexed = feed.dates()
     if indexed is None:  # no day index: read through (a record dated after today is a bad record there)
-        return [g.date for g in _articled(_day_documents(src, start, end, on_error))]
+        return [g.date for g in _articled(_day_documents(feed, start, end, on_error))]
     future = [d for d in indexed if d > latest_date() and (end is None or d <= end)]
     if future and on_error == "raise":
         raise StreamError(f"{source}: field 'date': {len(future)} day(s) after today ({dt.date.today()}), from "
@@ -262,7 +262,7 @@ def arrived_after(source: str | Path, date: dt.date, records: int, since: dt.dat
                   on_error: Literal["raise", "skip"] = "raise", fields: Fields | None = None) -> list[tuple[str, str]]:
     """The records a learned day got after it was learned with `records` of them, read from `since` as it was
     learned (the days from `since` without articles counting with it): Gathered.after."""
-    for gathered in _articled(_day_documents(open_source(source, fields), min(since or date, date), date, on_error)):
+    for gathered in _articled(_day_documents(open_feed(source, fields), min(since or date, date), date, on_error)):
         if gathered.date == date:
             return gathered.after(records)
     return []

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from monim.core.config import ScoreConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.features import Features
 from monim.lm.model import LM
 from monim.lm.scoring import with_neighbors

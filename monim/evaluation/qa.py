@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from monim.core.config import ScoreConfig
-from monim.data.sources import StreamError, parse_date
+from monim.data.feed import StreamError, parse_date
 from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.model import LM
 from monim.lm.scoring import score_tokens

@@ -16,7 +16,7 @@ from typing import Callable, Hashable, Iterable, Literal
 import numpy as np
 
 from monim.core.recency import Recency
-from monim.data.sources import Document, Fields, open_source
+from monim.data.feed import Document, Fields, open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import combine, evaluate_many
 from monim.evaluation.qa import answer_questions, read_questions
@@ -81,7 +81,7 @@ def period_sets(source: str, start: dt.date | None, end: dt.date | None, by: str
                 on_error: Literal["raise", "skip"] = "raise") -> dict[str, list[Document]]:
     """Each period's held-out articles in date order; at most `max_docs`, spread evenly over it."""
     sets: dict[str, list[Document]] = {}
-    for day in iter_days(open_source(source, fields), start, end, seed, on_error):
+    for day in iter_days(open_feed(source, fields), start, end, seed, on_error):
         sets.setdefault(period_of(day.date, by), []).extend(day.split(split))
     if max_docs is not None:
         sets = {p: [docs[i] for i in np.unique(np.linspace(0, len(docs) - 1, max_docs).round().astype(int))]

@@ -1,2 +1,2 @@
 """Learning (layer 5): what to memorize (the adaptive threshold, the policies, merging), the daily
-recalibration and the parametric learners. Imports the layers below; never monim.evaluation."""
+calibration and the parametric learners. Imports the layers below; never monim.evaluation."""

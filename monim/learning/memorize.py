@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 
 from monim.data.day import Day
+from monim.learning.calibration import Sample, sample_path
 from monim.learning.decision import Decision
 from monim.learning.policies import Policy, policy_params
-from monim.learning.recalibration import Sample, sample_path
 from monim.lm.features import Features
 from monim.storage import articles
 from monim.storage.entries import Entries

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from monim.core.atomic import is_stray, replacing, write_json
 from monim.core.config import Learner
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import LM
 
 WEIGHTS = "model.safetensors"
@@ -50,7 +50,7 @@ def review_blocks(lm: LM, learner: Learner, tokens: int, rng: np.random.Generato
     return [ids[s : s + learner.train_block] for s in starts]
 
 
-def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, step: int,
+def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, optimizer_step: int,
               pretrained: dict[str, torch.Tensor] | None = None) -> dict:
     """Train lm.model in place on the documents (plus review text); returns what it did, with the
     stream's optimizer step count after the day."""
@@ -76,7 +76,7 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
                 loss = _loss(lm, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                lam = learner.anneal(step)
+                lam = learner.anneal(optimizer_step)
                 for group in optimizer.param_groups:
                     group["lr"] = learner.lr * lam
                 optimizer.step()
@@ -85,12 +85,12 @@ def train_day(lm: LM, docs: list[Document], learner: Learner, day_index: int, st
                         for name, p in model.named_parameters():
                             p.sub_(learner.lr * (1 - lam) * learner.pretrain_coef * (p - pretrained[name]))
                 losses.append(loss.item())
-                step += 1
+                optimizer_step += 1
     finally:
         model.eval()
         optimizer.zero_grad(set_to_none=True)
     return {"tokens_trained": new_tokens, "review_tokens": sum(len(b) for b in review), "steps": len(losses),
-            "step": step, "train_loss": float(np.mean(losses)) if losses else math.nan,
+            "step": optimizer_step, "train_loss": float(np.mean(losses)) if losses else math.nan,
             "seconds_train": time.perf_counter() - started}
 
 

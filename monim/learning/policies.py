@@ -182,7 +182,7 @@ def make_policy(name: str, cfg: PolicyConfig | None = None, follows: float | Non
     """A memorization policy by its name (fullmem, randmem, monim, monim-amt, kl, greedy-merge), with
     the parameters it reads from `cfg` and `changes` (PolicyConfig's fields); `follows`: the MemRate it
     stores at where it follows another run (RandMem, unless a rate is set)."""
-    e = catalogue.entry(name)
+    e = catalogue.policy_info(name)
     if e.make is None:
         raise ValueError(f"{name} is not a memorization policy; expected one of {', '.join(catalogue.names(MEMORY))}")
     cfg = replace(cfg or PolicyConfig(), **changes)

@@ -24,7 +24,7 @@ import numpy as np
 
 from monim.core.atomic import TMP, is_stray, replacing
 from monim.core.config import RunConfig, ScoreConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import LM
 from monim.lm.scoring import score_tokens, with_neighbors
 from monim.lm.token_scores import Neighbors, TokenScores

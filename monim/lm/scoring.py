@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from monim.core.config import ScoreConfig
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import Neighbors, TokenScores
 from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan

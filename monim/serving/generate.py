@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from monim.data.sources import short_title
+from monim.data.feed import short_title
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation
@@ -133,7 +133,7 @@ class Decoder:
         return row
 
     @torch.inference_mode()
-    def step(self) -> list[Row]:
+    def advance(self) -> list[Row]:
         """Every row one token further (each asked first whether it should stop); the rows that ended."""
         ended = [r for r in self.active + self.waiting if self._stopped(r)]
         self.waiting = [r for r in self.waiting if r.result is None]
@@ -267,6 +267,6 @@ def generate(lm: LM, prompt: str, memory: Memory | None = None, cfg: GenerateCon
     decoder = Decoder(lm, memory)
     row = decoder.add(prompt, cfg, should_stop)
     while (result := row.result) is None:
-        decoder.step()
+        decoder.advance()
     return result
 

@@ -42,7 +42,7 @@ class Generation:
     text: str
     tokens: list[int]
     lams: list[float]
-    sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Source as dict]}
+    sentences: list[dict] = field(default_factory=list)  # {"text", "sources": [Cited as dict]}
     stopped: str = "max_new_tokens"  # why it ended: max_new_tokens, eos, or what `should_stop` said (a time limit, ...)
     logprobs: list[np.ndarray] | None = None  # Θ's log P over the vocabulary before each step
     sources: list[dict] = field(default_factory=list)  # the article put before the prompt (retrieve): date, doc_id, title

@@ -97,7 +97,7 @@ def parse(body: object, limits: Limits) -> Request:
     given = [f for f in FORMATS if f in body]
     if len(given) != 1:
         raise BadRequest(f"send exactly one of {', '.join(map(repr, FORMATS))}, got {given or 'none'}")
-    rows = [_row(record, at, limits) for record, at in records(given[0], body[given[0]], limits)]
+    rows = [_row(item, at, limits) for item, at in request_rows(given[0], body[given[0]], limits)]
     params = body.get("params")
     params = {} if params is None else params
     if not isinstance(params, dict):
@@ -118,7 +118,7 @@ def parse(body: object, limits: Limits) -> Request:
                    frozenset(i for i, (_, _, retrieve, _) in enumerate(rows) if retrieve), [n for *_, n in rows])
 
 
-def records(form: str, data: object, limits: Limits) -> list[tuple[object, tuple[str, str]]]:
+def request_rows(form: str, data: object, limits: Limits) -> list[tuple[object, tuple[str, str]]]:
     """The rows of a body's `form` field as MLflow's scoring server reads them into a DataFrame, each
     with where it is in the body ((before, after) a column's name): `dataframe_records` and a list
     under `inputs` or `instances` hold one object a row, a dict under them one list a column (or

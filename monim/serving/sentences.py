@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from monim.data.sources import short_title
+from monim.data.feed import short_title
 from monim.lm.model import LM
 from monim.theta.memory import Memory
 
@@ -15,7 +15,7 @@ SENTENCE_END = (".", "!", "?")  # and a blank line
 
 
 @dataclass
-class Source:
+class Cited:
     """A memorized article and the kNN weight its entries gave the tokens of a sentence."""
 
     date: str
@@ -62,5 +62,5 @@ def sentences(lm: LM, memory: Memory | None, tokens: list[int], credit: list[dic
                     per_doc[docs[entry]] += w
         best = sorted(per_doc.items(), key=lambda kv: -kv[1])[:top]
         out.append({"text": lm.decode(tokens[a:b], skip_special_tokens=True),
-                    "sources": [asdict(Source(*doc, weight=w)) for doc, w in best]})
+                    "sources": [asdict(Cited(*doc, weight=w)) for doc, w in best]})
     return out

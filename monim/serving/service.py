@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.evaluation.evaluate import score_texts
 from monim.serving.generate import Decoder, Row
 from monim.serving.request import BadRequest, Limits, Request, parse
@@ -148,7 +148,7 @@ class Service:
             decoders = [d for d in decoders[:-1] if len(d)] + decoders[-1:]  # an old Θ's decoder, once drained, goes
             for n, decoder in enumerate(decoders):
                 try:
-                    decoder.step()
+                    decoder.advance()
                 except Exception as e:  # noqa: BLE001 (every continuation of this decoder failed with it)
                     log.exception("generation failed")
                     for j, d in running:

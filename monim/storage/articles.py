@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from monim.data.dedup import Signatures
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.storage.lexical import day_counts
 
 ARRAY = "articles"  # the shard array that holds them

@@ -15,9 +15,9 @@ from typing import Callable
 import numpy as np
 
 from monim.core.atomic import checksum, replacing, write_json
-from monim.core.manifest import DayRecord
+from monim.core.manifest import CommittedDay
 from monim.data.dedup import TWINS, Signatures
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.storage import articles, forgotten, lexical
 from monim.storage.entries import DTYPES, Entries
 from monim.storage.shards import WEIGHTS, Shards
@@ -82,7 +82,7 @@ class Commits:
             days = [self._without(rec, merged) for rec in days]
         name = f"{len(days):06d}-{date}-{uuid.uuid4().hex[:8]}"
         sums = self._write_shard(name, arrays, docs, [titles.get(d, "") for d in docs] if titles else None)
-        days.append(DayRecord(date, name, int(tokens_seen), len(entries), policy, params or {},
+        days.append(CommittedDay(date, name, int(tokens_seen), len(entries), policy, params or {},
                               searched=int(searched), checksums=sums).__dict__)
         self._publish(days, next_id=next_id + len(entries))
         return True

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from monim.core.atomic import checksum
-from monim.core.manifest import FORMAT, IDENTITY, DayRecord, MemoryMismatch, read_manifest, upgrade
+from monim.core.manifest import FORMAT, IDENTITY, CommittedDay, MemoryMismatch, read_manifest, upgrade
 from monim.storage.commits import Commits
 from monim.storage.shards import Shards
 
@@ -93,10 +93,10 @@ class Datastore:
         return self.manifest["version"]
 
     @property
-    def days(self) -> list[DayRecord]:
+    def days(self) -> list[CommittedDay]:
         return self.shards.days
 
-    def days_at(self, as_of: str | None = None) -> list[DayRecord]:
+    def days_at(self, as_of: str | None = None) -> list[CommittedDay]:
         """The committed days up to the end of day `as_of` (None: all of them)."""
         return [d for d in self.days if as_of is None or d.date <= as_of]
 
@@ -129,7 +129,7 @@ class Datastore:
     def checksum(self, as_of: str | None = None) -> str:
         """A hash of what Θ reads as of the end of day `as_of` (None: the latest): its days' shards
         (their files' own checksums), the calibration and the calibrator file; it changes when any of
-        them does (a forgotten article, a recalibration)."""
+        them does (a forgotten article, a calibration)."""
         days = [(d.date, d.shard, d.entries, d.checksums) for d in self.days_at(as_of)]
         theta = self.theta_at(as_of)
         calibrator = self.root / theta["dir"] / "calibrator.pt" if theta.get("dir") else None

@@ -1,8 +1,8 @@
-"""fsck: a memory against its manifest, and a work directory's run records against its memories.
+"""fsck: a memory against its manifest, and the rows of a work directory's runs against its memories.
 
 The manifest is the truth of a memory: which days are committed (with the checksum of every shard
 file, written at commit), evaluated (with their metrics), and Θ's history. The index, the lexical counts, the calibration samples
-and the run records are derived from it or must agree with it; `repair` rebuilds or removes what is
+and the runs' rows are derived from it or must agree with it; `repair` rebuilds or removes what is
 derived and names what cannot be recovered (a shard missing or corrupt: which day, how many entries).
 """
 
@@ -18,13 +18,13 @@ import numpy as np
 
 from monim.core.atomic import checksum, is_stray, write_json
 from monim.core.lock import hold, reading
-from monim.core.manifest import DayRecord
+from monim.core.manifest import CommittedDay
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
 from monim.storage.memory_settings import Settings
-from monim.storage.workdirs import record_path, run_lock, write_view
+from monim.storage.workdirs import rows_file, run_lock, write_view
 
 
 @dataclass
@@ -50,7 +50,7 @@ def _shard_problems(ds: Datastore, known: dict | None = None) -> list[Problem]:
     return out
 
 
-def day_problem(ds: Datastore, day: DayRecord, known: dict | None = None) -> Problem | None:
+def day_problem(ds: Datastore, day: CommittedDay, known: dict | None = None) -> Problem | None:
     """A committed day's shard against its commit: its files' checksums and its arrays' lengths (every
     byte read: Memory.open's check too). `known`: checksums already computed, by file, size and time
     (files unchanged since are not read again)."""
@@ -203,24 +203,24 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
 def unfinished(ds: Datastore) -> dict[str, list[str]]:
     """The committed days a learn left half-finished (stopped after its commit, e.g. by `kill -9`): date
     -> what the manifest lacks of what the day's recipe writes after the commit ("calibrated", where
-    the memory held entries then; "evaluated": its row of the run's record)."""
+    the memory held entries then; "evaluated": its row in runs/<run>.json)."""
     calibrated, evaluated, held, out = {t["date"] for t in ds.manifest["thetas"]}, ds.evaluations(), 0, {}
     for day in ds.days:
-        held += day.entries  # a calibration needs entries (monim.learning.recalibration.calibrate)
+        held += day.entries  # a calibration needs entries (monim.learning.calibration.calibrate)
         missing = ["calibrated"] * (held > 0 and day.date not in calibrated) + ["evaluated"] * (day.date not in evaluated)
         if missing:
             out[day.date] = missing
     return out
 
 
-def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
+def check_rows(workdir: Path | str, repair: bool = False) -> list[Problem]:
     """Each run record (a view) against its memory's manifest, which holds the evaluated days (with
-    `repair`, the record is rewritten from the manifest; the stream learns again the days it lacks)."""
+    `repair`, the rows are rewritten from the manifest; the stream learns again the days it lacks)."""
     problems = []
     for root in sorted((Path(workdir) / "memories").glob("*")):
         if not (root / "manifest.json").exists():
             continue
-        path = record_path(workdir, root.name)
+        path = rows_file(workdir, root.name)
         with hold(run_lock(workdir, root.name)) if repair else reading(run_lock(workdir, root.name)):
             rows = json.loads(path.read_text()) if path.exists() else {}
             truth = Datastore.read(root).evaluations()
@@ -230,7 +230,7 @@ def check_records(workdir: Path | str, repair: bool = False) -> list[Problem]:
             what = "; ".join([f"days {', '.join(extra)} recorded but not evaluated in the memory"] * bool(extra) +
                              [f"days {', '.join(missing)} evaluated in the memory but not recorded"] * bool(missing)
                              ) or "rows differ from the memory's"
-            problems.append(Problem(str(path), what, "rewrite the record from the manifest", repair))
+            problems.append(Problem(str(path), what, "rewrite the rows from the manifest", repair))
             if repair:
                 write_view(workdir, root.name)
     return problems

@@ -12,7 +12,7 @@ from typing import Literal, Sequence
 from monim.core.config import RunConfig
 from monim.core.manifest import read_manifest
 from monim.data.day import records
-from monim.data.sources import Fields
+from monim.data.feed import Fields
 from monim.data.stream import arrived_after, read_range
 from monim.storage import workdirs
 from monim.storage.forgotten import check_relearn, forgotten_days

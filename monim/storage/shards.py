@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from monim.core.manifest import Damaged, DayRecord
+from monim.core.manifest import CommittedDay, Damaged
 from monim.storage import articles
 from monim.storage.entries import DTYPES
 
@@ -38,9 +38,9 @@ class Shards:
             self._pinned = None
 
     @property
-    def days(self) -> list[DayRecord]:
+    def days(self) -> list[CommittedDay]:
         """The committed days, in order."""
-        return [DayRecord(**d) for d in self.manifest["days"]]
+        return [CommittedDay(**d) for d in self.manifest["days"]]
 
     def committed(self, date: dt.date | str) -> bool:
         return any(d["date"] == str(date) for d in self.manifest["days"])

@@ -1,10 +1,9 @@
-"""The work directory's layout: where each run's memory, weights, record and lock live, its run
-records (each run's evaluated days, date -> the day's row of metrics, where a stream resumes) and
-its status.
+"""The work directory's layout: where each run's memory, weights, rows and lock live (its rows:
+each evaluated day, date -> the day's row of metrics, where a stream resumes) and its status.
 
 A memory's manifest holds the row of every day it evaluated (the truth); `runs/<name>.json` is a
 view of those rows, rewritten from the manifest after each day (and by `monim fsck --repair`). It
-is the only record of the bare LM, which has no memory.
+alone holds the bare LM's rows: the bare LM has no memory.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from monim.storage.datastore import Datastore
 from monim.storage.forgotten import forgotten_ids
 
 
-def record_path(workdir: str | Path, name: str) -> Path:
+def rows_file(workdir: str | Path, name: str) -> Path:
     return Path(workdir) / "runs" / f"{name}.json"
 
 
@@ -47,19 +46,19 @@ def run_names(workdir: str | Path) -> list[str]:
 
 
 def read_rows(workdir: str | Path, name: str) -> dict[str, dict]:
-    """The run's evaluated days: from its memory's manifest, else (the bare LM) from its record."""
+    """The run's evaluated days: from its memory's manifest, else (the bare LM) from its rows."""
     root = memory_root(workdir, name)
     if (root / "manifest.json").exists():
         return Datastore.read(root).evaluations()
-    path = record_path(workdir, name)
+    path = rows_file(workdir, name)
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def write_row(workdir: str | Path, name: str, row: dict, ds: Datastore | None) -> None:
     """Record an evaluated day: in the memory's manifest (under its write lock), then in the view."""
     if ds is None:
-        record_path(workdir, name).parent.mkdir(parents=True, exist_ok=True)
-        write_json(record_path(workdir, name), read_rows(workdir, name) | {row["date"]: row})
+        rows_file(workdir, name).parent.mkdir(parents=True, exist_ok=True)
+        write_json(rows_file(workdir, name), read_rows(workdir, name) | {row["date"]: row})
         return
     with hold(ds.lock):
         ds.reload()
@@ -68,8 +67,8 @@ def write_row(workdir: str | Path, name: str, row: dict, ds: Datastore | None) -
 
 
 def write_view(workdir: str | Path, name: str, ds: Datastore | None = None) -> None:
-    """The run's record rewritten from its memory's manifest (after a day, or a forget or relearn)."""
-    path = record_path(workdir, name)
+    """The run's rows rewritten from its memory's manifest (after a day, or a forget or relearn)."""
+    path = rows_file(workdir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, (ds or Datastore.read(memory_root(workdir, name))).evaluations())
 
@@ -91,7 +90,7 @@ def learned_with(name: str, manifest: dict) -> dict:
     """The recorded parameters a memory's policy reads ({"delta": -1.5} for MoNIM's)."""
     policy = recorded(manifest).get("policy", {})
     base = name.removesuffix("-const")
-    reads = catalogue.entry(base).reads if base in catalogue.names() else tuple(policy)
+    reads = catalogue.policy_info(base).reads if base in catalogue.names() else tuple(policy)
     return {k: policy[k] for k in reads if k in policy}
 
 

@@ -26,7 +26,7 @@ from monim.core.config import CalibratorConfig
 from monim.theta.knnlm import TEMPERATURES
 
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
-# λ's ceiling, also the copy rule's largest (monim.learning.recalibration.COPY_LAMBDAS): at λ = 1 the LM gets
+# λ's ceiling, also the copy rule's largest (monim.learning.calibration.COPY_LAMBDAS): at λ = 1 the LM gets
 # no weight, and a token whose target the neighbours miss costs -inf (a full-volume day saw a
 # float32 λ round to exactly 1.0)
 LAM_CEIL = 0.99
@@ -178,12 +178,12 @@ class CalibratorNet(nn.Module):
 
 @dataclass
 class Calibrator:
-    """A trained calibrator: its net, the kNN temperature it was trained with, and its record."""
+    """A trained calibrator: its net, the kNN temperature it was trained with, and its summary."""
 
     net: CalibratorNet
     temperature: float  # one of monim.theta.knnlm.TEMPERATURES
     config: CalibratorConfig
-    record: dict = field(default_factory=dict)  # day trained on, epochs, held-out NLL, seconds
+    summary: dict = field(default_factory=dict)  # day trained on, epochs, held-out NLL, seconds
 
     @torch.no_grad()
     def lam(self, ex: Examples, chunk: int = 4096) -> np.ndarray:
@@ -194,7 +194,7 @@ class Calibrator:
 
     def save(self, path: Path) -> None:
         torch.save({"state": self.net.state_dict(), "temperature": self.temperature, "config": asdict(self.config),
-                    "record": self.record}, path)
+                    "record": self.summary}, path)
 
     @classmethod
     def load(cls, path: Path, key_dim: int) -> Calibrator:
@@ -255,10 +255,10 @@ def train_calibrator(ex: Examples, cfg: CalibratorConfig, lam: float, temperatur
         if nll < best_nll:
             best_nll, best_state, best_epoch = nll, copy.deepcopy(net.state_dict()), epoch
     net.load_state_dict(best_state)
-    record = {"warm_start": warm is not None, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
+    summary = {"warm_start": warm is not None, "epochs": epochs, "best_epoch": best_epoch, "train_tokens": len(train),
               "held_out_tokens": len(held), "held_out_nll_start": start_nll, "held_out_nll": best_nll,
               "seconds": time.perf_counter() - started}
-    return Calibrator(net, temperature, cfg, record)
+    return Calibrator(net, temperature, cfg, summary)
 
 
 def warm_epochs(cfg: CalibratorConfig, days_trained: int) -> int:

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from monim.core.lock import hold
-from monim.core.manifest import DayRecord, recorded
+from monim.core.manifest import CommittedDay, recorded
 from monim.core.recency import Recency
 from monim.data.dedup import TWINS, Signatures, TwinIndex
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.features import Features
 from monim.lm.model import LM, cached_lm
 from monim.lm.scoring import score
@@ -40,7 +40,7 @@ class Memory:
 
     Θ (the semiparametric model) interpolates the LM with the kNN distribution using the calibrator's
     per-token λ (`settings.calibrated`) or the constant λ, both trained daily by
-    `monim.learning.recalibration.calibrate` (or the LM alone, on a day whose Θ did worse than the LM on held-out
+    `monim.learning.calibration.calibrate` (or the LM alone, on a day whose Θ did worse than the LM on held-out
     tokens: `fallback`). With `as_of` (a date), the memory is read as it stood after that day (time
     travel, read-only): the days up to it, the calibration made that day and an index search limited
     to their entries.
@@ -112,7 +112,7 @@ class Memory:
         return len(self.ds) if self.as_of is None else sum(d.entries for d in self.days)
 
     @property
-    def days(self) -> list[DayRecord]:
+    def days(self) -> list[CommittedDay]:
         """The committed days this memory holds (up to `as_of`)."""
         return self.ds.days_at(self.as_of)
 

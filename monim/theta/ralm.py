@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.model import LM
 from monim.lm.scoring import score_tokens
 from monim.lm.token_scores import TokenScores
@@ -52,7 +52,7 @@ class Pass:
     lm_tokens: int = 0
     scored: int = 0
     seconds: float = 0.0
-    sources: dict[str, list[str]] = field(default_factory=dict)  # text id -> ids of the articles retrieved, in order
+    retrieved: dict[str, list[str]] = field(default_factory=dict)  # text id -> ids of the articles retrieved, in order
 
 
 class Prefixes:
@@ -98,7 +98,7 @@ def score_with_articles(lm: LM, memory, docs: list[Document], tokens: list[list[
         head = prefixes.of(article, size + 1 - (e - p))  # what is fed: all but the last target
         seqs.append((str(k), head + toks[p:e], len(head) + s - p))
         where[str(k)] = (doc_id, p - len(head))
-        out.sources.setdefault(doc_id, []).append(article.id if article else "")
+        out.retrieved.setdefault(doc_id, []).append(article.id if article else "")
         out.lm_tokens += len(head) + e - p - 1
     cfg = replace(fitted, stride=stride, context=size - stride)
     for b in score_tokens(lm, seqs, cfg, keep_hidden=keep_hidden):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from monim.data.dedup import Signatures, TwinIndex
-from monim.data.sources import Document
+from monim.data.feed import Document
 
 if TYPE_CHECKING:
     from monim.storage.datastore import Datastore

@@ -86,8 +86,8 @@ class ThetaRule:
 
     @property
     def name(self) -> str:
-        """How Θ weighs the memory per token (monim.learning.recalibration.RULES): the rule the last calibration's
-        held-out tokens chose (monim.learning.recalibration.choose_rule); before any, the calibrator if there is one."""
+        """How Θ weighs the memory per token (monim.learning.calibration.RULES): the rule the last calibration's
+        held-out tokens chose (monim.learning.calibration.choose_rule); before any, the calibrator if there is one."""
         nll = self.theta().get("nll")
         if not nll:
             return "calibrator" if self.settings.calibrated and self.calibrator() is not None else "constant"

@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 
 from monim.core.lock import Locked, hold
-from monim.core.manifest import DayRecord
+from monim.core.manifest import CommittedDay
 from monim.core.recency import Recency
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
@@ -40,7 +40,7 @@ class Searcher:
             return self.index.sync(self.ds, retrain, save=False)
 
     @property
-    def days(self) -> list[DayRecord]:
+    def days(self) -> list[CommittedDay]:
         """The committed days this memory holds (up to `as_of`)."""
         return self.ds.days_at(self.as_of)
 
@@ -59,19 +59,19 @@ class Searcher:
         days = self.days
         return dt.date.fromisoformat(days[-1].date) if days else None
 
-    def _recent_days(self) -> list[DayRecord] | None:
+    def _recent_days(self) -> list[CommittedDay] | None:
         """The days (with entries) within the recency rule's maximum age; None: every day."""
         today = self.today
         oldest = self.recency.oldest(today) if today is not None else None
         return None if oldest is None else [d for d in self.days if d.date >= oldest.isoformat() and d.entries]
 
-    def _above(self, kept: list[DayRecord] | None) -> int:
+    def _above(self, kept: list[CommittedDay] | None) -> int:
         """The first entry id the recency rule lets Θ search (0: all), given the days it keeps (`_recent_days`)."""
         if kept is None:
             return 0
         return int(self.ds.shards.shard(kept[0].shard, "ids")[0]) if kept else self.ds.manifest["next_id"]
 
-    def _search_recent(self, kept: list[DayRecord], keys: np.ndarray, k: int, below: int | None,
+    def _search_recent(self, kept: list[CommittedDay], keys: np.ndarray, k: int, below: int | None,
                        exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Exact search over the entries of the days within the maximum age (`kept`), from their stored
         keys: an IVF-PQ index probes its nprobe lists, where a narrow window may hold few of them or none."""

@@ -23,7 +23,7 @@ from monim.data.dayindex import BOM, IndexedFile, open_text
 
 
 class StreamError(ValueError):
-    """A bad record in a news source; the message names file, line and field."""
+    """A bad record in a feed; the message names file, line and field."""
 
 
 # Caps at ingest, so that one record cannot blow up a day's memory or a generation's `sources`:
@@ -71,7 +71,7 @@ class BadRecord:
 Record = tuple[str, Document] | BadRecord
 
 
-class Source(Protocol):
+class Feed(Protocol):
     """Anything that yields records ("where", Document) or BadRecord, sorted by date; with `start`,
     it may begin at that date's first record (and `dates()`: the dates it has, None if unknown)."""
 
@@ -167,7 +167,7 @@ def _decode(raw: bytes, where: str, field: str | None) -> str | BadRecord:
 
 
 @dataclass
-class JsonlSource(IndexedFile):
+class JsonlFeed(IndexedFile):
     """JSON Lines, plain or .gz, one article per line with a date and a text field."""
 
     path: Path
@@ -205,7 +205,7 @@ def _too_deep(line: str) -> bool:
 
 
 @dataclass
-class NewsCrawlSource(IndexedFile):
+class NewsCrawlFeed(IndexedFile):
     """WMT document-level News Crawl: `date <TAB> base64 sentence-split doc <TAB> base64 doc`."""
 
     path: Path
@@ -238,7 +238,7 @@ class NewsCrawlSource(IndexedFile):
 
 
 @dataclass
-class DirectorySource:
+class DirectoryFeed:
     """A folder of per-day files named by their date (`2022-06-01.jsonl.gz`, `2022-06-01-b.jsonl`),
     each JSON Lines or News Crawl; reading day D opens only D's files."""
 
@@ -260,12 +260,12 @@ class DirectorySource:
     def records(self, start: dt.date | None = None) -> Iterator[Record]:
         for date, f in self.files():
             if start is None or date >= start:
-                for rec in open_source(f, self.fields).records():  # a record without a readable date: its file's day
+                for rec in open_feed(f, self.fields).records():  # a record without a readable date: its file's day
                     yield replace(rec, date=date) if isinstance(rec, BadRecord) and rec.date is None else rec
 
 
 @dataclass
-class DatasetsSource:
+class DatasetsFeed:
     """Any Hugging Face `datasets` dataset with a date column: a hub name or a local builder."""
 
     name: str
@@ -286,23 +286,23 @@ class DatasetsSource:
             yield to_document(row, self.fields, f"{self.name}[{self.split}]:{i}")
 
 
-def open_source(spec: str | Path, fields: Fields | None = None) -> Source:
-    """A source from a path (JSON Lines or News Crawl by its name, or a folder of per-day files) or
+def open_feed(source: str | Path, fields: Fields | None = None) -> Feed:
+    """A feed from a path (JSON Lines or News Crawl by its name, or a folder of per-day files) or
     `hf:NAME` for `datasets`."""
     fields = fields or Fields()
-    if isinstance(spec, str) and spec.startswith("hf:"):
-        return DatasetsSource(spec[3:], fields=fields)
-    path = Path(spec)
+    if isinstance(source, str) and source.startswith("hf:"):
+        return DatasetsFeed(source[3:], fields=fields)
+    path = Path(source)
     if path.is_dir():
-        return DirectorySource(path, fields)
+        return DirectoryFeed(path, fields)
     if not path.is_file():
         raise FileNotFoundError(f"news source not found: {path}")
     if path.name.startswith("news-docs."):
-        return NewsCrawlSource(path)
+        return NewsCrawlFeed(path)
     with open_text(path) as f:
         if f.read(64).removeprefix(BOM).lstrip().startswith(b"["):
             raise StreamError(f"{path}: line 1: a JSON array; monim reads JSON Lines, one object per line (convert "
                               f"it with: jq -c '.[]' {path.name} > {path.stem}.jsonl)")
-    return JsonlSource(path, fields)
+    return JsonlFeed(path, fields)
 
 

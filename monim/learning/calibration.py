@@ -29,7 +29,7 @@ import torch
 
 from monim.core.atomic import checksum, replacing, write_json
 from monim.data.day import Day
-from monim.data.sources import Document
+from monim.data.feed import Document
 from monim.lm.features import Features
 from monim.lm.token_scores import TokenScores
 from monim.storage.datastore import Datastore
@@ -132,9 +132,9 @@ def sample_examples(memory: Memory, sample: TokenScores, day: Day, leave_out: st
     repeated story, a prompt from a memorized article); a third of those are held out (early stopping,
     the rule choice)."""
     ds = memory.ds
-    record = next(d for d in ds.days if d.date == day.date.isoformat())
-    ids, docs = np.asarray(ds.shards.shard(record.shard, "ids")), np.asarray(ds.shards.shard(record.shard, "docs"))
-    names = ds.shards.shard_docs(record.shard)
+    committed = next(d for d in ds.days if d.date == day.date.isoformat())
+    ids, docs = np.asarray(ds.shards.shard(committed.shard, "ids")), np.asarray(ds.shards.shard(committed.shard, "docs"))
+    names = ds.shards.shard_docs(committed.shard)
     k = memory.index.cfg.k
     dist, values = np.full((len(sample), k), np.inf, np.float32), np.full((len(sample), k), -1, np.int32)
     keys = sample.key.astype(np.float32)
@@ -235,7 +235,7 @@ def retrain_calibrator(ds: Datastore) -> None:
     files = json.loads((folder / "meta.json").read_text())["examples"]
     calibration = Examples.concat([Examples.load(ds.root / p) for p in files])
     calibrator = train_calibrator(calibration, settings, theta["lam"], theta["temperature"])
-    calibrator.record["date"] = theta["date"]
+    calibrator.summary["date"] = theta["date"]
     with replacing(folder / "calibrator.pt") as tmp:
         calibrator.save(tmp)
     ds.commits.set_theta(theta | {"checksums": theta_checksums(folder)})
@@ -281,20 +281,20 @@ def calibrate(memory: Memory, day: Day, features: Features | None = None, force:
         start = memory.calibrator() if ccfg.warm_start and not same_day else None
         epochs = warm_epochs(ccfg, len(previous)) if start is not None else ccfg.max_epochs
         calibrator = train_calibrator(calibration, ccfg, interp.lam, interp.temperature, start, epochs)
-        calibrator.record["date"] = date
+        calibrator.summary["date"] = date
         nll = rule_nll(calibration, interp, lam_copy, calibrator, ccfg.copy_tolerance)
-        record = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy,
+        summary = {"date": date, "lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy,
                   "calibration_tokens": len(calibration), "new_tokens": len(new) if new else 0, "source": ccfg.source,
-                  "nll": nll, "rule": choose_rule(nll), "calibrator": calibrator.record}
+                  "nll": nll, "rule": choose_rule(nll), "calibrator": calibrator.summary}
         with replacing(root / "theta" / name) as tmp:
             tmp.mkdir()
             if new is not None:
                 new.save(tmp / "examples.npz")
             calibrator.save(tmp / "calibrator.pt")
-            write_json(tmp / "meta.json", record | {"examples": [p for p, _ in kept]})
+            write_json(tmp / "meta.json", summary | {"examples": [p for p, _ in kept]})
         memory.ds.commits.set_theta({"lam": interp.lam, "temperature": interp.temperature, "lam_copy": lam_copy, "date": date,
                              "dir": f"theta/{name}", "nll": nll, "checksums": theta_checksums(root / "theta" / name)})
         for p, _ in sets[: len(sets) - len(kept)]:  # out of the window: only the calibrators are kept
             (root / p).unlink(missing_ok=True)
         sample_path(memory, date).unlink(missing_ok=True)
-        return record | {"trained": True}
+        return summary | {"trained": True}
