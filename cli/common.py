@@ -135,9 +135,9 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
                before: list[str]) -> str:
     """What a learn that stopped left: the memory unchanged since `before` (the days it held), or the day
     it stopped at committed and what that day lacks (the recipe's later stages: `monim fsck --repair`)."""
+    from monim.plan import plan
     from monim.storage.datastore import Datastore
     from monim.storage.fsck import unfinished
-    from monim.storage.plan import plan
     from monim.storage.workdirs import memory_root
     from tracking.registry import untracked
 
@@ -230,10 +230,10 @@ def use_tracking(workdir: Path, uri: Optional[str]) -> str:
 def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], policies: list[str],
                  relearn: list[str] = ()) -> list:
     """The dates with articles, every record of them read first and each policy's range planned
-    (monim.storage.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
+    (monim.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
     (its file, line and field) or an id a memory read on another day is a clear error before any work."""
     from monim.data.sources import StreamError
-    from monim.storage.plan import plan
+    from monim.plan import plan
 
     first, last = day(start), day(end)
     if first and last and first > last:

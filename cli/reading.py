@@ -71,8 +71,8 @@ def status(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLI
 def late_articles(root: Path, source: str, fields: Fields | None = None) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
     from monim.data.sources import StreamError
+    from monim.plan import arrivals
     from monim.storage.datastore import Datastore
-    from monim.storage.plan import arrivals
 
     with clear_errors(FileNotFoundError, StreamError):
         late = arrivals(source, Datastore.read(root).evaluations(), fields=fields)

@@ -14,9 +14,9 @@ from monim.core.config import RunConfig
 from monim.core.lock import hold
 from monim.data.stream import FeedStalled, check_feed
 from monim.evaluation.suite import EvalConfig
+from monim.plan import Plan, last_read, plan
 from monim.run import open_run, recorded_days
 from monim.storage import workdirs
-from monim.storage.plan import Plan, last_read, plan
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
 from tracking.runs import describe, ended, log_summary, mlflow_run
@@ -34,7 +34,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are
     skipped, and days its memory forgot are never learned again unless named in `relearn`.
 
-    The range is read and checked before any work (monim.storage.plan: a reversed range, a day before the
+    The range is read and checked before any work (monim.plan: a reversed range, a day before the
     memory's last, a bad record or an id the memory read on another day is refused). The MLflow run is
     named after its policy ('<policy>-const' when Θ uses the constant λ), reopened while this invocation
     learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of a comparison it

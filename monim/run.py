@@ -154,7 +154,7 @@ class Run:
     def day(self, date: dt.date, step: int = 0, since: dt.date | None = None) -> dict:
         """A run's day, the recipe: ingest, featurize, learn, evaluate and record, in that order; its row.
         `step`: the day's index in the stream; `since`: the first day whose records it counts
-        (monim.storage.plan.Plan.since). The day is read once and handed to every step."""
+        (monim.plan.Plan.since). The day is read once and handed to every step."""
         day = self.ingest(date, since)
         lm_pass = self.featurize(day)
         started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)

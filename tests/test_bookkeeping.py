@@ -84,7 +84,7 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-04"]
     refused(learn(monim, source, workdir, model, "--relearn", "1987-03-03"), "relearn 1987-03-03", "last day (1987-03-04)")
     from monim.core.config import RunConfig
-    from monim.storage.plan import last_read
+    from monim.plan import last_read
 
     assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
 

@@ -227,8 +227,8 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     import sys
 
     from monim.core.config import RunConfig
+    from monim.plan import plan
     from monim.run import open_run
-    from monim.storage.plan import plan
     from tracking.store import client
 
     source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
