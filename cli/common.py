@@ -143,7 +143,7 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
 
     root = memory_root(spec.workdir, spec.name)
     try:
-        todo = plan(spec, day(start), day(end), relearn).todo
+        todo = [d.isoformat() for d in plan(spec, day(start), day(end), [day(d) for d in relearn]).todo]
         now = _days(root)
         missing = unfinished(Datastore.read(root)).get(todo[0]) if todo and todo[0] in now else None
         if missing is not None:
@@ -227,25 +227,24 @@ def use_tracking(workdir: Path, uri: Optional[str]) -> str:
     return resolved
 
 
-def check_source(spec: RunConfig, start: Optional[str], end: Optional[str], policies: list[str],
-                 relearn: list[str] = ()) -> list:
-    """The dates with articles, every record of them read first and each policy's range planned
-    (monim.plan): a missing file, a reversed or empty range, a day before a memory's last, a bad record
-    (its file, line and field) or an id a memory read on another day is a clear error before any work."""
-    from monim.data.sources import StreamError
-    from monim.plan import plan
-
+def date_range(start: Optional[str], end: Optional[str]) -> tuple[Optional[dt.date], Optional[dt.date]]:
+    """--start and --end as dates, or a clear error (not a date; a reversed range)."""
     first, last = day(start), day(end)
     if first and last and first > last:
         raise fail(f"--start {start} is after --end {end}: the range holds no day")
-    dates: set = set()
-    for policy in policies:
-        with clear_errors(FileNotFoundError, StreamError, ValueError):
-            dates |= set(plan(spec.model_copy(update={"policy": policy}), first, last,
-                              [day(d).isoformat() for d in relearn]).dates)
-    if not dates:
-        raise fail(f"{spec.source} has no articles between {start or 'the start'} and {end or 'the end'}")
-    return [dt.date.fromisoformat(d) for d in sorted(dates)]
+    return first, last
+
+
+@contextmanager
+def refused_plans() -> Iterator[None]:
+    """A flow's plan that refuses its range (monim.plan: a missing feed, an empty range, a day before a memory's
+    last, a bad record naming its file, line and field, an id a memory read on another day), or a bad record
+    met later, ends the command in one line."""
+    from monim.data.sources import StreamError
+    from monim.plan import RangeError
+
+    with clear_errors(FileNotFoundError, StreamError, RangeError):
+        yield
 
 
 def memory_dir(workdir: Path, policy: Optional[str]) -> Path:

@@ -216,10 +216,10 @@ class MemoryRun(Run):
         return super().params() | {f"policy.{k}": v for k, v in policy_params(run_policy(self.cfg)).items()} | {
             f"calibrator.{k}": v for k, v in asdict(self.cfg.calibrator).items()}
 
-    def relearn(self, date: str) -> None:
+    def relearn(self, date: dt.date) -> None:
         """Let a day the memory holds last, or forgot, be learned again (asked by name); its row goes too."""
         with self.memory.writing():
-            self.memory.relearn(date)
+            self.memory.relearn(date.isoformat())
             workdirs.write_view(self.cfg.workdir, self.cfg.name, self.memory.ds)
 
     def memorize(self, day: Day, progress: Progress | None = None) -> dict:

@@ -3,6 +3,7 @@ log and a tag on its MLflow run (a stalled feed fails the daily run: flows.strea
 
 from __future__ import annotations
 
+import datetime as dt
 from statistics import median
 
 from prefect import task
@@ -56,7 +57,7 @@ def say_skipped(date: str, day: Day) -> None:
 
 
 def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None,
-                 since: str | None = None) -> int:
+                 since: dt.date | None = None) -> int:
     """Say the records of a learned day (its row) that the feed got after the day was learned (say_late),
     and count them in MLflow (`docs_after_learned` at the day's step); how many there are. `found`:
     those records where the run's plan read them already (monim.plan.Plan.arrived), else read here
