@@ -9,24 +9,12 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.common import (
-    AS_JSON,
-    MODEL,
-    WORKDIR,
-    clear_errors,
-    console,
-    date_range,
-    day,
-    emit,
-    fail,
-    learning_options,
-    prefect_home,
-    refused_plans,
-    said_when_full,
-    table,
-    use_tracking,
-    use_workdir,
-)
+from cli.errors import check_range, clear_errors, day, fail, refused_plans
+from cli.options import AS_JSON, MODEL, WORKDIR
+from cli.output import console, emit, table
+from cli.room import said_when_full
+from cli.spec import learning_options
+from cli.workdir import prefect_home, use_tracking, use_workdir
 from monim.core import catalogue  # names and help only: no torch
 from servers import local
 
@@ -67,7 +55,7 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         workdir: Path = typer.Option(Path("monim-demo"), "--workdir", help="Where the demo's runs live (a folder)."),
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
-    from cli.common import run_spec
+    from cli.spec import run_spec
     from monim.data.stream import DEMO_STREAM, list_dates
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
@@ -123,7 +111,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     from monim.storage.workdirs import memory_root, memory_status
 
     relearn = [day(d).isoformat() for d in relearn or []]
-    date_range(start, end)
+    check_range(start, end)
     preflight(spec, [spec.policy])
     from tracking.store import tracking_uri as resolve
 
@@ -151,7 +139,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
     for policy in names:
         with clear_errors(ValueError):
             spec.model_validate(spec.model_dump() | {"policy": policy})
-    date_range(start, end)
+    check_range(start, end)
     preflight(spec, names)
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)
@@ -188,7 +176,7 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
-    from cli.common import run_spec
+    from cli.spec import run_spec
 
     spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
                     max_feed_lag=max_feed_lag)

@@ -7,28 +7,12 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.common import (
-    AS_JSON,
-    AS_OF,
-    CONSTANT_LAM,
-    HALF_LIFE,
-    MAX_AGE,
-    POLICY,
-    SKIP,
-    TRACKING,
-    WORKDIR,
-    clear_errors,
-    console,
-    day,
-    emit,
-    evaluation,
-    fail,
-    feed_options,
-    memory_dir,
-    open_memory,
-    table,
-    use_workdir,
-)
+from cli.errors import clear_errors, day, fail
+from cli.memories import memory_dir, open_memory
+from cli.options import AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR
+from cli.output import console, emit, table
+from cli.spec import evaluation, feed_options
+from cli.workdir import use_workdir
 from servers import local
 
 if TYPE_CHECKING:
