@@ -3,6 +3,7 @@ written, and what the memory holds now."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,7 +71,7 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
 
     root = memory_root(spec.workdir, spec.name)
     try:
-        todo = [d.isoformat() for d in plan(spec, day(start), day(end), [day(d) for d in relearn]).todo]
+        todo = [d.isoformat() for d in plan(spec, day(start), day(end), [dt.date.fromisoformat(d) for d in relearn]).todo]
         now = _days(root)
         missing = unfinished(Datastore.read(root)).get(todo[0]) if todo and todo[0] in now else None
         if missing is not None:

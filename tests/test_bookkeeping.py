@@ -3,6 +3,7 @@ small feed and a tiny model: a forget is forever, an id names one article across
 record is counted, late articles are named wherever a run reads their day, a range that cannot be
 learned is refused before any work, and meaningless settings are refused naming the field."""
 
+import datetime as dt
 import gzip
 import json
 import math
@@ -86,7 +87,7 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     from monim.core.config import RunConfig
     from monim.plan import last_read
 
-    assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
+    assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == dt.date(1987, 3, 4)
 
 
 def test_an_id_names_one_article_across_the_stream(monim, learned, model, tmp_path):
