@@ -37,22 +37,3 @@ def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
         yield
     except (Locked, *kinds) as e:
         raise fail(str(e))
-
-
-def check_range(start: Optional[str], end: Optional[str]) -> None:
-    """--start and --end: dates in order, or a clear error (the range's records are read by the flow's plan)."""
-    first, last = day(start), day(end)
-    if first and last and first > last:
-        raise fail(f"--start {start} is after --end {end}: the range holds no day")
-
-
-@contextmanager
-def refused_plans() -> Iterator[None]:
-    """A flow's plan that refuses its range (monim.plan: a missing feed, an empty range, a day before a memory's
-    last, a bad record naming its file, line and field, an id a memory read on another day), or a bad record
-    met later, ends the command in one line."""
-    from monim.data.sources import StreamError
-    from monim.plan import RangeError
-
-    with clear_errors(FileNotFoundError, StreamError, RangeError):
-        yield

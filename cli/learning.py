@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.errors import check_range, clear_errors, day, fail, refused_plans
+from cli.errors import clear_errors, day, fail
 from cli.options import AS_JSON, MODEL, WORKDIR
 from cli.output import console, emit, table
+from cli.plans import check_plans, refused_plans
 from cli.room import said_when_full
 from cli.spec import learning_options
 from cli.workdir import prefect_home, use_tracking, use_workdir
@@ -59,7 +60,8 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
     from monim.data.stream import DEMO_STREAM, list_dates
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
-    dates = list_dates(DEMO_STREAM)[:days]  # its day index: no record read (the flow reads them, once)
+    dates = list_dates(DEMO_STREAM)[:days]  # from its day index: no record read
+    check_plans(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     preflight(spec, ["fullmem", "monim-amt"])
     use_workdir(workdir)
     use_tracking(workdir, None)
@@ -111,7 +113,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     from monim.storage.workdirs import memory_root, memory_status
 
     relearn = [day(d).isoformat() for d in relearn or []]
-    check_range(start, end)
+    check_plans(spec, start, end, [spec.policy], relearn)
     preflight(spec, [spec.policy])
     from tracking.store import tracking_uri as resolve
 
@@ -139,7 +141,7 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
     for policy in names:
         with clear_errors(ValueError):
             spec.model_validate(spec.model_dump() | {"policy": policy})
-    check_range(start, end)
+    check_plans(spec, start, end, names)
     preflight(spec, names)
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)

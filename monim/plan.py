@@ -10,7 +10,7 @@ import datetime as dt
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Iterable, Literal, Sequence
 
 from monim.core.config import RunConfig
 from monim.core.manifest import read_manifest
@@ -36,7 +36,8 @@ class Feed:
         return list(self.read)
 
     @staticmethod
-    def of(days: Sequence[Gathered]) -> Feed:
+    def of(days: Iterable[Gathered]) -> Feed:
+        """The records of days read one at a time (their articles' texts not kept)."""
         return Feed({g.date: g.read for g in days})
 
     def known_again(self, known: dict[str, tuple[str, str]]) -> bool:
@@ -54,7 +55,7 @@ def read_feed(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None 
 @functools.lru_cache(maxsize=1)
 def _read(source: str, start: dt.date | None, end: dt.date | None, on_error: Literal["raise", "skip"], fields: Fields,
           stamp: tuple) -> Feed:
-    return Feed.of(list(read_range(source, start, end, on_error, fields)))
+    return Feed.of(read_range(source, start, end, on_error, fields))
 
 
 def _stamp(source: str) -> tuple:
@@ -113,7 +114,7 @@ def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = Non
     root, manifest = workdirs.memory_root(cfg.workdir, cfg.name), _manifest(cfg)
     feed, known = read_feed(cfg, start, end), workdirs.known_ids(root)
     if feed.known_again(known):  # read again with the memory's ids: refused naming its record, or skipped and counted
-        feed = Feed.of(list(read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), known)))
+        feed = Feed.of(read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), known))
     if not feed.dates:
         raise RangeError(f"{cfg.source} has no articles between {start or 'the start'} and {end or 'the end'}")
     rows = {dt.date.fromisoformat(d): row for d, row in workdirs.read_rows(cfg.workdir, cfg.name).items()}

@@ -345,11 +345,12 @@ def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
 
 
 def test_a_range_is_read_once_however_many_policies_learn_it(prefect, tiny_model_dir, tmp_path):
-    """A comparison plans every policy's range from one read of the feed (issue 67): each record of the range
-    is read once to plan, then once by each policy's ingest of its day (which stops at the next day's first
-    record); a one-policy learn the same."""
+    """A comparison plans every policy's range from one read of the feed, the command's check before any work
+    and the flows alike (issue 67): each record of the range is read once to plan, then once by each policy's
+    ingest of its day (which stops at the next day's first record); a one-policy learn the same."""
     import gzip
 
+    from cli.plans import check_plans
     from flows.compare import compare_policies
     from flows.stream import learn_stream
     from monim.data import dayindex
@@ -365,5 +366,7 @@ def test_a_range_is_read_once_however_many_policies_learn_it(prefect, tiny_model
     assert 0 < first < n and dayindex.RECORDS[str(feed)] == n + learned
     os.utime(feed)  # the feed changed (as far as its time says): read again
     dayindex.RECORDS.clear()
-    compare_policies(run.model_copy(update={"workdir": str(tmp_path / "v")}), *DAYS, ["bare", "fullmem"])
+    run = run.model_copy(update={"workdir": str(tmp_path / "v")})
+    check_plans(run, *DAYS, ["bare", "fullmem"])  # as `monim compare` does before any work
+    compare_policies(run, *DAYS, ["bare", "fullmem"])
     assert dayindex.RECORDS[str(feed)] == n + 2 * learned
