@@ -235,7 +235,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
     cfg = RunConfig(source=str(source), workdir=str(workdir), model=str(model), policy="fullmem")
     run = open_run(cfg)
-    day = run.ingest(dt.date.fromisoformat(date), dt.date.fromisoformat(plan(cfg).since(date)))
+    day = run.ingest(dt.date.fromisoformat(date), plan(cfg).since(dt.date.fromisoformat(date)))
     run.featurize(day)
     run.memorize(day)  # committed; then the process dies (kill -9): no calibration, row, version or step
     assert arrays(workdir)[0][-1] == date
