@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from cli import learning, reading, upkeep
-from cli.common import NO_ROOM
+from cli.errors import NO_ROOM
 from monim.core.atomic import DiskFull, no_room
 from monim.core.environment import set_defaults
 

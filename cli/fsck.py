@@ -90,7 +90,7 @@ def _finish(uri: str, workdir: str, root: Path, date: str) -> str | None:
     if cfg.name != root.name:
         return f"its MLflow run learns {cfg.name!r}, not {root.name!r}"
     if "prefect" not in sys.modules:  # this process's own Prefect API, set before Prefect is imported
-        from cli.common import use_workdir
+        from cli.workdir import use_workdir
 
         use_workdir(Path(workdir))
     from flows.stream import learn_stream

@@ -9,23 +9,13 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.common import (
-    AS_JSON,
-    MODEL,
-    WORKDIR,
-    check_source,
-    clear_errors,
-    console,
-    day,
-    emit,
-    fail,
-    learning_options,
-    prefect_home,
-    said_when_full,
-    table,
-    use_tracking,
-    use_workdir,
-)
+from cli.errors import clear_errors, day, fail
+from cli.options import AS_JSON, MODEL, WORKDIR
+from cli.output import console, emit, table
+from cli.plans import check_plans, refused_plans
+from cli.room import said_when_full
+from cli.spec import learning_options
+from cli.workdir import prefect_home, use_tracking, use_workdir
 from monim.core import catalogue  # names and help only: no torch
 from servers import local
 
@@ -66,17 +56,20 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         workdir: Path = typer.Option(Path("monim-demo"), "--workdir", help="Where the demo's runs live (a folder)."),
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
-    from cli.common import run_spec
+    from cli.spec import run_spec
     from monim.core.config import DEMO_STREAM
+    from monim.data.stream import list_dates
 
     spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
-    dates = check_source(spec, None, None, ["fullmem", "monim-amt"])[:days]
+    dates = list_dates(DEMO_STREAM)[:days]  # from its day index: no record read
+    check_plans(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     preflight(spec, ["fullmem", "monim-amt"])
     use_workdir(workdir)
     use_tracking(workdir, None)
     from flows.compare import compare_policies
 
-    summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
+    with refused_plans():
+        summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     print_summary(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day", summary)
     console.print(f"MLflow: {(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
     console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
@@ -121,7 +114,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     from monim.storage.workdirs import memory_root, memory_status
 
     relearn = [day(d).isoformat() for d in relearn or []]
-    check_source(spec, start, end, [spec.policy], relearn)
+    check_plans(spec, start, end, [spec.policy], relearn)
     preflight(spec, [spec.policy])
     from tracking.store import tracking_uri as resolve
 
@@ -130,7 +123,7 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
         use_tracking(workdir, tracking_uri)
         from flows.stream import learn_stream
 
-        with clear_errors():
+        with refused_plans():
             rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
                                 relearn=relearn)
     console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
@@ -149,13 +142,13 @@ def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, star
     for policy in names:
         with clear_errors(ValueError):
             spec.model_validate(spec.model_dump() | {"policy": policy})
-    check_source(spec, start, end, names)
+    check_plans(spec, start, end, names)
     preflight(spec, names)
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)
     from flows.compare import compare_policies
 
-    with clear_errors():
+    with refused_plans():
         summary = compare_policies(spec, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
     print_summary(f"policies on {source}", summary)
     console.print(f"report: {workdir / 'report' / 'report.md'}")
@@ -186,7 +179,7 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
-    from cli.common import run_spec
+    from cli.spec import run_spec
 
     spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
                     max_feed_lag=max_feed_lag)

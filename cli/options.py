@@ -1,4 +1,5 @@
-"""The learning commands' options, made from RunConfig's fields (monim.core.config): a setting has one name
+"""The commands' options: those several commands share, and the learning commands' made from RunConfig's
+fields (monim.core.config): a setting has one name
 in Python, in a deployment's `run` parameter and on the command line (`merge_k` is `--merge-k`), its
 field's description as help and its field's default (what `--help` shows and a run gets)."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from pathlib import Path
 from typing import Literal, Optional, Union, get_args, get_origin
 
 import typer
@@ -13,6 +15,25 @@ import typer
 from monim.core.config import CALIBRATION_EXAMPLES, CalibratorConfig, RunConfig
 
 SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
+
+# options several commands share
+DATE = "a date, YYYY-MM-DD"
+WORKDIR = typer.Option(Path("monim-work"), "--workdir", help="Where memories, runs and records live (a folder).")
+AS_JSON = typer.Option(False, "--json", help="Print one JSON object as the last line.")
+MODEL = typer.Option(None, "--model", help="LM: alias, .gguf file, local dir or hub name (default SmolLM2-135M).")
+TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: SQLite in the work directory).")
+CONSTANT_LAM = typer.Option(False, "--constant-lam", help="Θ uses the constant λ, T instead of the NN calibrator.")
+SKIP = typer.Option(None, "--skip", help=SKIP_HELP)
+HALF_LIFE = typer.Option(None, "--half-life", help="Recency: a neighbour's kNN weight halves with every this many days "
+                         "of age (nothing is deleted).")
+MAX_AGE = typer.Option(None, "--max-age", help="Recency: leave entries older than this many days out of the search.")
+POLICY = typer.Option(None, "--policy", help="Which memory (default: the only one, else monim-amt).")
+AS_OF = typer.Option(None, "--as-of", metavar="YYYY-MM-DD", help=f"Read the memory as it stood after this day ({DATE}).")
+START = typer.Option(None, "--start", metavar="YYYY-MM-DD", help=f"The first day to learn ({DATE}; default: the source's first).")
+END = typer.Option(None, "--end", metavar="YYYY-MM-DD", help=f"The last day to learn ({DATE}; default: the source's last).")
+WAIT = typer.Option(True, "--wait/--no-wait", help="While another process learns the same run in this work directory: "
+                    "wait for it, saying who it is (default), or fail at once.")
+
 # fields a command sets itself (source, workdir, policy) or a comparison does (followed_memrate); the
 # calibrator's settings are one field, two of them with options of their own (CALIBRATOR)
 NOT_OPTIONS = {"source", "workdir", "policy", "followed_memrate", "calibrator"}

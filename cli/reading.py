@@ -7,28 +7,12 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.common import (
-    AS_JSON,
-    AS_OF,
-    CONSTANT_LAM,
-    HALF_LIFE,
-    MAX_AGE,
-    POLICY,
-    SKIP,
-    TRACKING,
-    WORKDIR,
-    clear_errors,
-    console,
-    day,
-    emit,
-    evaluation,
-    fail,
-    feed_options,
-    memory_dir,
-    open_memory,
-    table,
-    use_workdir,
-)
+from cli.errors import clear_errors, day, fail
+from cli.memories import memory_dir, open_memory
+from cli.options import AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR
+from cli.output import console, emit, table
+from cli.spec import evaluation, feed_options
+from cli.workdir import use_workdir
 from servers import local
 
 if TYPE_CHECKING:
@@ -71,8 +55,8 @@ def status(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = POLI
 def late_articles(root: Path, source: str, fields: Fields | None = None) -> dict[str, list]:
     """The articles each day the memory learned got in the feed after it was learned, printed and returned."""
     from monim.data.feed import StreamError
+    from monim.plan import arrivals
     from monim.storage.datastore import Datastore
-    from monim.storage.plan import arrivals
 
     with clear_errors(FileNotFoundError, StreamError):
         late = arrivals(source, Datastore.read(root).evaluations(), fields=fields)

@@ -9,21 +9,12 @@ from typing import Optional
 
 import typer
 
-from cli.common import (
-    AS_JSON,
-    POLICY,
-    TRACKING,
-    WORKDIR,
-    clear_errors,
-    console,
-    day,
-    emit,
-    fail,
-    memory_dir,
-    table,
-    use_workdir,
-)
+from cli.errors import clear_errors, day, fail
 from cli.learning import print_links, started
+from cli.memories import memory_dir
+from cli.options import AS_JSON, POLICY, TRACKING, WORKDIR
+from cli.output import console, emit, table
+from cli.workdir import use_workdir
 from servers import local
 
 

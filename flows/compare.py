@@ -9,12 +9,13 @@ from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate_runs
 from flows.report import report_runs
-from flows.stream import learn_stream
+from flows.stream import as_date, learn_stream
 from monim.core import catalogue
 from monim.core.config import RunConfig
 from monim.evaluation.report import policies_table
 from monim.evaluation.suite import EvalConfig
 from monim.evaluation.totals import summarize
+from monim.plan import plan
 from tracking.runs import ended, experiment_name, fetch_runs, log_side_by_side, open_comparison
 from tracking.store import tracking_uri as resolve_tracking_uri
 
@@ -25,8 +26,10 @@ def compare_policies(run: RunConfig, start: str | None = None, end: str | None =
                      evaluation: EvalConfig | None = None, wait: bool = True) -> dict[str, dict]:
     """Run each policy over the same days with the run's settings (RandMem stores at MoNIM's rate
     when MoNIM runs too), run the evaluation suite over them, and write the report. `wait`: as in
-    learn_stream."""
+    learn_stream. Every policy's range is planned before any work (monim.plan), the feed read once for all."""
     policies = policies or list(catalogue.COMPARED)
+    for policy in policies:
+        plan(run.model_copy(update={"policy": policy}), as_date(start), as_date(end))
     experiment, uri = experiment or experiment_name(run.source), resolve_tracking_uri(run.workdir, tracking_uri)
     summary: dict[str, dict] = {}
     runs: dict[str, RunConfig] = {}

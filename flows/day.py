@@ -34,7 +34,7 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     """Learn one day of news into the run (its memory or its weights), evaluate it, and log the day's metrics.
 
     `step`: the day's index in the stream; `since`: the first day whose records it counts
-    (monim.storage.plan.Plan.since)."""
+    (monim.plan.Plan.since)."""
     run = open_run(cfg)
     day = ingest(run, dt.date.fromisoformat(date), dt.date.fromisoformat(since) if since else None)
     say_late(run_id, tracking_uri, date, day.late, "out of date order in the feed")

@@ -12,11 +12,11 @@ from flows.day import learn_day
 from flows.evaluate import evaluate_runs
 from monim.core.config import RunConfig
 from monim.core.lock import hold
-from monim.data.stream import FeedStalled, check_feed
+from monim.data.stream import FeedStalled, check_feed, list_dates
 from monim.evaluation.suite import EvalConfig
+from monim.plan import Plan, last_read, plan
 from monim.run import open_run, recorded_days
 from monim.storage import workdirs
-from monim.storage.plan import Plan, last_read, plan
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
 from tracking.logged import step_of
@@ -24,8 +24,9 @@ from tracking.runs import describe, ended, experiment_name, log_summary, mlflow_
 from tracking.store import tracking_uri as resolve_tracking_uri
 
 
-def _date(value: str | dt.date | None) -> dt.date | None:
-    return dt.date.fromisoformat(value) if isinstance(value, str) else value
+def as_date(value: str | None) -> dt.date | None:
+    """A date of the flow's parameters (a string, as Prefect and deployments pass it) as the library takes it."""
+    return dt.date.fromisoformat(value) if value else None
 
 
 @flow(name="monim-stream")
@@ -35,8 +36,9 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     """Learn every day of `run.source` from start to end with `run.policy`; days already finished are
     skipped, and days its memory forgot are never learned again unless named in `relearn`.
 
-    The range is read and checked before any work (monim.storage.plan: a reversed range, a day before the
-    memory's last, a bad record or an id the memory read on another day is refused). The MLflow run is
+    The range is read and checked before any work (monim.plan: a missing feed, a reversed or empty range, a
+    day before the memory's last, a bad record or an id the memory read on another day is refused; the
+    feed's read is shared by every policy of a comparison). The MLflow run is
     named after its policy ('<policy>-const' when Θ uses the constant λ), reopened while this invocation
     learns and ended with it (FINISHED, FAILED or KILLED); `comparison` is the run of a comparison it
     belongs to. `evaluation` runs the evaluation suite on the run afterwards. While another process
@@ -46,7 +48,7 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
     and a tag (tasks.feed.thin_day).
     """
     with hold(workdirs.run_lock(run.workdir, run.name), wait, say=logger().warning):
-        todo = plan(run, _date(start), _date(end), relearn or [])
+        todo = plan(run, as_date(start), as_date(end), [dt.date.fromisoformat(d) for d in relearn or []])
         if todo.todo:
             open_run(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
         for date in todo.relearn:
@@ -57,20 +59,22 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
         with ended(run_id, uri, lambda: describe(run)):
             learned = sorted(recorded_days(run).values(), key=lambda r: r["date"])
             for row in learned:  # the learned days the plan read again: what they got since
-                if row["date"] in todo.seen:
-                    arrived_late(run, row, run_id, uri, todo.arrived.get(row["date"], []))
-            before = [r for r in learned if todo.todo and r["date"] < todo.todo[0]]
-            if before and before[-1]["date"] not in todo.seen:  # a resume: the last learned day, read for it
-                arrived_late(run, before[-1], run_id, uri, since=todo.since(before[-1]["date"]))
+                if (day := dt.date.fromisoformat(row["date"])) in todo.seen:
+                    arrived_late(run, row, run_id, uri, todo.arrived.get(day, []))
+            before = [r for r in learned if todo.todo and r["date"] < todo.todo[0].isoformat()]
+            if before and (last := dt.date.fromisoformat(before[-1]["date"])) not in todo.seen:  # a resume: read for it
+                arrived_late(run, before[-1], run_id, uri, since=todo.since(last))
             for date in todo.todo:
-                learned.append(learn_day(run, date, run_id, uri, step=step_of(origin, date), since=todo.since(date)))
+                day = date.isoformat()  # Prefect's parameter
+                learned.append(learn_day(run, day, run_id, uri, step=step_of(origin, day),
+                                         since=todo.since(date).isoformat()))
                 thin_day(run_id, uri, learned[-1], learned)
             rows = sorted(recorded_days(run).values(), key=lambda r: r["date"])
             if todo.todo:
                 log_summary(run_id, uri, rows)
     if evaluation:
         evaluate_runs([run], start, end, evaluation, experiment, tracking_uri)
-    return [r for r in rows if r["date"] in todo.dates]
+    return [r for r in rows if dt.date.fromisoformat(r["date"]) in todo.dates]
 
 
 def say_plan(run: RunConfig, todo: Plan) -> None:
@@ -98,10 +102,12 @@ def learn_yesterday(run: RunConfig, timezone: str = "UTC", experiment: str | Non
     that Prefect's automations and notifications act on it."""
     yesterday = dt.datetime.now(ZoneInfo(timezone)).date() - dt.timedelta(days=1)
     last = last_read(run)  # learned, or forgotten: never learned again
-    start = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else yesterday
+    start = last + dt.timedelta(days=1) if last else yesterday
     rows = []
     if start > yesterday:
         logger().info("nothing to learn: %s is already learned", yesterday)
+    elif not list_dates(run.source, start, yesterday, run.on_error, run.fields()):
+        logger().info("nothing to learn: the feed has no articles from %s to %s", start, yesterday)
     else:
         rows = learn_stream(run, start.isoformat(), yesterday.isoformat(), experiment, tracking_uri, evaluation, wait)
     try:

@@ -155,7 +155,7 @@ class Run:
     def day(self, date: dt.date, step: int = 0, since: dt.date | None = None) -> dict:
         """A run's day, the recipe: ingest, featurize, learn, evaluate and record, in that order; its row.
         `step`: the day's index in the stream; `since`: the first day whose records it counts
-        (monim.storage.plan.Plan.since). The day is read once and handed to every step."""
+        (monim.plan.Plan.since). The day is read once and handed to every step."""
         day = self.ingest(date, since)
         lm_pass = self.featurize(day)
         started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
@@ -217,10 +217,10 @@ class MemoryRun(Run):
         return super().params() | {f"policy.{k}": v for k, v in policy_params(run_policy(self.cfg)).items()} | {
             f"calibrator.{k}": v for k, v in asdict(self.cfg.calibrator).items()}
 
-    def relearn(self, date: str) -> None:
+    def relearn(self, date: dt.date) -> None:
         """Let a day the memory holds last, or forgot, be learned again (asked by name); its row goes too."""
         with self.memory.writing():
-            self.memory.relearn(date)
+            self.memory.relearn(date.isoformat())
             workdirs.write_view(self.cfg.workdir, self.cfg.name, self.memory.ds)
 
     def memorize(self, day: Day, progress: Progress | None = None) -> dict:

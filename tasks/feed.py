@@ -3,6 +3,7 @@ log and a tag on its MLflow run (a stalled feed fails the daily run: flows.strea
 
 from __future__ import annotations
 
+import datetime as dt
 from statistics import median
 
 from prefect import task
@@ -10,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import RunConfig
 from monim.data.day import Day, articles
-from monim.storage.plan import arrivals
+from monim.plan import arrivals
 from tasks.logs import logger
 from tracking.runs import log_points
 from tracking.store import client, one_at_a_time
@@ -56,11 +57,11 @@ def say_skipped(date: str, day: Day) -> None:
 
 
 def arrived_late(cfg: RunConfig, row: dict, run_id: str, uri: str, found: list[tuple[str, str]] | None = None,
-                 since: str | None = None) -> int:
+                 since: dt.date | None = None) -> int:
     """Say the records of a learned day (its row) that the feed got after the day was learned (say_late),
     and count them in MLflow (`docs_after_learned` at the day's step); how many there are. `found`:
-    those records where the run's plan read them already (monim.storage.plan.Plan.arrived), else read here
-    from `since` (the first day whose records the day counted: monim.storage.plan.Plan.since)."""
+    those records where the run's plan read them already (monim.plan.Plan.arrived), else read here
+    from `since` (the first day whose records the day counted: monim.plan.Plan.since)."""
     if found is None:
         found = arrivals(cfg.source, {row["date"]: row}, cfg.on_error, cfg.fields(), since).get(row["date"], [])
     say_late(run_id, uri, row["date"], found, "came after the day was learned")

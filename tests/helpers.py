@@ -20,8 +20,8 @@ import pytest
 
 from monim.core.config import DEMO_STREAM
 
-# The exit status of a command that ends in one line on stderr (and a full disk: cli.common.NO_ROOM):
-REFUSED = 2  # refused before any work: bad input, a setting or range that cannot be (cli.common.fail)
+# The exit status of a command that ends in one line on stderr (and a full disk: cli.errors.NO_ROOM):
+REFUSED = 2  # refused before any work: bad input, a setting or range that cannot be (cli.errors.fail)
 FAILED = 1  # failed while it ran: a damaged file or database met on the way (cli.guarded)
 
 

@@ -3,6 +3,7 @@ small feed and a tiny model: a forget is forever, an id names one article across
 record is counted, late articles are named wherever a run reads their day, a range that cannot be
 learned is refused before any work, and meaningless settings are refused naming the field."""
 
+import datetime as dt
 import json
 import math
 import shutil
@@ -58,9 +59,9 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-04"]
     refused(learn(monim, source, workdir, model, "--relearn", "1987-03-03"), "relearn 1987-03-03", "last day (1987-03-04)")
     from monim.core.config import RunConfig
-    from monim.storage.plan import last_read
+    from monim.plan import last_read
 
-    assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == "1987-03-04"
+    assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == dt.date(1987, 3, 4)
 
 
 @pytest.mark.slow

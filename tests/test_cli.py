@@ -229,7 +229,7 @@ def test_every_run_setting_is_an_option_of_its_own_name():
     import typer.main
 
     from cli import app
-    from cli.common import run_spec
+    from cli.spec import run_spec
     from monim.core.config import RunConfig
 
     commands = typer.main.get_command(app).commands
@@ -380,8 +380,8 @@ def test_commands_that_read_a_feed_name_its_fields_as_learn_does():
     import typer.main
 
     from cli import app
-    from cli.common import feed_options
     from cli.options import FEED
+    from cli.spec import feed_options
     from monim.core.config import Fields
 
     commands = typer.main.get_command(app).commands

@@ -68,7 +68,7 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
     import typer.main
 
     from cli import app
-    from cli.common import run_spec
+    from cli.spec import run_spec
     from monim.data.feed import StreamError
     from monim.data.stream import read_day
 
@@ -97,7 +97,7 @@ def test_which_setting_wins(tmp_path, monkeypatch):
     SQLite file; Prefect's home in the work directory unless $PREFECT_HOME or $PREFECT_API_URL is set; a
     memory's recorded settings refuse a run that brings others (the option's default too), naming the field,
     while a reader's own may differ."""
-    from cli.common import prefect_home
+    from cli.workdir import prefect_home
     from monim.core.config import DEFAULT_MODEL
     from monim.storage.memory_settings import READ, Settings, SettingsMismatch, refuse_other
     from tracking.store import tracking_uri

@@ -133,7 +133,7 @@ def learn_as_it_comes(path: Path, batches: list[list[str]]) -> tuple[dict[str, d
     """A feed appended a batch at a time, each new day read as the daily run reads it (from the day after the
     last one learned): every day's counts when learned, the records each learned day got after it was
     learned (read as `monim status --source` reads them), and the late articles named as days were learned."""
-    from monim.storage.plan import arrivals
+    from monim.plan import arrivals
 
     learned: dict[str, dict] = {}
     late: set[str] = set()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.common import NO_ROOM
+from cli.errors import NO_ROOM
 from helpers import FAILED, demo_rows, learn, refused, write_feed
 from monim.storage.datastore import Datastore
 
@@ -217,15 +217,15 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     import sys
 
     from monim.core.config import RunConfig
+    from monim.plan import plan
     from monim.run import open_run
-    from monim.storage.plan import plan
     from tracking.store import client
 
     source, workdir, date = feed(tmp_path / "feed.jsonl"), tmp_path / "w", "1987-03-04"
     assert learn(monim, source, workdir, model, "--end", "1987-03-03").returncode == 0
     cfg = RunConfig(source=str(source), workdir=str(workdir), model=str(model), policy="fullmem")
     run = open_run(cfg)
-    day = run.ingest(dt.date.fromisoformat(date), dt.date.fromisoformat(plan(cfg).since(date)))
+    day = run.ingest(dt.date.fromisoformat(date), plan(cfg).since(dt.date.fromisoformat(date)))
     run.featurize(day)
     run.memorize(day)  # committed; then the process dies (kill -9): no calibration, row, version or step
     assert arrays(workdir)[0][-1] == date

@@ -4,6 +4,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,31 @@ def test_the_library_run_learns_a_day_as_the_flows_do(compared, tmp_path):
         assert {k: row[k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")} == \
                {k: by_flow[date][k] for k in ("ppl", "ppl_lm", "accuracy", "entries", "memrate", "lam", "temperature")}
     assert read_rows(tmp_path, "monim-amt").keys() == set(DAYS)
+
+
+def test_a_range_is_read_once_however_many_policies_learn_it(prefect, tiny_model_dir, tmp_path):
+    """A comparison plans every policy's range from one read of the feed, the command's check before any work
+    and the flows alike (issue 67): each record of the range is read once to plan, then once by each policy's
+    ingest of its day (which stops at the next day's first record); a one-policy learn the same."""
+    import gzip
+
+    from cli.plans import check_plans
+    from flows.compare import compare_policies
+    from flows.stream import learn_stream
+    from monim.data import dayindex
+
+    lines = [line for line in gzip.open(DEMO_STREAM, "rt") if json.loads(line)["date"] in DAYS]
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("".join(lines))  # the demo's first two days, and nothing after them
+    n, first = len(lines), sum(json.loads(line)["date"] == DAYS[0] for line in lines)
+    learned = n + 1  # each policy reads each day once: the first day up to the second's first record, then the second
+    run = RunConfig(source=str(feed), workdir=str(tmp_path / "w"), model=str(tiny_model_dir("llama")), max_docs=2)
+    dayindex.RECORDS.clear()
+    learn_stream(run.model_copy(update={"policy": "fullmem"}), *DAYS)
+    assert 0 < first < n and dayindex.RECORDS[str(feed)] == n + learned
+    os.utime(feed)  # the feed changed (as far as its time says): read again
+    dayindex.RECORDS.clear()
+    run = run.model_copy(update={"workdir": str(tmp_path / "v")})
+    check_plans(run, *DAYS, ["bare", "fullmem"])  # as `monim compare` does before any work
+    compare_policies(run, *DAYS, ["bare", "fullmem"])
+    assert dayindex.RECORDS[str(feed)] == n + 2 * learned

@@ -187,8 +187,8 @@ TC = "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    "
     ("tasks/bad.py", "from flows.day import learn_day\n", "tasks/bad.py:1: tasks imports flows.day (flows)"),
     ("tracking/bad.py", "from tasks import feed\n",
      "tracking/bad.py:1: tracking imports tasks.feed (tasks)"),
-    ("servers/bad.py", "from cli.common import NO_ROOM\n",
-     "servers/bad.py:1: servers imports cli.common (cli)"),
+    ("servers/bad.py", "from cli.errors import NO_ROOM\n",
+     "servers/bad.py:1: servers imports cli.errors (cli)"),
     ("flows/day2.py", "import servers.local\n", "flows/day2.py:1: flows imports servers.local (servers)"),
 ])
 def test_each_kind_of_violation_fails_the_rule(tree, tmp_path, file, text, said):

@@ -104,6 +104,7 @@ def open_at(path: Path, offset: int = 0) -> IO[bytes]:
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first
 READS: Counter = Counter()  # path -> times a source file was opened for reading (what a day flow costs)
+RECORDS: Counter = Counter()  # path -> records read from it (what planning and learning a range cost)
 
 
 class IndexedFile:
@@ -135,4 +136,5 @@ class IndexedFile:
             for n, raw in enumerate(iter(f.readline, b""), start=line):
                 raw = raw.rstrip(b"\r\n").removeprefix(BOM) if n == 1 else raw.rstrip(b"\r\n")
                 if raw.strip():
+                    RECORDS[str(self.path)] += 1
                     yield f"{self.path}:{n}", raw

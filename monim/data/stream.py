@@ -206,8 +206,10 @@ def read_range(source: str | Path, start: dt.date | None = None, end: dt.date | 
                known: Known | None = None) -> Iterator[Gathered]:
     """Every record from start to end, read once, a day with articles at a time (StreamError at the
     first bad one, naming its file, line and field, unless skipped)."""
-    list_dates(source, start, end, on_error, fields)  # days after today refused by the day index, before reading
-    return _articled(_day_documents(open_feed(source, fields), start, end, on_error, known))
+    feed = open_feed(source, fields)
+    if feed.dates() is not None:  # days after today refused by the day index, before reading (else the read refuses them)
+        list_dates(source, start, end, on_error, fields)
+    return _articled(_day_documents(feed, start, end, on_error, known))
 
 
 def check_records(source: str | Path, start: dt.date | None = None, end: dt.date | None = None,
