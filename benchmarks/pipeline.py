@@ -78,10 +78,10 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
     workdir = tempfile.mkdtemp(prefix="monim-pipeline-")
     since = dt.datetime.now(dt.timezone.utc)
     t = time.perf_counter()
-    run = RunConfig(source=source, workdir=workdir, model=model, max_docs=max_docs)
-    compare_policies(run, date, date, policies)
+    cfg = RunConfig(source=source, workdir=workdir, model=model, max_docs=max_docs)
+    compare_policies(cfg, date, date, policies)
     seconds = time.perf_counter() - t
-    rows = {p: recorded_days(run.model_copy(update={"policy": p}))[date] for p in policies}
+    rows = {p: recorded_days(cfg.model_copy(update={"policy": p}))[date] for p in policies}
     return {"seconds": seconds, "rows": rows, "workdir": workdir, "tasks": task_seconds(since)}
 
 

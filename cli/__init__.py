@@ -48,7 +48,7 @@ def guarded(command):
     """A command whose failure is one line on stderr (exit status 1; a full disk or a file-size limit,
     naming the file being written: NO_ROOM), the traceback only with --verbose."""
     @functools.wraps(command)
-    def run(*args, **kwargs):
+    def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -64,7 +64,7 @@ def guarded(command):
                        err=True)
             raise typer.Exit(1)
 
-    return run
+    return wrapper
 
 
 for command in (learning.run, learning.demo_feed, learning.learn, learning.compare, reading.evaluate, reading.generate, reading.status,

@@ -17,7 +17,7 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def day(value: Optional[str]) -> Optional[dt.date]:
+def option_date(value: Optional[str]) -> Optional[dt.date]:
     """A date given on the command line (YYYY-MM-DD), or a clear error."""
     if value is None:
         return None

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.errors import clear_errors, day, fail
+from cli.errors import clear_errors, fail, option_date
 from cli.options import AS_JSON, MODEL, WORKDIR
 from cli.output import console, emit, table
 from cli.plans import check_plans, refused_plans
 from cli.room import said_when_full
-from cli.spec import learning_options
+from cli.settings import learning_options
 from cli.workdir import prefect_home, use_tracking, use_workdir
 from monim.core import catalogue  # names and help only: no torch
 from servers import local
@@ -28,14 +28,14 @@ SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "ppl
 COST_COLUMNS = ["policy", "MB", "learning s/day", "scoring s/1k tokens", "LM tokens/token"]
 
 
-def preflight(spec: RunConfig, policies: list[str]) -> None:
+def preflight(cfg: RunConfig, policies: list[str]) -> None:
     """Refuse, before any work, another model or other settings (monim.run.refuse_others), in one line."""
     from monim.core.manifest import ManifestError, MemoryMismatch
     from monim.run import refuse_others
     from monim.storage.memory_settings import SettingsMismatch
 
     with clear_errors(ManifestError, SettingsMismatch, MemoryMismatch):
-        refuse_others(spec, policies)
+        refuse_others(cfg, policies)
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
@@ -56,20 +56,20 @@ def run(days: int = typer.Option(4, "--days", help="Days of the bundled Reuters 
         workdir: Path = typer.Option(Path("monim-demo"), "--workdir", help="Where the demo's runs live (a folder)."),
         model: Optional[str] = MODEL, as_json: bool = AS_JSON) -> None:
     """The demo: FullMem vs MoNIM-AMT on the bundled stream, through the real flows."""
-    from cli.spec import run_spec
+    from cli.settings import config_from_options
     from monim.core.config import DEMO_STREAM
     from monim.data.stream import list_dates
 
-    spec = run_spec(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
+    cfg = config_from_options(source=str(DEMO_STREAM), workdir=workdir, model=model, max_docs=max_docs)
     dates = list_dates(DEMO_STREAM)[:days]  # from its day index: no record read
-    check_plans(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
-    preflight(spec, ["fullmem", "monim-amt"])
+    check_plans(cfg, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
+    preflight(cfg, ["fullmem", "monim-amt"])
     use_workdir(workdir)
     use_tracking(workdir, None)
     from flows.compare import compare_policies
 
     with refused_plans():
-        summary = compare_policies(spec, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
+        summary = compare_policies(cfg, dates[0].isoformat(), dates[-1].isoformat(), ["fullmem", "monim-amt"])
     print_summary(f"Reuters-21578 demo, {dates[0]}..{dates[-1]}, <= {max_docs} training articles a day", summary)
     console.print(f"MLflow: {(workdir / 'mlflow.db').resolve()}  ·  report: {workdir / 'report' / 'report.md'}")
     console.print(f"\nOnce `monim ui --workdir {workdir}` runs, the runs and models are at:")
@@ -102,7 +102,7 @@ def demo_feed(path: Path = typer.Argument(..., help="Where to write it: a .jsonl
 
 
 @learning_options
-def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
+def learn(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
           workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
           policy: str = typer.Option("monim-amt", "--policy", help=f"What learns: {catalogue.help_text()}"),
           relearn: Optional[list[str]] = typer.Option(None, "--relearn", metavar="YYYY-MM-DD", help="Learn this day "
@@ -113,43 +113,43 @@ def learn(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start:
     run the evaluation suite on it if asked); days learned or forgotten are not learned again."""
     from monim.storage.workdirs import memory_root, memory_status
 
-    relearn = [day(d).isoformat() for d in relearn or []]
-    check_plans(spec, start, end, [spec.policy], relearn)
-    preflight(spec, [spec.policy])
+    relearn = [option_date(d).isoformat() for d in relearn or []]
+    check_plans(cfg, start, end, [cfg.policy], relearn)
+    preflight(cfg, [cfg.policy])
     from tracking.store import tracking_uri as resolve
 
-    with said_when_full(spec, start, end, relearn, resolve(str(workdir), tracking_uri)):
+    with said_when_full(cfg, start, end, relearn, resolve(str(workdir), tracking_uri)):
         use_workdir(workdir)
         use_tracking(workdir, tracking_uri)
         from flows.stream import learn_stream
 
         with refused_plans():
-            rows = learn_stream(spec, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
+            rows = learn_stream(cfg, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
                                 relearn=relearn)
-    console.print(table(f"{spec.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
+    console.print(table(f"{cfg.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                             "entries", "ppl_lm", "ppl", "accuracy"]))
-    root = memory_root(spec.workdir, spec.name)  # the bare LM and a parametric learner keep no memory
-    emit((memory_status(root) if (root / "manifest.json").exists() else {}) | {"policy": spec.name, "rows": rows},
+    root = memory_root(cfg.workdir, cfg.name)  # the bare LM and a parametric learner keep no memory
+    emit((memory_status(root) if (root / "manifest.json").exists() else {}) | {"policy": cfg.name, "rows": rows},
          as_json)
 
 
 @learning_options
-def compare(spec: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
+def compare(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start: Optional[str], end: Optional[str],
             workdir: Path, tracking_uri: Optional[str], wait: bool, as_json: bool,
             policies: str = typer.Option(",".join(catalogue.COMPARED), "--policies", help=f"Comma-separated runs: {catalogue.help_text()}")) -> None:
     """Run several policies over the same days into one MLflow experiment, evaluate, and report."""
     names = policies.split(",")
     for policy in names:
         with clear_errors(ValueError):
-            spec.model_validate(spec.model_dump() | {"policy": policy})
-    check_plans(spec, start, end, names)
-    preflight(spec, names)
+            cfg.model_validate(cfg.model_dump() | {"policy": policy})
+    check_plans(cfg, start, end, names)
+    preflight(cfg, names)
     use_workdir(workdir)
     use_tracking(workdir, tracking_uri)
     from flows.compare import compare_policies
 
     with refused_plans():
-        summary = compare_policies(spec, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
+        summary = compare_policies(cfg, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
     print_summary(f"policies on {source}", summary)
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)
@@ -179,9 +179,9 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     Without PREFECT_API_URL a Prefect server is started on 127.0.0.1 for the work directory
     (Prefect's temporary server does not run schedules); Ctrl-C stops both.
     """
-    from cli.spec import run_spec
+    from cli.settings import config_from_options
 
-    spec = run_spec(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
+    cfg = config_from_options(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
                     max_feed_lag=max_feed_lag)
     prefect_home(workdir)
     procs: list[Popen] = []
@@ -197,7 +197,7 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
 
         from flows.stream import learn_stream, learn_yesterday
 
-        params = {"run": spec.model_dump()}
+        params = {"run": cfg.model_dump()}
         prefect_serve(
             learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
                                           parameters=params | {"timezone": timezone}),

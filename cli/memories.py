@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from cli.errors import clear_errors, day, fail
+from cli.errors import clear_errors, fail, option_date
 
 if TYPE_CHECKING:
     from monim.theta.memory import Memory
@@ -34,8 +34,8 @@ def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **ov
 
     root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
-        memory = Memory.open(root, as_of=day(as_of), **{k: v for k, v in overrides.items() if v is not None})
+        memory = Memory.open(root, as_of=option_date(as_of), **{k: v for k, v in overrides.items() if v is not None})
     first = memory.ds.days[0].date if memory.ds.days else None
-    if as_of is not None and (first is None or day(as_of).isoformat() < first):
+    if as_of is not None and (first is None or option_date(as_of).isoformat() < first):
         raise fail(f"--as-of {as_of}: {root} holds no day on or before it (its first day is {first or 'not learned yet'})")
     return memory

@@ -7,7 +7,7 @@ import datetime as dt
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
-from cli.errors import clear_errors, day, fail
+from cli.errors import clear_errors, fail, option_date
 
 if TYPE_CHECKING:
     from monim.core.config import RunConfig
@@ -25,15 +25,15 @@ def refused_plans() -> Iterator[None]:
         yield
 
 
-def check_plans(spec: RunConfig, start: Optional[str], end: Optional[str], policies: Sequence[str],
+def check_plans(cfg: RunConfig, start: Optional[str], end: Optional[str], policies: Sequence[str],
                 relearn: Sequence[str] = ()) -> None:
     """Plan each policy's range from START to END (dates, in order; `relearn`: ISO dates) before any work, or end
     in one line."""
     from monim.plan import plan
 
-    first, last = day(start), day(end)
+    first, last = option_date(start), option_date(end)
     if first and last and first > last:
         raise fail(f"--start {start} is after --end {end}: the range holds no day")
     with refused_plans():
         for policy in policies:
-            plan(spec.model_copy(update={"policy": policy}), first, last, [dt.date.fromisoformat(d) for d in relearn])
+            plan(cfg.model_copy(update={"policy": policy}), first, last, [dt.date.fromisoformat(d) for d in relearn])

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from cli.errors import clear_errors, day, fail
+from cli.errors import clear_errors, fail, option_date
 from cli.memories import memory_dir, open_memory
 from cli.options import AS_JSON, AS_OF, CONSTANT_LAM, HALF_LIFE, MAX_AGE, POLICY, SKIP, TRACKING, WORKDIR
 from cli.output import console, emit, table
-from cli.spec import evaluation, feed_options
+from cli.settings import evaluation, feed_options
 from cli.workdir import use_workdir
 from servers import local
 
@@ -91,7 +91,7 @@ def evaluate(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = PO
     memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, skip_threshold=skip,
                          half_life=half_life, max_age=max_age)
     with clear_errors(FileNotFoundError, StreamError, ValueError):
-        result = evaluate_memory(memory, e, source, day(start), day(end), split, memory.features(workdir / "features"),
+        result = evaluate_memory(memory, e, source, option_date(start), option_date(end), split, memory.features(workdir / "features"),
                                  fields)
     console.print(table(f"{memory.ds.root.name} as of {result['as_of']}", [result],
                         [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]))

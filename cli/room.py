@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
-from cli.errors import NO_ROOM, day
+from cli.errors import NO_ROOM, option_date
 from servers import local
 
 if TYPE_CHECKING:
@@ -19,19 +19,19 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def said_when_full(spec: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str) -> Iterator[None]:
+def said_when_full(cfg: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str) -> Iterator[None]:
     """A learn that runs out of room (a full disk, a file-size limit) ends with one line: what happened,
     the file being written, and what the memory holds now; exit status NO_ROOM."""
     from monim.storage.workdirs import memory_root
 
-    root = memory_root(spec.workdir, spec.name)
+    root = memory_root(cfg.workdir, cfg.name)
     before = _days(root)
     try:
         yield
     except Exception as e:  # noqa: BLE001 (only a full disk or file-size limit is said here; the rest goes on)
-        if os.environ.get("MONIM_VERBOSE") or (what := room(e, spec.workdir, uri)) is None:
+        if os.environ.get("MONIM_VERBOSE") or (what := room(e, cfg.workdir, uri)) is None:
             raise
-        typer.echo(f"error: {what}: {memory_now(spec, start, end, relearn, uri, before)}", err=True)
+        typer.echo(f"error: {what}: {memory_now(cfg, start, end, relearn, uri, before)}", err=True)
         raise typer.Exit(NO_ROOM)
 
 
@@ -59,7 +59,7 @@ def _days(root: Path) -> list[str]:
     return [d.date for d in Datastore.read(root).days] if (root / "manifest.json").exists() else []
 
 
-def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str,
+def memory_now(cfg: RunConfig, start: Optional[str], end: Optional[str], relearn: list[str], uri: str,
                before: list[str]) -> str:
     """What a learn that stopped left: the memory unchanged since `before` (the days it held), or the day
     it stopped at committed and what that day lacks (the recipe's later stages: `monim fsck --repair`)."""
@@ -69,15 +69,15 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
     from monim.storage.workdirs import memory_root
     from tracking.versions import untracked
 
-    root = memory_root(spec.workdir, spec.name)
+    root = memory_root(cfg.workdir, cfg.name)
     try:
-        todo = [d.isoformat() for d in plan(spec, day(start), day(end), [dt.date.fromisoformat(d) for d in relearn]).todo]
+        todo = [d.isoformat() for d in plan(cfg, option_date(start), option_date(end), [dt.date.fromisoformat(d) for d in relearn]).todo]
         now = _days(root)
         missing = unfinished(Datastore.read(root)).get(todo[0]) if todo and todo[0] in now else None
         if missing is not None:
             missing += untracked(uri, root, todo[0])
     except Exception:  # noqa: BLE001 (what cannot be read now: fsck says it)
-        return f"`monim fsck --workdir {spec.workdir}` says what the memory holds"
+        return f"`monim fsck --workdir {cfg.workdir}` says what the memory holds"
     if not todo:
         return "every day of the range is learned and recorded"
     if missing is None:
@@ -85,4 +85,4 @@ def memory_now(spec: RunConfig, start: Optional[str], end: Optional[str], relear
         return (f"the memory is unchanged (day {todo[0]} not committed)" if not kept else
                 f"days {kept[0]} to {kept[-1]} are learned; the memory is otherwise unchanged (day {todo[0]} not committed)")
     return (f"day {todo[0]} is committed; it is {', '.join('not ' + m for m in missing)}: `monim fsck --workdir "
-            f"{spec.workdir} --repair` (or this learn again) finishes it once there is room")
+            f"{cfg.workdir} --repair` (or this learn again) finishes it once there is room")

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from cli.errors import clear_errors, day, fail
+from cli.errors import clear_errors, fail, option_date
 from cli.learning import print_links, started
 from cli.memories import memory_dir
 from cli.options import AS_JSON, POLICY, TRACKING, WORKDIR
@@ -99,7 +99,7 @@ def forget(workdir: Path = WORKDIR,
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
-    days = [day(d).isoformat() for d in days or []]  # "not a date" before anything is read
+    days = [option_date(d).isoformat() for d in days or []]  # "not a date" before anything is read
     roots = [memory_dir(workdir, policy)] if policy else memories(workdir)
     stores = [Datastore.read(root) for root in roots]
     held = {d for ds in stores for rec in ds.days for d in ds.shards.shard_seen(rec.shard)}  # every article a day read,
@@ -152,7 +152,7 @@ def register(workdir: Path = WORKDIR, policy: Optional[str] = POLICY,
     """Register a memory's current state as a new version of its model (where not registered yet);
     a champion that can no longer load (the memory changed since) is replaced by its day's new version."""
     root = memory_dir(workdir, policy)
-    done = _register(workdir, root, tracking_uri, None if as_of is None else day(as_of).isoformat())
+    done = _register(workdir, root, tracking_uri, None if as_of is None else option_date(as_of).isoformat())
     if done is None:
         raise fail(f"{root} has no registered model (its days were learned without MLflow)")
     console.print(_registered_line(done), highlight=False)

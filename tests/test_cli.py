@@ -225,11 +225,11 @@ def test_every_option_says_what_it_takes(monim):
 
 def test_every_run_setting_is_an_option_of_its_own_name():
     """`learn` and `compare` take each RunConfig field as --its-name (a command's own choice and a
-    comparison's aside), and what they parse is what the spec holds."""
+    comparison's aside), and what they parse is what the run's settings hold."""
     import typer.main
 
     from cli import app
-    from cli.spec import run_spec
+    from cli.settings import config_from_options
     from monim.core.config import RunConfig
 
     commands = typer.main.get_command(app).commands
@@ -241,10 +241,10 @@ def test_every_run_setting_is_an_option_of_its_own_name():
     args = ["--source", DEMO, "--delta", "-2.0", "--train-block", "64", "--constant-lam", "--calibration", "yesterday",
             "--max-article-tokens", "0", "--no-feature-store", "--k", "16", "--context-mode", "document"]
     params = commands["learn"].make_context("learn", args).params
-    spec = run_spec(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
-    assert (spec.delta, spec.train_block, spec.calibrated, spec.calibrator.source) == (-2.0, 64, False, "yesterday")
-    assert (spec.max_article_tokens, spec.feature_store, spec.k, spec.context_mode) == (None, False, 16, "document")
-    assert spec.model_dump(exclude={"delta", "train_block", "calibrated", "calibrator", "max_article_tokens",
+    cfg = config_from_options(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
+    assert (cfg.delta, cfg.train_block, cfg.calibrated, cfg.calibrator.source) == (-2.0, 64, False, "yesterday")
+    assert (cfg.max_article_tokens, cfg.feature_store, cfg.k, cfg.context_mode) == (None, False, 16, "document")
+    assert cfg.model_dump(exclude={"delta", "train_block", "calibrated", "calibrator", "max_article_tokens",
                                     "feature_store", "k", "context_mode", "source", "workdir"}) == \
         RunConfig().model_dump(exclude={"delta", "train_block", "calibrated", "calibrator", "max_article_tokens",
                                         "feature_store", "k", "context_mode", "source", "workdir"})
@@ -381,7 +381,7 @@ def test_commands_that_read_a_feed_name_its_fields_as_learn_does():
 
     from cli import app
     from cli.options import FEED
-    from cli.spec import feed_options
+    from cli.settings import feed_options
     from monim.core.config import Fields
 
     commands = typer.main.get_command(app).commands

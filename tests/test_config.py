@@ -1,4 +1,4 @@
-"""The typed run spec: what a deployment or the Prefect UI's form may pass, and what it may not."""
+"""The typed run cfg: what a deployment or the Prefect UI's form may pass, and what it may not."""
 
 import datetime as dt
 import os
@@ -68,7 +68,7 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
     import typer.main
 
     from cli import app
-    from cli.spec import run_spec
+    from cli.settings import config_from_options
     from monim.data.feed import StreamError
     from monim.data.stream import read_day
 
@@ -78,16 +78,16 @@ def test_a_feeds_field_names_are_settings_of_one_name(tmp_path):
     args = ["--source", str(feed), "--date-field", "published", "--text-field", "body", "--id-field", "uid",
             "--title-field", "headline", "--missing-id", "hash"]
     params = typer.main.get_command(app).commands["learn"].make_context("learn", args).params
-    spec = run_spec(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
+    cfg = config_from_options(params.pop("policy"), params.pop("source"), params.pop("workdir"), **params)
     deployed = RunConfig.model_validate({"source": str(feed), "date_field": "published", "text_field": "body",
                                          "id_field": "uid", "title_field": "headline", "missing_id": "hash"})
-    assert spec == deployed
-    day = read_day(spec.source, dt.date(1987, 3, 2), fields=spec.fields())
+    assert cfg == deployed
+    day = read_day(cfg.source, dt.date(1987, 3, 2), fields=cfg.fields())
     (first, second) = day.train
     assert (first.id, first.title, first.text) == ("7", "Rates", "Rates rose.")
     assert second.id.startswith("h") and second.title == "" and second.text == "Oil fell."
     with pytest.raises(StreamError, match="feed.jsonl:1: field 'date': missing"):
-        read_day(spec.source, dt.date(1987, 3, 2), fields=RunConfig(source=str(feed)).fields())
+        read_day(cfg.source, dt.date(1987, 3, 2), fields=RunConfig(source=str(feed)).fields())
     with pytest.raises(ValidationError, match="four different fields"):
         RunConfig(text_field="date")
 

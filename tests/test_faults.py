@@ -100,7 +100,7 @@ def test_sigterm_stops_a_learn_within_ten_seconds_at_any_point_twenty_times(moni
 
 @pytest.mark.slow
 def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, model, clean, tmp_path):
-    """New weights of the same shape at the same path, or another window through the run's spec:
+    """New weights of the same shape at the same path, or another window through the run's cfg:
     refused naming the field, nothing learned, no feature of the new weights kept."""
     from flows.stream import learn_stream
     from monim.core.config import RunConfig
@@ -121,10 +121,10 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     assert arrays(workdir)[0] == ["1987-03-02"]
     other = tmp_path / "other"
     shutil.copytree(clean, other)
-    spec = RunConfig(source=str(feed(tmp_path / "longer.jsonl", days=4)), workdir=str(other), model=str(model),
+    cfg = RunConfig(source=str(feed(tmp_path / "longer.jsonl", days=4)), workdir=str(other), model=str(model),
                      policy="fullmem", stride=256)
     with pytest.raises(Exception, match="field 'window.stride': learned with 512, not 256"):
-        learn_stream(spec)  # the deployment's path: the flow refuses at its start
+        learn_stream(cfg)  # the deployment's path: the flow refuses at its start
     assert arrays(other)[0] == arrays(clean)[0]
 
 

@@ -71,7 +71,7 @@ def test_deployment_runs_through_a_process_worker(tiny_model_dir, tmp_path):
         out = run([BIN / "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], api)
         assert "monim-yesterday/daily" in out and "monim-stream/backfill" in out
         spec = {"source": str(DEMO_STREAM), "workdir": str(tmp_path / "work"), "model": str(tiny_model_dir("gpt2")),
-                "max_docs": 2}  # a run's spec is one JSON parameter (in the UI, a form)
+                "max_docs": 2}  # a run's settings are one JSON parameter (in the UI, a form)
         out = run([BIN / "prefect", "deployment", "run", "monim-stream/backfill", "--param", "start=1987-03-02",
                    "--param", "end=1987-03-02", "--param", f"run={json.dumps(spec)}"], api)
         run([BIN / "prefect", "worker", "start", "--pool", "monim-process", "--run-once"], api, timeout=400)

@@ -1,4 +1,4 @@
-"""The run's spec built from a command's options (one builder), and the evaluation suite's settings."""
+"""The run's settings (RunConfig) built from a command's options (one builder), and the evaluation suite's."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, 
                           max_age=max_age)
 
 
-def _spec_options(source: str = typer.Option(..., "--source", help="The news stream: a JSON Lines file (an article a "
+def _shared_options(source: str = typer.Option(..., "--source", help="The news stream: a JSON Lines file (an article a "
                                               "line: id, date, text, title), a News Crawl file, a folder of per-day "
                                               "files, or hf:NAME (a `datasets` dataset)."),
                   start: Optional[str] = START, end: Optional[str] = END, workdir: Path = WORKDIR,
@@ -54,17 +54,17 @@ def _spec_options(source: str = typer.Option(..., "--source", help="The news str
 
 def learning_options(command):
     """Give a learning command the run's settings as options (one per RunConfig field, cli.options)
-    and the evaluation suite's; it is called with them built: `spec` (monim.core.config.RunConfig),
+    and the evaluation suite's; it is called with them built: `cfg` (monim.core.config.RunConfig),
     `evaluation` (None: nothing to measure), and `source`, `start`, `end`, `workdir`, `tracking_uri`,
     `wait`, `as_json` as given."""
-    own, shared, settings = inspect.signature(command), inspect.signature(_spec_options), field_options()
+    own, shared, settings = inspect.signature(command), inspect.signature(_shared_options), field_options()
     passed = ("source", "start", "end", "workdir", "tracking_uri", "wait", "as_json")
 
     @functools.wraps(command)
-    def run(**values):
+    def wrapper(**values):
         options = {k: values.pop(k) for k in [*shared.parameters, *(p.name for p in settings)]}
         values |= {k: options[k] for k in passed}
-        values["spec"] = run_spec(policy=values.pop("policy", "monim-amt"), **options)
+        values["cfg"] = config_from_options(policy=values.pop("policy", "monim-amt"), **options)
         suite = evaluation(options["period"], options["period_docs"], options["text"], options["text_chars"],
                            options["text_every"], options["qa"], options["shots"], options["half_life"], options["max_age"])
         if not (suite.period or suite.text or suite.qa):
@@ -73,10 +73,10 @@ def learning_options(command):
             suite = None
         return command(evaluation=suite, **values)
 
-    mine = [p for name, p in own.parameters.items() if name not in ("spec", "evaluation", *passed)]
-    run.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()) + settings)
-    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
-    return run
+    mine = [p for name, p in own.parameters.items() if name not in ("cfg", "evaluation", *passed)]
+    wrapper.__signature__ = own.replace(parameters=mine + list(shared.parameters.values()) + settings)
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}  # what Typer reads
+    return wrapper
 
 
 def feed_options(command):
@@ -86,17 +86,17 @@ def feed_options(command):
     own = inspect.signature(command)
 
     @functools.wraps(command)
-    def run(**values):
-        return command(fields=run_spec(**{k: values.pop(k) for k in FEED}).fields(), **values)
+    def wrapper(**values):
+        return command(fields=config_from_options(**{k: values.pop(k) for k in FEED}).fields(), **values)
 
     mine = [p for name, p in own.parameters.items() if name != "fields"]
-    run.__signature__ = own.replace(parameters=mine + [p for p in field_options() if p.name in FEED])
-    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}  # what Typer reads
-    return run
+    wrapper.__signature__ = own.replace(parameters=mine + [p for p in field_options() if p.name in FEED])
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}  # what Typer reads
+    return wrapper
 
 
-def run_spec(policy: str = "monim-amt", source: str = "", workdir: Path = Path("monim-work"), **options) -> RunConfig:
-    """The run's typed spec from the options (what is not given: RunConfig's defaults), or a clear
+def config_from_options(policy: str = "monim-amt", source: str = "", workdir: Path = Path("monim-work"), **options) -> RunConfig:
+    """The run's typed settings from the options (what is not given: RunConfig's defaults), or a clear
     error naming the field. Without --review, Mix-Review reviews the text the forgetting probe does not read."""
     from pydantic import ValidationError
 
