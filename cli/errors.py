@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, overload
 
 import typer
 
@@ -17,6 +17,10 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+@overload
+def option_date(value: str) -> dt.date: ...
+@overload
+def option_date(value: None) -> None: ...
 def option_date(value: Optional[str]) -> Optional[dt.date]:
     """A date given on the command line (YYYY-MM-DD), or a clear error."""
     if value is None:
@@ -33,7 +37,8 @@ def clear_errors(*kinds: type[Exception]) -> Iterator[None]:
     message, not a traceback."""
     from monim.core.lock import Locked
 
+    caught: tuple[type[Exception], ...] = (Locked, *kinds)
     try:
         yield
-    except (Locked, *kinds) as e:
+    except caught as e:
         raise fail(str(e))

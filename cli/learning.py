@@ -198,10 +198,10 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
         from flows.stream import learn_stream, learn_yesterday
 
         params = {"run": cfg.model_dump()}
-        prefect_serve(
+        prefect_serve(  # to_deployment is sync here (Prefect types it sync or async)
             learn_yesterday.to_deployment(name="daily", schedule=Cron(cron, timezone=timezone),
-                                          parameters=params | {"timezone": timezone}),
-            learn_stream.to_deployment(name="backfill", parameters=params),
+                                          parameters=params | {"timezone": timezone}),  # type: ignore[arg-type]
+            learn_stream.to_deployment(name="backfill", parameters=params),  # type: ignore[arg-type]
         )
     finally:
         local.stop(procs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import types
 from pathlib import Path
-from typing import Literal, Optional, Union, get_args, get_origin
+from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
@@ -48,14 +48,14 @@ CALIBRATOR = {  # option -> (CalibratorConfig field, its type, help)
 }
 
 
-def _optional(annotation) -> tuple[object, str | None]:
+def _optional(annotation) -> tuple[Any, int | str | None]:
     """The field's type for the command line (None: the option not given), and the word for empty
     where the field may be empty: 0 for an `int | None` field, "none" for a `float | None` one (read
     as text, pydantic makes the number)."""
     args = get_args(annotation)
     if get_origin(annotation) in (Union, types.UnionType) and type(None) in args:
         (inner,) = [a for a in args if a is not type(None)]
-        empty = {int: 0, float: "none"}.get(inner)
+        empty: int | str | None = 0 if inner is int else "none" if inner is float else None
         return Optional[str if inner is float else inner], empty
     return Optional[annotation], None
 
@@ -68,7 +68,7 @@ def field_options() -> list[inspect.Parameter]:
             continue
         kind, empty = _optional(f.annotation)
         default = f.get_default(call_default_factory=True)
-        help_text = f.description + (f" {empty} means empty." if empty is not None else "")
+        help_text = (f.description or "") + (f" {empty} means empty." if empty is not None else "")
         flag = f"--{name.replace('_', '-')}"
         flags = NAMES.get(name, (f"{flag}/--no-{flag[2:]}",) if kind == Optional[bool] else (flag,))
         option = typer.Option(default, *flags, help=help_text, metavar="FLOAT|none" if empty == "none" else None)

@@ -32,6 +32,8 @@ def featurize_on_cluster(cfg: RunConfig, day: Day, splits: tuple[str, ...]) -> d
     """Run the LM over the day's articles on the cluster's workers, into the work directory's feature store."""
     started = time.perf_counter()
     cfg = cfg.model_copy(update={"workdir": str(Path(cfg.workdir).resolve())})  # the workers' cwd is not ours
+    if not cfg.cluster:
+        raise ValueError("featurize_on_cluster needs the run's cluster (its settings name none)")
     n = PARTS_PER_THREAD * threads(cfg.cluster)
     futures = [featurize_part.submit(cfg, part, f"{day.date}-{split}-p{i}")
                for split in splits for i, part in enumerate(balanced_parts(day.split(split), n))]
@@ -50,4 +52,5 @@ def featurize_day(run: Run, day: Day) -> dict:
         return featurize(run, day)
     from prefect_dask import DaskTaskRunner  # only with a cluster: dask.distributed takes a while to import
 
-    return featurize_on_cluster.with_options(task_runner=DaskTaskRunner(address=run.cfg.cluster))(run.cfg, day, run.splits)
+    runner = DaskTaskRunner(address=run.cfg.cluster)
+    return featurize_on_cluster.with_options(task_runner=runner)(run.cfg, day, run.splits)  # type: ignore[arg-type]

@@ -53,9 +53,9 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
         seconds_learn = time.perf_counter() - started
         metrics = evaluate(run, day)  # as of the day, even when re-run later
         row = run.row(day, step, lm_pass, learned, seconds_learn, metrics)
-        if run_id and isinstance(run, MemoryRun):  # Θ is registered where its stream is tracked
+        if run_id and tracking_uri and isinstance(run, MemoryRun):  # Θ is registered where its stream is tracked
             row |= register_day(cfg, day, run.memory.at(date), run_id, tracking_uri)
-        if run_id:
+        if run_id and tracking_uri:
             log_day(run_id, tracking_uri, step, row)
         record_day(run, row)
     create_table_artifact([{"metric": k, "value": v} for k, v in row.items()], key=f"monim-{cfg.name.replace('+', '-')}-day",

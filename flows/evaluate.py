@@ -64,7 +64,8 @@ def _measure(configs: list[RunConfig], days: list[str], e: EvalConfig, uri: str,
     at = e.checkpoints(days)
     points: dict[str, list] = {name: [] for name in run_ids}
     out = {}
-    if e.period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), e.period)}"))[0]:
+    period = e.period or ""  # "": no period asked for
+    if period and (todo := missing(at["periods"], lambda d: f"ppl_period/{period_of(dt.date.fromisoformat(d), period)}"))[0]:
         out["periods"] = period_perplexity(todo[1], source, days[0], days[-1], todo[0], e)
         for period, runs in out["periods"].items():
             for name, cells in runs.items():

@@ -4,6 +4,7 @@ fails when its feed has stalled."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import cast
 from zoneinfo import ZoneInfo
 
 from prefect import flow
@@ -15,7 +16,7 @@ from monim.core.lock import hold
 from monim.data.stream import FeedStalled, check_feed, list_dates
 from monim.evaluation.suite import EvalConfig
 from monim.plan import Plan, last_read, plan
-from monim.run import open_run, recorded_days
+from monim.run import MemoryRun, open_run, recorded_days
 from monim.storage import workdirs
 from tasks.feed import arrived_late, thin_day
 from tasks.logs import logger
@@ -51,16 +52,16 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
         todo = plan(run, as_date(start), as_date(end), [dt.date.fromisoformat(d) for d in relearn or []])
         if todo.todo:
             open_run(run).open()  # another model, weights or settings, or a damaged memory: refused before any work
-        for date in todo.relearn:
-            open_run(run).relearn(date)
+        for date in todo.relearn:  # days a memory forgot: only a memory's run has them
+            cast(MemoryRun, open_run(run)).relearn(date)
         say_plan(run, todo)
         uri = resolve_tracking_uri(run.workdir, tracking_uri)
         run_id, origin = mlflow_run(run, experiment or experiment_name(run.source), uri, comparison)
         with ended(run_id, uri, lambda: describe(run)):
             learned = sorted(recorded_days(run).values(), key=lambda r: r["date"])
             for row in learned:  # the learned days the plan read again: what they got since
-                if (day := dt.date.fromisoformat(row["date"])) in todo.seen:
-                    arrived_late(run, row, run_id, uri, todo.arrived.get(day, []))
+                if (seen := dt.date.fromisoformat(row["date"])) in todo.seen:
+                    arrived_late(run, row, run_id, uri, todo.arrived.get(seen, []))
             before = [r for r in learned if todo.todo and r["date"] < todo.todo[0].isoformat()]
             if before and (last := dt.date.fromisoformat(before[-1]["date"])) not in todo.seen:  # a resume: read for it
                 arrived_late(run, before[-1], run_id, uri, since=todo.since(last))

@@ -10,7 +10,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -105,7 +105,7 @@ class Commits:
             raise ValueError(f"day {date} comes before the last committed day {self.manifest['days'][-1]['date']}")
         forgotten.refuse(self.manifest, date)
 
-    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+    def forget(self, doc_ids: list[str] | None = None, days: Sequence[dt.date | str] | None = None,
                reason: str | None = None, retext: Retext | None = None, store: Path | None = None) -> int:
         """Remove the entries of these documents and/or days; returns how many were removed. The last
         committed day, named, is uncommitted: the memory returns to its state before the day (its

@@ -9,7 +9,7 @@ import functools
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -242,7 +242,7 @@ class Memory:
         if self.as_of is not None:
             raise ValueError(f"{self.ds.root} read as of {self.as_of} is read-only")
 
-    def forget(self, doc_ids: list[str] | None = None, days: list[dt.date | str] | None = None,
+    def forget(self, doc_ids: list[str] | None = None, days: Sequence[dt.date | str] | None = None,
                reason: str | None = None, store: Path | str | None = None) -> int:
         """Remove documents or days from the datastore (for good, and all of them: monim.storage.forgotten and
         Commits.forget) and from the index; with `store` (a feature store), the LM's features of them too."""
