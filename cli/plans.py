@@ -35,5 +35,7 @@ def check_plans(cfg: RunConfig, start: Optional[str], end: Optional[str], polici
     if first and last and first > last:
         raise fail(f"--start {start} is after --end {end}: the range holds no day")
     with refused_plans():
-        for policy in policies:
-            plan(cfg.model_copy(update={"policy": policy}), first, last, [dt.date.fromisoformat(d) for d in relearn])
+        dates = [plan(cfg.model_copy(update={"policy": policy}), first, last, [dt.date.fromisoformat(d) for d in relearn]).dates
+                 for policy in policies]
+    if not any(dates):
+        raise fail(f"{cfg.source} has no articles between {start or 'the start'} and {end or 'the end'}")

@@ -13,7 +13,7 @@ from flows.day import learn_day
 from flows.evaluate import evaluate_runs
 from monim.core.config import RunConfig
 from monim.core.lock import hold
-from monim.data.stream import FeedStalled, check_feed, list_dates
+from monim.data.stream import FeedStalled, check_feed
 from monim.evaluation.suite import EvalConfig
 from monim.plan import Plan, last_read, plan
 from monim.run import MemoryRun, open_run, recorded_days
@@ -107,8 +107,6 @@ def learn_yesterday(run: RunConfig, timezone: str = "UTC", experiment: str | Non
     rows = []
     if start > yesterday:
         logger().info("nothing to learn: %s is already learned", yesterday)
-    elif not list_dates(run.source, start, yesterday, run.on_error, run.fields()):
-        logger().info("nothing to learn: the feed has no articles from %s to %s", start, yesterday)
     else:
         rows = learn_stream(run, start.isoformat(), yesterday.isoformat(), experiment, tracking_uri, evaluation, wait)
     try:

@@ -109,15 +109,14 @@ def _manifest(cfg: RunConfig) -> dict:
 def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = None, relearn: Sequence[dt.date] = ()) -> Plan:
     """The run's range from start to end: the feed's read (read_feed, shared) and the memory's manifest.
     StreamError at a bad record (unless skipped; an id the memory read on another day is one);
-    FileNotFoundError for a missing feed; RangeError for a range that cannot be learned."""
+    FileNotFoundError for a missing feed; RangeError for a range that cannot be learned (a range without
+    articles is nothing to learn: the command line refuses it, a daily flow learns nothing)."""
     if start and end and start > end:
         raise RangeError(f"start {start} is after end {end}: the range holds no day")
     root, manifest = workdirs.memory_root(cfg.workdir, cfg.name), _manifest(cfg)
     feed, known = read_feed(cfg, start, end), workdirs.known_ids(root)
     if feed.known_again(known):  # read again with the memory's ids: refused naming its record, or skipped and counted
         feed = Feed.of(read_range(cfg.source, start, end, cfg.on_error, cfg.fields(), known))
-    if not feed.dates:
-        raise RangeError(f"{cfg.source} has no articles between {start or 'the start'} and {end or 'the end'}")
     rows = {dt.date.fromisoformat(d): row for d, row in workdirs.read_rows(cfg.workdir, cfg.name).items()}
     arrived = {d: found for d in feed.dates if d in rows and (found := feed.read[d][records(rows[d], "docs_"):])}
     committed = [dt.date.fromisoformat(d["date"]) for d in manifest.get("days", [])]
