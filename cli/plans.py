@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @contextmanager
 def refused_plans() -> Iterator[None]:
-    """A plan that refuses its range (a missing feed, an empty range, a day before a memory's last, a bad record
+    """A plan that refuses its range (a missing feed, a reversed range, a day before a memory's last, a bad record
     naming its file, line and field, an id a memory read on another day), or a bad record a flow meets later,
     ends the command in one line."""
     from monim.data.feed import StreamError
@@ -28,7 +28,7 @@ def refused_plans() -> Iterator[None]:
 def check_plans(cfg: RunConfig, start: Optional[str], end: Optional[str], policies: Sequence[str],
                 relearn: Sequence[str] = ()) -> None:
     """Plan each policy's range from START to END (dates, in order; `relearn`: ISO dates) before any work, or end
-    in one line."""
+    in one line; a range without articles for any policy is refused here (a flow learns nothing from it)."""
     from monim.plan import plan
 
     first, last = option_date(start), option_date(end)

@@ -1,8 +1,8 @@
 """What a run's range holds, read before any work: its days with articles (every record read once, bad
 ones refused or counted, the read shared by every run over the range), the days the run learned, the
 days its memory forgot (never learned again unless relearned by name), and what is left to learn. A
-range that cannot be learned (reversed, empty, or with a day before the memory's last) is refused here
-(RangeError), before the LM runs or anything is written."""
+range that cannot be learned (reversed, or with a day before the memory's last) is refused here (RangeError),
+before the LM runs or anything is written; a range without articles is nothing to learn."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from monim.storage.forgotten import check_relearn, forgotten_days
 
 
 class RangeError(ValueError):
-    """A range that cannot be learned: reversed, without articles, or with a day before the memory's last."""
+    """A range that cannot be learned: reversed, or with a day before the memory's last."""
 
 
 @dataclass(frozen=True)
