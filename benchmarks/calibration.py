@@ -14,7 +14,7 @@ folder of its own); it learns each day the product's way, memorized then calibra
 `calibrate`: the two stages read apart, since a day's row keeps the calibration's record: its
 held-out NLL per rule); the runs share the work directory's feature store (`featurize`).
 Resumable: memories and per-day rows live in --workdir; a re-run continues after the last day.
-Usage: python benchmarks/calibration.py [--days 10] [--max-docs N] [--workdir DIR] [--out ...json]
+Usage: monim bench calibration [--days 10] [--max-docs N] [--workdir DIR] [--out ...json]
 """
 
 import dataclasses
@@ -23,7 +23,7 @@ import math
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import first_days, news_parser, save, WORK
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -35,7 +35,6 @@ from monim.lm.features import Features
 from monim.theta.memory import Memory
 from monim.run import make_run
 from monim.data.feed import Document
-from harness import RESULTS, first_days, news_parser, save
 
 RUNS = {  # name: (policy, calibration source)
     "fullmem/validation": ("fullmem", "validation"),
@@ -73,13 +72,13 @@ def skip_rule(lm, memory: Memory, docs: list[Document], theta: float, cfg: Featu
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = news_parser(__doc__, "calibration")
     ap.set_defaults(max_docs=None)
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "calibration-work")
+    ap.add_argument("--workdir", type=Path, default=WORK / "calibration")
     ap.add_argument("--runs", default=",".join(RUNS), help="Comma-separated memories to learn (see RUNS).")
     ap.add_argument("--skip", type=float, default=0.3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     console = Console(width=180)
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows_path = args.workdir / "rows.json"
@@ -165,7 +164,7 @@ def main() -> None:
             console.print(f"skip θ={args.skip} on {kind} articles: {r['skipped']:.1%} of tokens skipped, PPL "
                           f"{r['ppl_full']:.2f} → {r['ppl_skip']:.2f}, time {r['seconds_skip'] / r['seconds_full']:.2f}×")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, result, default=float)
+    save(args.out, result, args, default=float)
     console.print(f"wrote {args.out}")
 
 

@@ -12,7 +12,7 @@ ablation (calibrators trained from scratch on MoNIM's calibration set without ea
 which the days' learning trained; no day reads them); warm-started daily vs retrained; and the
 skip rule (θ, decided after a top-16 search) — share skipped, PPL, time saved, measured in this
 same run against scoring with full retrieval.
-Usage: python benchmarks/calibrator.py [--days 10] [--max-docs 8] [--skip 0.3] [--runs monim-amt,fullmem,randmem,monim-amt-const] [--out ...json]
+Usage: monim bench calibrator [--days 10] [--max-docs 8] [--skip 0.3] [--runs monim-amt,fullmem,randmem,monim-amt-const] [--out ...json]
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import first_days, news_parser, save
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -35,7 +35,6 @@ from monim.theta.knnlm import Interpolation, perplexity, theta_scores
 from monim.lm.model import cached_lm
 from monim.theta.memory import Memory
 from monim.run import make_run
-from harness import first_days, news_parser, save
 
 
 def ppl_of(batches: list, memory: Memory, calibrator=None) -> float:
@@ -56,12 +55,12 @@ def timed_score(memory: Memory, docs: list, skip: bool) -> tuple[list, float, fl
     return batches, time.perf_counter() - started, skipped / max(1, sum(len(b) for b in batches))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = news_parser(__doc__, "calibrator")
     ap.add_argument("--skip", type=float, default=0.3)
     ap.add_argument("--runs", default="monim-amt,fullmem,randmem",
                     help="Memories to learn; '<policy>-const' learns with a constant-λ Θ (matters for MoNIM).")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     days = first_days(args)
     test = [d for day in days for d in day.test]
@@ -114,7 +113,7 @@ def main() -> None:
         ablation["constant λ"] = {"ppl": perplexity(full, interp)}
         results["ablation"] = ablation
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, results)
+    save(args.out, results, args)
 
     table = Table(title=f"Test PPL, constant λ vs NN calibrator — {len(days)} days from {days[0].date}, ≤{args.max_docs} articles/day")
     for col in ("policy", "MemRate", "bare LM", "constant λ", "calibrator", f"skip θ={args.skip}: share",

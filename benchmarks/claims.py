@@ -2,10 +2,12 @@
 seen (log-log, one line per stream and policy), the growth exponent with its 95% interval, and how
 MoNIM's daily MemRate moves after day 1 (where Θ is the bare LM) with the days learned, the day's
 redundancy (twin shares) and the rate the LM alone would store at.
-Reads the rows.json of `benchmarks/full_volume.py` runs (or `memory_cost.py`'s JSON).
-Usage: python benchmarks/claims.py --rows Reuters=DIR/rows.json RTQA=benchmarks/results/memory-cost.json --out docs/results/claims
+Reads the rows.json of `monim bench full-volume` runs (or `monim bench policies --study cost`'s JSON).
+Usage: monim bench claims --rows Reuters=DIR/rows.json RTQA=docs/results/policies/policies.json (writes
+docs/results/claims/: growth.png, growth.md and claims.json)
 """
 
+from benchmarks.harness import parser, save
 import json
 from pathlib import Path
 
@@ -17,8 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
 
-from full_volume import growth_exponent, label  # noqa: E402  (benchmarks/ is on the path when run as a script)
-from harness import parser
+from benchmarks.full_volume import growth_exponent, label  # noqa: E402  
 
 COLOURS = {"fullmem": "tab:blue", "randmem": "tab:orange", "monim-amt": "tab:green"}
 
@@ -54,12 +55,12 @@ def trend(y: list[float], weights: list[float], x: np.ndarray, *controls: list[f
     return f"{100 * coef[1]:+.1f} pp ({100 * (coef[1] - half):+.1f} to {100 * (coef[1] + half):+.1f})"
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "claims")
     ap.add_argument("--rows", nargs="+", required=True, help="RTQA=PATH to a rows.json")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = ap.parse_args(argv)
+    figures = args.out.parent  # growth.png and growth.md beside the result JSON
+    figures.mkdir(parents=True, exist_ok=True)
     streams = {s.split("=", 1)[0]: read_rows(Path(s.split("=", 1)[1])) for s in args.rows}
     fig, (ax, rates) = plt.subplots(1, 2, figsize=(13, 4.5))
     lines = ["| stream | days | training tokens | memory | entries | MemRate | growth exponent (95% CI) |", "|---|---|---|---|---|---|---|"]
@@ -86,7 +87,7 @@ def main() -> None:
     rates.grid(True, alpha=0.3)
     rates.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "growth.png", dpi=120)
+    fig.savefig(figures / "growth.png", dpi=120)
     lines += ["", "| stream | MoNIM's MemRate, day 1 (Θ = the LM) | after day 1: mean (range) | trend from day 2, per 1M tokens "
               "seen (95% CI) | the same, twin shares held fixed | the LM alone would store, after day 1 | the memory's effect "
               "(LM alone − MemRate): trend | r with the twins in memory | r with the same day's twins | r with the LM-alone rate |",
@@ -106,9 +107,10 @@ def main() -> None:
         cells += [correlation(t, rate[1:]) for t in twins] or ["n/a", "n/a"]
         cells.append(correlation(lm_alone, rate[1:]) if known else "n/a")
         lines.append(f"| {stream} | " + " | ".join(cells) + " |")
-    (args.out / "growth.md").write_text("\n".join(lines) + "\n")
+    (figures / "growth.md").write_text("\n".join(lines) + "\n")
+    save(args.out, {"tables": lines}, args)
     print("\n".join(lines))
-    print(f"wrote {args.out / 'growth.png'}, {args.out / 'growth.md'}")
+    print(f"wrote {figures / 'growth.png'}, {figures / 'growth.md'}, {args.out}")
 
 
 if __name__ == "__main__":

@@ -12,16 +12,16 @@ A search scans `nprobe` lists of about 4 sqrt(entries) (at most `max_nlist`, 4,0
 grows with the codes it scans: the projection to 100M fits seconds per searched token = a + b x codes
 scanned (entries x nprobe / lists) through the measured sizes, at 4,096 lists.
 Resumable: WORKDIR keeps the memory, the feature store and the JSON.
-Usage: python benchmarks/decision_scale.py [--source FILE] [--date 1987-03-03] [--at 1000000,5000000]
+Usage: monim bench decision [--source FILE] [--date 1987-03-03] [--at 1000000,5000000]
 """
 
 import datetime as dt
 import json
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before faiss and torch)
+from benchmarks.harness import REPO, parser, resume, save, WORK
 import numpy as np
-from index_scale import Keys
+from benchmarks.index_scale import Keys
 from rich.console import Console
 from rich.table import Table
 
@@ -29,7 +29,6 @@ from monim.core.config import RunConfig
 from monim.storage.entries import Entries
 from monim.storage.lexical import day_counts
 from monim.run import make_run
-from harness import REPO, RESULTS, parser, resume, save
 
 RTQA = REPO.parent / "shared" / "data" / "news" / "reuters21578.jsonl.gz"
 DAY = 500_000  # synthetic keys committed a day
@@ -69,21 +68,20 @@ def decide(run, day) -> dict:
             "decision_s": seconds["search"] + seconds["policy"], "memrate": stats["memrate"]}
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "decision")
     ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--date", type=dt.date.fromisoformat, default=dt.date(1987, 3, 3))
     ap.add_argument("--at", default="1000000,5000000", help="memory sizes (entries) to decide the day onto")
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "decision-scale-work")
-    ap.add_argument("--out", type=Path, default=RESULTS / "decision-scale.json")
-    args = ap.parse_args()
+    ap.add_argument("--workdir", type=Path, default=WORK / "decision-scale")
+    args = ap.parse_args(argv)
     out = resume(args.out, {"sizes": [], "growth": []})
     run = make_run(RunConfig(source=str(args.source), workdir=str(args.workdir), policy="monim-amt"))
     day = run.ingest(args.date)
     if "lm_s" not in out:  # the day's own LM pass, once (the store keeps its features)
         lm = run.featurize(day, ("train",))
         out |= {"source": args.source.name, "date": args.date.isoformat(), "lm_s": lm["seconds"], "lm_tokens": lm["tokens"]}
-        save(args.out, out)
+        save(args.out, out, args)
     keys = Keys()
     for size in (int(s) for s in args.at.split(",")):
         if any(s["target"] == size for s in out["sizes"]):
@@ -93,7 +91,7 @@ def main() -> None:
         row["decision_vs_lm"] = row["decision_s"] / out["lm_s"]
         out["sizes"].append(row)
         print(json.dumps(row), flush=True)
-        save(args.out, out)
+        save(args.out, out, args)
     if len(out["sizes"]) >= 2:  # seconds per searched token = a + b x codes a search scans (entries x nprobe / lists)
         nprobe = run.memory.index.cfg.nprobe
         codes = np.array([s["entries"] * nprobe / s["nlist"] for s in out["sizes"]])
@@ -102,7 +100,7 @@ def main() -> None:
         search_100m = (a + b * 1e8 * nprobe / lists) * last["searched"]
         out["projection_100m"] = {"lists": lists, "per_searched_token_s": search_100m / last["searched"], "search_s": search_100m,
                                   "decision_vs_lm": (search_100m + last["policy_s"]) / out["lm_s"]}
-        save(args.out, out)
+        save(args.out, out, args)
     table = Table(title=f"MoNIM-AMT's decision on {out['date']} ({out['lm_tokens']:,} LM tokens, "
                         f"{out['lm_s']:.0f} s) onto a memory of synthetic keys, 2 cores")
     for c in ("entries", "lists", "searched", "search s", "rule s", "decision / LM", f"goal {GOAL}x"):

@@ -9,7 +9,7 @@ decision searched, the tokens left to the LM alone and the error measured on the
 test PPL and the seconds of each stage; at the end, each variant against searching every token the
 memory could flip (the first variant, "none"). Resumable: WORKDIR keeps the memories, features and
 the JSON (a day done is not redone).
-Usage: python benchmarks/decision_search.py [--source FILE] [--start 2022-06-01] [--days 4] [--variants none,1.0+context]
+Usage: monim bench decision [--source FILE] [--start 2022-06-01] [--days 4] [--variants none,1.0+context]
 """
 
 import datetime as dt
@@ -17,14 +17,13 @@ import json
 import math
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import RTQA, parser, resume, save, WORK
 from rich.console import Console
 from rich.table import Table
 
 from monim.core.config import RunConfig
 from monim.run import make_run
 from monim.data.stream import list_dates
-from harness import RESULTS, RTQA, parser, resume, save
 
 KEPT = ("tokens_seen", "memrate_day", "memrate", "entries", "memory_bytes", "ppl", "ppl_lm", "decision_searched",
         "decision_settled", "decision_probed", "decision_probe_flipped", "seconds_featurize", "seconds_learn",
@@ -60,16 +59,15 @@ def summary(rows: dict[str, list[dict]]) -> dict[str, dict]:
     return out
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "decision")
     ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=4)
     ap.add_argument("--variants", default="none,1.0+context",
                     help="comma-separated: a search margin (none: no margin), +context for the context rule")
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "decision-search-work")
-    ap.add_argument("--out", type=Path, default=RESULTS / "decision-search.json")
-    args = ap.parse_args()
+    ap.add_argument("--workdir", type=Path, default=WORK / "decision-search")
+    args = ap.parse_args(argv)
     dates = list_dates(args.source, start=args.start)[: args.days]
     out = resume(args.out, {"rows": {}})
     out |= {"source": args.source.name, "dates": [d.isoformat() for d in dates]}
@@ -84,10 +82,10 @@ def main() -> None:
             row = run.day(date, step)
             done.append({"date": row["date"]} | {k: row.get(k) for k in KEPT})
             print(json.dumps(done[-1]), flush=True)
-            save(args.out, out)  # after each day: a stopped run resumes here
+            save(args.out, out, args)  # after each day: a stopped run resumes here
     common = min(len(v) for v in out["rows"].values())
     out["summary"] = summary({k: v[:common] for k, v in out["rows"].items()})
-    save(args.out, out)
+    save(args.out, out, args)
     table = Table(title=f"MoNIM-AMT's decision searches, {args.source.name}, {common} days")
     columns = ["searched_share", "left_to_lm", "est_decision_errors", "memrate", "ppl_mean", "seconds_search", "seconds_learn"]
     for c in ["variant", *columns]:

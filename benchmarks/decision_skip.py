@@ -5,13 +5,13 @@ From the LM's statistics alone (one LM pass over the day's training articles; no
 per λ_max, the share of tokens stored for sure, skipped for sure and certain, under AMT (and the
 fixed δ for comparison). Writes the JSON and the tokens' LM log p and max log p (float16, npz) for
 runs elsewhere to draw which tokens need a search.
-Usage: python benchmarks/decision_skip.py [--start 2022-06-01] [--max-docs N] [--delta -1.5]
+Usage: monim bench decision [--start 2022-06-01] [--max-docs N] [--delta -1.5]
 """
 
 import json
 import time
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import REPO, first_days, news_parser
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -21,17 +21,16 @@ from monim.lm.features import Features
 from monim.lm.model import load_lm
 from monim.learning.policies import MoNIM
 from monim.core.config import ScoreConfig
-from harness import REPO, first_days, news_parser
 
 LAM_MAXES = (0.1, 0.25, 0.5, LAM_CEIL)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = news_parser(__doc__.splitlines()[0], "decision-skip")
     ap.set_defaults(days=1, max_docs=None)
     ap.add_argument("--delta", type=float, default=-1.5)
     ap.add_argument("--npz", default=REPO / "benchmarks" / "data" / "lm-stats-realtimeqa.npz")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     lm = load_lm(args.model)
     day = first_days(args)[0]
     docs = day.train[: args.max_docs]

@@ -21,7 +21,7 @@ issue 46 it stored at MoNIM-AMT's rate of the day, and so did KL, which now stor
 0.5 unless `kl@rate=...`). `--features` lets several work directories share one feature store.
 Writes the report's tables to WORKDIR/report.md (--report: only that, from what is learned).
 SIGINT or SIGTERM stops after the day or suite part being measured (resumably); a second one stops at once.
-Usage: python benchmarks/full_volume.py --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
+Usage: monim bench full-volume --start 2022-06-01 --end 2022-06-30 [--workdir DIR] [--report]
 """
 
 import datetime as dt
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import DATA, QUIZ, RTQA, parser, save, WORK
 import numpy as np
 import scipy.stats
 from rich.console import Console
@@ -49,7 +49,6 @@ from monim.evaluation.qa import answer_questions, read_questions, wilson
 from monim.learning.policies import MoNIM, run_policy
 from monim.run import MemoryRun, make_run
 from monim.data.stream import list_dates, read_day
-from harness import DATA, QUIZ, RESULTS, RTQA, parser, save
 
 POLICIES = "monim-amt,fullmem,randmem"  # MoNIM first: RandMem stores at its MemRate
 
@@ -338,12 +337,12 @@ def stop_asked(console: Console) -> list[int]:
     return asked
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "full-volume")
     ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--end", type=dt.date.fromisoformat, default=dt.date(2022, 6, 30))
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "full-volume-work")
+    ap.add_argument("--workdir", type=Path, default=WORK / "full-volume")
     ap.add_argument("--text", type=Path, default=DATA / "wikitext" / "wiki.test.raw")
     ap.add_argument("--text-chars", type=int, default=20000)
     ap.add_argument("--qa", type=Path, default=QUIZ)
@@ -356,7 +355,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="rows per forward pass (default: 8 on a CPU, 64 on a GPU)")
     ap.add_argument("--stop-after", type=float, default=None, help="Stop (resumably) after this many seconds.")
     ap.add_argument("--report", action="store_true", help="Only write the report of the days already learned.")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     started, console = time.perf_counter(), Console(width=160)
     rows_path, report_path = args.workdir / "rows.json", args.workdir / "report.md"
     if args.report:
@@ -396,8 +395,10 @@ def main() -> None:
         return
     part.replace(suite_path)
     report_path.write_text(render([rows[d.isoformat()] for d in dates], json.loads(suite_path.read_text())))
+    save(args.out, {"workdir": args.workdir, "rows": [rows[d.isoformat()] for d in dates],
+                    "suite": json.loads(suite_path.read_text())}, args)
     console.print(report_path.read_text())
-    console.print(f"done: {rows_path}, {suite_path}, {report_path} ({time.perf_counter() - started:.0f} s)")
+    console.print(f"done: {rows_path}, {suite_path}, {report_path}, {args.out} ({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ torch, transformers and monim's modules that need neither FAISS, Prefect nor MLf
 machines have none). Without a GPU it runs the same steps on the CPU at small sizes (--quick is
 implied), and parity compares the CPU's bf16 with its fp32. The report is rewritten after each
 section, so a run stopped early keeps what it measured.
-Usage: python benchmarks/gpu.py [--quick] [--out DIR]   (DIR: $OUT if set, else benchmarks/results)
+Usage: monim bench gpu [--quick] [--out DIR]   (DIR: $OUT if set, else benchmarks/results)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-import monim  # noqa: F401  (OMP settings before torch)
+from benchmarks.harness import parser, save
 import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -43,7 +43,6 @@ from monim.core.config import ScoreConfig
 from monim.lm.scoring import score_tokens
 from monim.lm.token_scores import Found
 from monim.learning.threshold import amt_threshold, certain
-from harness import parser, save
 
 SHAPES = {  # (config, name)
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -336,11 +335,11 @@ def parity(device: torch.device) -> dict:
             "knn_weight_max_abs_diff": float(np.abs(np.sort(w_c, 1) - np.sort(w_g, 1)).max())}
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "gpu")
     ap.add_argument("--quick", action="store_true", help="Small sizes (implied without a GPU).")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = SIZES["quick" if args.quick or device.type == "cpu" else "full"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -7,7 +7,7 @@ exact search); its index is rebuilt with each codec in turn; the next day's firs
 articles (never memorized) are scored with each, under the same constant λ and temperature (the
 defaults: the days are memorized, not calibrated, so that no calibration tunes Θ, or makes it fall
 back to the LM alone, between the codecs and the memory). Search time is the evaluation's kNN time (k = 1024).
-Usage: python benchmarks/index_codecs.py [--days 2] [--eval-docs 40]
+Usage: monim bench index-codecs [--days 2] [--eval-docs 40]
 """
 
 import datetime as dt
@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import REUTERS, parser, save, WORK
 from rich.console import Console
 from rich.table import Table
 
@@ -27,20 +27,18 @@ from monim.run import make_run
 from monim.storage.memory_settings import Settings
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days, list_dates
-from harness import RESULTS, REUTERS, parser, save
 
 EXACT = 1 << 40  # exact_below: never IVF
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "index-codecs")
     ap.add_argument("--source", default=str(REUTERS))
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(1987, 3, 2))
     ap.add_argument("--days", type=int, default=2)
     ap.add_argument("--eval-docs", type=int, default=40)
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "index-codecs-work")
-    ap.add_argument("--out", type=Path, default=RESULTS / "index-codecs.json")
-    args = ap.parse_args()
+    ap.add_argument("--workdir", type=Path, default=WORK / "index-codecs")
+    args = ap.parse_args(argv)
     run = make_run(RunConfig(source=args.source, workdir=str(args.workdir), policy="fullmem", calibrated=False,
                              exact_below=EXACT), root=args.workdir / "fullmem")  # its features: WORKDIR/features
     lm, features = run.lm, run.features
@@ -73,7 +71,7 @@ def main() -> None:
                       f"{r['ppl'] / exact - 1:+.2%}")
     Console(width=130).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, rows)
+    save(args.out, rows, args)
     print(f"wrote {args.out}")
 
 

@@ -7,7 +7,7 @@ Keys are clustered like SmolLM2-135M's (576 dims; squared L2 to the nearest ~10,
 ~40, as measured on real memories) and their topics drift: day t draws from a sliding window of
 clusters. Recall is against an exact scan of every key in the same process (its speed is the
 baseline of the search speed-up).
-Usage: python benchmarks/index_scale.py [--n 5000000] [--day 500000] [--codec pq|fastscan]
+Usage: monim bench index-scale [--n 5000000] [--day 500000] [--codec pq|fastscan]
 """
 
 import json
@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before faiss and torch)
+from benchmarks.harness import parser, save, WORK
 import faiss
 import numpy as np
 from rich.console import Console
@@ -25,7 +25,6 @@ from rich.table import Table
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.index import IndexConfig, MemoryIndex
-from harness import RESULTS, parser, save
 
 D, CLUSTERS, WINDOW, SUBSPACE = 576, 20_000, 8_000, 64
 
@@ -63,16 +62,15 @@ def exact_search(ds: Datastore, queries: np.ndarray, k: int, chunk: int = 250_00
     return best_d, best_i
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "index-scale")
     ap.add_argument("--n", type=int, default=5_000_000, help="keys in all")
     ap.add_argument("--day", type=int, default=500_000, help="keys committed per day")
     ap.add_argument("--codec", default="pq", choices=["pq", "fastscan"])
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--k", type=int, default=1024)
-    ap.add_argument("--work", type=Path, default=RESULTS / "index-scale-work")
-    ap.add_argument("--out", type=Path, default=RESULTS / "index-scale.json")
-    args = ap.parse_args()
+    ap.add_argument("--work", type=Path, default=WORK / "index-scale")
+    args = ap.parse_args(argv)
 
     shutil.rmtree(args.work, ignore_errors=True)
     ds = Datastore(args.work, {"model": "synthetic", "hidden_size": D, "tokenizer": "synthetic"})
@@ -144,7 +142,7 @@ def main() -> None:
     table.add_row("peak RSS, GB", f"{result['peak_rss_bytes'] / 1e9:.1f}", "")
     Console(width=130).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, result)
+    save(args.out, result, args)
     print(f"wrote {args.out}")
 
 

@@ -4,12 +4,12 @@ Each rate fine-tunes the pretrained LM on the first day's first --train-tokens t
 (as `--policy finetune` does on its first day); the PPL of the validation articles of the first
 --days days is measured after it (never the test articles, which the report scores), beside the
 pretrained LM's and the seconds and tokens/s of training.
-Usage: python benchmarks/learner_lr.py [--rates 1e-5,3e-5,1e-4,3e-4] [--train-tokens 4096] [--days 10]
+Usage: monim bench learner-lr [--rates 1e-5,3e-5,1e-4,3e-4] [--train-tokens 4096] [--days 10]
 """
 
 import time
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import first_days, news_parser, save
 from rich.console import Console
 from rich.table import Table
 
@@ -17,14 +17,13 @@ from monim.evaluation.evaluate import evaluate
 from monim.lm.model import load_lm
 from monim.learning.parametric import Learner, train_day, trained_copy
 from monim.core.config import ScoreConfig
-from harness import first_days, news_parser, save
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = news_parser(__doc__, "learner-lr")
     ap.add_argument("--rates", default="1e-5,3e-5,1e-4,3e-4")
     ap.add_argument("--train-tokens", type=int, default=4096)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     days = first_days(args)
     validation = [d for day in days for d in day.validation]
     base = load_lm(args.model)
@@ -48,7 +47,7 @@ def main() -> None:
     best = min(rows[1:], key=lambda r: r["validation_ppl"])
     print(f"best lr: {best['lr']:g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, {"rows": rows, "best_lr": best["lr"], "validation_tokens": bare["tokens"]})
+    save(args.out, {"rows": rows, "best_lr": best["lr"], "validation_tokens": bare["tokens"]}, args)
     print(f"wrote {args.out}")
 
 

@@ -2,14 +2,14 @@
 
 Measures the model body alone and full scoring (body + per-token stats over the vocabulary) on
 512-token windows of WikiText, all in one process so the ratios compare like with like.
-Usage: python benchmarks/lm_throughput.py [--reps 2] [--out benchmarks/results/lm_throughput.json]
+Usage: monim bench lm-throughput [--reps 2] [--out benchmarks/results/lm_throughput.json]
 """
 
 import datetime as dt
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import REPO, parser, save
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +18,6 @@ from monim.lm.model import load_lm
 from monim.core.config import ScoreConfig
 from monim.lm.scoring import score
 from monim.data.feed import Document
-from harness import REPO, RESULTS, parser, save
 
 
 def timed(fn, reps: int) -> float:
@@ -32,13 +31,12 @@ def timed(fn, reps: int) -> float:
     return best
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "lm-throughput")
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    ap.add_argument("--out", type=Path, default=RESULTS / "lm_throughput.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     text = (args.data / "wikitext" / "wiki.test.raw").read_text(encoding="utf-8")[:60000]
     rows = []
@@ -68,7 +66,7 @@ def main() -> None:
                       f"{r['score_tokens_per_s']:.0f}", f"{r['score_ratio']:.2f}")
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, {"model": lm.name, "threads": torch.get_num_threads(), "rows": rows})
+    save(args.out, {"model": lm.name, "threads": torch.get_num_threads(), "rows": rows}, args)
     print(f"wrote {args.out}")
 
 

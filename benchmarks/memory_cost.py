@@ -11,7 +11,7 @@ folder, Θ's calibrations included), bytes per entry, the learning seconds beyon
 `--variants`, more MoNIM-AMT memories learned beside them with other index settings (e.g. the k of
 the memorization decision): the trade-off of MemRate and PPL against seconds.
 Resumable: the work directory keeps the memories and rows.json. Writes a table and JSON.
-Usage: python benchmarks/memory_cost.py --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
+Usage: monim bench policies --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
 """
 
 import datetime as dt
@@ -20,7 +20,7 @@ import math
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import RTQA, parser, save, WORK
 from rich.console import Console
 from rich.table import Table
 
@@ -32,7 +32,6 @@ from monim.storage.workdirs import memory_status
 from monim.run import MemoryRun, make_run
 from monim.storage.memory_settings import Settings
 from monim.data.stream import list_dates, read_day
-from harness import RESULTS, RTQA, parser, save
 
 BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its MemRate
 
@@ -96,18 +95,17 @@ def ppl_over(rows: list[dict], name: str) -> float:
     return math.exp(sum(r["test_tokens"] * math.log(r["runs"][name]["ppl"]) for r in rows) / sum(r["test_tokens"] for r in rows))
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "policies")
     ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--days", type=int, default=7)
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "memory-cost-work")
+    ap.add_argument("--workdir", type=Path, default=WORK / "memory-cost")
     ap.add_argument("--features", type=Path, default=None, help="A feature store to read (default: WORKDIR/features).")
     ap.add_argument("--variants", default="", help="More MoNIM-AMT memories, comma-separated IndexConfig changes: "
                                                    "k_decide=32,k_decide=128,exact_below=50000")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS / "memory-cost.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     console = Console(width=180)
     specs = {name: {} for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
     runs = open_runs(args, specs)
@@ -148,7 +146,7 @@ def main() -> None:
         console.print(f"{name}: PPL {s['ppl']:.3f}, MemRate {s['memrate']:.1%}, bytes at most {s['bytes_vs_fullmem_max']:.2f}x "
                       f"FullMem's, learning {s['learn_seconds']:.0f} s = {s['learn_vs_fullmem']:.2f}x FullMem's")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, {"days": done, "summary": summary})
+    save(args.out, {"days": done, "summary": summary}, args)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ day as the memory grows. Each policy is a run (monim.run.MemoryRun, Θ with the 
 learns every day the product's way (`learn`: memorize, then calibrate), the LM live (no feature
 store, so each pass includes the LM's). RandMem stores at MoNIM's MemRate (monim.core.catalogue.
 followed_memrate), so MoNIM runs first.
-Usage: python benchmarks/memory_policies.py [--days 10] [--max-docs 8] [--out ...json]
+Usage: monim bench policies [--days 10] [--max-docs 8] [--out ...json]
 """
 
 import shutil
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import first_days, news_parser, save
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +26,6 @@ from monim.lm.model import cached_lm
 from monim.learning.policies import run_policy
 from monim.run import make_run
 from monim.lm.scoring import score
-from harness import first_days, news_parser, save
 
 POLICIES = ("monim-amt", "fullmem", "randmem")  # the order they learn in: RandMem follows MoNIM's MemRate
 
@@ -38,10 +37,10 @@ def day_stats(date: str, row: dict) -> dict:
                                                        if k.startswith("seconds_")}}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = news_parser(__doc__, "memory_policies")
     ap.add_argument("--k", type=int, default=1024)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="monim-bench-"))
     config = {"workdir": str(work), "model": args.model, "calibrated": False, "k": args.k,  # constant λ: see calibrator.py
@@ -111,7 +110,7 @@ def main() -> None:
         daily.add_row(date, *cells)
     console.print(daily)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, results, default=str)
+    save(args.out, results, args, default=str)
     console.print(f"wrote {args.out}")
 
 

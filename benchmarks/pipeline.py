@@ -5,7 +5,7 @@ day's tokens in full 512-token rows (the bound), scoring's throughput on the sam
 the real flows (Prefect + MLflow, fresh work directories): one policy alone, and `compare` of
 several policies over the same day, with each stage's tokens/s as a ratio to the bound.
 All in one process, so machine load cancels out of the ratios.
-Usage: python benchmarks/pipeline.py --source FILE --date 2022-06-02 [--max-docs N]
+Usage: monim bench pipeline --source FILE --date 2022-06-02 [--max-docs N]
 """
 
 import datetime as dt
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import RTQA, parser, save
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -24,7 +24,6 @@ from monim.core.config import ScoreConfig
 from monim.lm.scoring import score_tokens
 from monim.lm.windows import fit_window
 from monim.data.stream import read_day
-from harness import RESULTS, RTQA, parser, save
 
 
 def lm_bound(lm, seqs: list, cfg: ScoreConfig, tokens: int) -> dict:
@@ -85,16 +84,15 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
     return {"seconds": seconds, "rows": rows, "workdir": workdir, "tasks": task_seconds(since)}
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "pipeline")
     ap.add_argument("--source", default=str(RTQA))
     ap.add_argument("--date", type=dt.date.fromisoformat, default=dt.date(2022, 6, 2))
     ap.add_argument("--max-docs", type=int, default=None)
     ap.add_argument("--policies", default="fullmem,randmem,monim-amt")
     ap.add_argument("--bound-tokens", type=int, default=8192, help="Tokens for the body/scoring throughput.")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS / "pipeline.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="monim-pipeline-prefect-"))
 
     lm = load_lm(args.model)
@@ -139,7 +137,7 @@ def main() -> None:
         print(f"{r['run']}: {r['fixed_s']:.0f} s ({r['fixed_s'] / r['seconds']:.0%}) beyond the LM, learning and "
               "evaluating; tasks (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r["tasks"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, out)
+    save(args.out, out, args)
     print(f"wrote {args.out}")
 
 

@@ -9,7 +9,7 @@ RALM's cost is its own passes (a window per stride); ralm and ralm+monim-amt sha
 ralm+monim-amt is charged the pair's evaluation and ralm its passes alone.
 Resumable: rows go to --out after each day (a committed day is not learned again); the features come
 from the work directory's store (--features shares another's).
-Usage: python benchmarks/ralm_side_by_side.py --start 2022-06-01 --end 2022-06-14 --out docs/results/ralm-realtimeqa.json
+Usage: monim bench ralm-side-by-side --start 2022-06-01 --end 2022-06-14 --out docs/results/ralm-realtimeqa.json
 """
 
 import datetime as dt
@@ -17,7 +17,7 @@ import math
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import QUIZ, REPO, RTQA, parser, resume, save, WORK
 
 from monim.core.config import RunConfig
 from monim.evaluation.evaluate import evaluate_many
@@ -26,7 +26,6 @@ from monim.evaluation.qa import answer_questions, read_questions, wilson
 from monim.run import MemoryRun, make_run
 from monim.data.stream import list_dates
 from monim.evaluation.suite import EvalConfig
-from harness import QUIZ, REPO, RESULTS, RTQA, parser, resume, save
 
 POLICIES = "fullmem,monim-amt,ralm,ralm+monim-amt"
 PAIRED = ("ralm", "ralm+monim-amt")  # evaluated together: one RALM pass
@@ -138,18 +137,18 @@ def render(lines: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "ralm-side-by-side")
     ap.add_argument("--source", type=Path, default=RTQA)
     ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
     ap.add_argument("--end", type=dt.date.fromisoformat, default=dt.date(2022, 6, 14))
     ap.add_argument("--qa", type=Path, default=QUIZ)
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--workdir", type=Path, default=RESULTS / "ralm-work")
+    ap.add_argument("--workdir", type=Path, default=WORK / "ralm")
     ap.add_argument("--features", type=Path, default=None, help="a feature store to share (another work directory's)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "ralm-side-by-side.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out = resume(args.out, {"rows": []})
     out |= {"source": args.source.name, "start": str(args.start), "end": str(args.end), "policies": args.policies}
     runs = open_runs(args)
@@ -159,13 +158,13 @@ def main() -> None:
             continue
         row = learn_day(date, runs)
         out["rows"].append(row)
-        save(args.out, out)
+        save(args.out, out, args)
         print(date, {n: (round(r["ppl"], 2), round(r["score_s_per_1k"], 2)) for n, r in row["runs"].items()}, flush=True)
     if not out.get("qa") and args.qa and args.qa.exists():
         out["qa"] = quiz(args, runs, args.start, args.end)
-        save(args.out, out)
+        save(args.out, out, args)
     out["summary"] = summary(out["rows"], out.get("qa") or {})
-    save(args.out, out)
+    save(args.out, out, args)
     print(render(out["summary"]))
 
 

@@ -8,7 +8,7 @@ into a copy of it. Every memory is a run's (monim.run.MemoryRun, MoNIM-AMT, the 
 from --features): the base day is learned the product's way (`learn`: memorized, then calibrated,
 so the day after reads its Θ); a share's day is only memorized (`memorize`), the stage the study
 measures, into a copy thrown away after it.
-Usage: python benchmarks/redundancy.py --source FILE --base 1987-03-02 --day 1987-03-03 --features DIR --workdir DIR
+Usage: monim bench redundancy --source FILE --base 1987-03-02 --day 1987-03-03 --features DIR --workdir DIR
 """
 
 import dataclasses
@@ -19,7 +19,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import parser, save
 import numpy as np
 
 from monim.core.config import RunConfig
@@ -28,7 +28,6 @@ from monim.run import MemoryRun, make_run
 from monim.data.feed import Document
 from monim.data.day import Day
 from monim.data.stream import read_day
-from harness import parser, save
 
 
 def lead_dropped(text: str) -> str:
@@ -60,8 +59,8 @@ def study_run(cfg: RunConfig, root: Path, store: Path) -> MemoryRun:
     return run
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "redundancy")
     ap.add_argument("--source", required=True)
     ap.add_argument("--base", type=dt.date.fromisoformat, required=True)
     ap.add_argument("--day", type=dt.date.fromisoformat, required=True)
@@ -70,7 +69,7 @@ def main() -> None:
     ap.add_argument("--features", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--model")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cfg = RunConfig(policy="monim-amt", workdir=str(args.workdir), model=args.model)
     base_dir = args.workdir / "base"
     before, day = read_day(args.source, args.base), read_day(args.source, args.day)
@@ -105,6 +104,7 @@ def main() -> None:
     for r in sorted(rows.values(), key=lambda r: (r["kind"], r["share"])):
         rep = f"{r['memrate_replaced']:.1%}" if r["memrate_replaced"] is not None else ""
         print(f"| {r['kind']} | {r['share']:.0%} | {r['replaced_token_share']:.1%} | {r['memrate']:.1%} | {rep} | {r['memrate_rest']:.1%} |")
+    save(args.out, rows, args)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 server's process tree, sampled every 20 ms for the peak) before and after `--times` of each: a
 60 MB JSON body of rows sent with Content-Length and chunked, `[` 200,000 deep and `{"a":` 50,000
 deep; then a normal request, which must be answered as before the refusals.
-Usage: python benchmarks/serve_limits.py [--workdir monim-demo] (made with `monim run` when missing)
+Usage: monim bench serve-limits [--workdir monim-demo] (made with `monim run` when missing)
 """
 
+from benchmarks.harness import MONIM, REPO, parser, save
 import json
 import subprocess
 import threading
@@ -15,7 +16,6 @@ from pathlib import Path
 import psutil
 
 from servers import client
-from harness import MONIM, REPO, parser, save
 
 
 def send(port: int, headers: dict, chunks: list[bytes]) -> tuple:
@@ -27,12 +27,12 @@ def send(port: int, headers: dict, chunks: list[bytes]) -> tuple:
         return None, repr(e)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, "serve-limits")
     ap.add_argument("--workdir", type=Path, default=REPO / "monim-demo")
     ap.add_argument("--port", type=int, default=5056)
     ap.add_argument("--times", type=int, default=10)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not (args.workdir / "mlflow.db").exists():
         subprocess.run([MONIM, "run", "--workdir", str(args.workdir)], check=True)
     server = subprocess.Popen([MONIM, "serve-model", "--workdir", str(args.workdir), "--port", str(args.port)],
@@ -80,7 +80,7 @@ def main() -> None:
         result |= {"rss_after_mib": rss(), "answered_as_before": last == first}
         print(f"RSS after all: {rss():.0f} MiB; a normal request answered as before: {last == first}")
         stop.set()
-        save(args.out, result)
+        save(args.out, result, args)
     finally:
         server.terminate()
         server.wait(30)

@@ -10,7 +10,7 @@ first token: of a served request once ready, and of `monim generate` as a whole 
 Then the champion moves while 16 clients ask (benchmarks/serve_swap.py: a new day learned and promoted,
 then a forget; it changes the work directory, `--no-swap` leaves it as it is).
 Bounded: each level sends `--requests-per-client` requests per client and stops after `--level-seconds`.
-Usage: python benchmarks/serve_load.py [--workdir monim-demo] (made with `monim run` when missing)
+Usage: monim bench serve-load [--workdir monim-demo] (made with `monim run` when missing)
 """
 
 import signal
@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
+from benchmarks.harness import REPO, parser, requests_pool, save
 import numpy as np
 import psutil
 import torch
@@ -31,8 +31,7 @@ from rich.table import Table
 
 from monim.lm.model import load_lm
 from servers.client import post
-from serve_swap import swap, swap_table
-from harness import REPO, RESULTS, parser, requests_pool, save
+from benchmarks.serve_swap import swap, swap_table
 
 BIN = Path(sys.executable).parent
 
@@ -180,8 +179,8 @@ def decoding_table(decode: dict, bare: dict, first: dict) -> Table:
     return table
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "serve-load")
     ap.add_argument("--workdir", type=Path, default=REPO / "monim-demo")
     ap.add_argument("--levels", default="1,4,16,64")
     ap.add_argument("--requests-per-client", type=int, default=4)
@@ -189,8 +188,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--port", type=int, default=5055)
     ap.add_argument("--no-swap", action="store_true", help="Leave the champion where it is (no day learned, nothing forgotten).")
-    ap.add_argument("--out", type=Path, default=RESULTS / "serve-load.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     console = Console(width=150)
     cli = str(BIN / "monim")
     if not (args.workdir / "mlflow.db").exists():
@@ -266,7 +264,7 @@ def main() -> None:
                   f"SIGTERM with 8 requests in flight: stopped in {stop_s:.1f} s (exit {server.returncode}), "
                   f"processes left: {alive or 'none'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, results)
+    save(args.out, results, args)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ be 0), the seconds from each move of the alias (seen in the registry) to the ser
 the new version (seen in its /health), and the answers to requests sent after that which still
 cite the forgotten article (must be 0).
 It changes the work directory (a day learned, an article forgotten). `benchmarks/serve_load.py`
-runs it last; alone: python benchmarks/serve_swap.py --workdir W --port P (a server already following W).
+runs it last; alone: monim bench serve-swap --workdir W --port P (a server already following W).
 """
 
+from benchmarks.harness import monim_json, parser, requests_pool, save
 import json
 import sys
 import threading
@@ -20,7 +21,6 @@ from monim.storage.datastore import Datastore
 from monim.core.config import DEMO_STREAM
 from monim.data.stream import list_dates
 from servers.client import Clients, health
-from harness import monim_json, parser, requests_pool
 
 BIN = Path(sys.executable).parent
 POLICY = "monim-amt"  # the memory `monim serve-model` serves by default in a demo work directory
@@ -114,19 +114,19 @@ def swap_table(r: dict) -> Table:
     return table
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
 
-    ap = parser(__doc__)
+    ap = parser(__doc__, "serve-swap")
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--max-docs", type=int, default=16, help="Articles of the day learned (the work directory's own).")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     prompts = [r["dataframe_records"][0]["prompt"] for r in requests_pool(0, 12, 16)]
     result = swap(args.port, args.workdir, prompts, args.clients, max_docs=args.max_docs)
     Console(width=150).print(swap_table(result))
-    print(json.dumps(result))
+    save(args.out, result, args)
 
 
 if __name__ == "__main__":

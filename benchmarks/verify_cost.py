@@ -5,7 +5,7 @@ size: the bytes checked, the check's seconds and MB/s with the files in the page
 written, or read recently) and cold (evicted with posix_fadvise: read from the disk), beside the rest
 of a reader's open without the LM and the index (the manifest, every shard mapped, the values table)
 and a served memory's look again at its files (monim.storage.verify.looked_again: a stat each).
-Usage: python benchmarks/verify_cost.py [--entries 100000 1000000] [--out docs/results/verify-cost.json]
+Usage: monim bench verify-cost [--entries 100000 1000000] [--out docs/results/verify-cost.json]
 """
 
 import os
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before numpy's threads)
+from benchmarks.harness import parser, save
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -23,7 +23,6 @@ from rich.table import Table
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.verify import looked_again, verified
-from harness import parser, save
 
 D, DAYS = 576, 10
 
@@ -78,12 +77,12 @@ def measure(root: Path, n: int) -> dict:
             "look_again_ms": round(look * 1e3, 2)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, "verify-cost")
     ap.add_argument("--entries", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--work", type=Path, default=None, help="Where the memories are written (default: a temporary "
                     "folder).")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     for n in args.entries:
         root = Path(tempfile.mkdtemp(prefix=f"verify-{n}-", dir=args.work))
@@ -95,7 +94,7 @@ def main() -> None:
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
                          f"{platform.python_version()}", "load_average": [round(x, 1) for x in os.getloadavg()],
               "rows": rows}
-    save(args.out, result)
+    save(args.out, result, args)
     columns = {"entries": "entries", "mb": "MB", "verify_warm_s": "check s (cached)", "verify_warm_mb_s": "MB/s",
                "verify_cold_s": "check s (disk)", "verify_cold_mb_s": "MB/s",
                "open_without_lm_and_index_s": "rest of open s", "look_again_ms": "look again ms"}

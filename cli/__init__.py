@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from cli import learning, reading, upkeep
+from cli import bench, learning, reading, upkeep
 from cli.errors import NO_ROOM
 from monim.core.atomic import DiskFull, no_room
 from monim.core.environment import set_defaults
@@ -71,3 +71,6 @@ for command in (learning.run, learning.demo_feed, learning.learn, learning.compa
                 reading.report, reading.serve_model, upkeep.fsck, upkeep.forget, upkeep.gc, learning.serve, upkeep.ui,
                 upkeep.register, upkeep.promote, upkeep.rollback):
     app.command("eval" if command is reading.evaluate else None)(guarded(command))
+# A bench's options are its own (argparse's): everything after NAME, --help too, goes to it untouched.
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                              "allow_interspersed_args": False})(guarded(bench.bench))

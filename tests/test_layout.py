@@ -1,5 +1,5 @@
 """The code's shape: each package's layer and what it may import, as data (UNITS), checked on every import
-in monim/, tracking/, tasks/, flows/, servers/ and cli/ (relative, lazy, `importlib` and TYPE_CHECKING ones too);
+in monim/, tracking/, tasks/, flows/, servers/, cli/ and benchmarks/ (relative, lazy, `importlib` and TYPE_CHECKING ones too);
 no cycle between modules; the library never imports Prefect or MLflow; and importing the code sets no environment."""
 
 import ast
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ROOTS = ("monim", "tracking", "tasks", "flows", "servers", "cli")
+ROOTS = ("monim", "tracking", "tasks", "flows", "servers", "cli", "benchmarks")
 
 # The layer rule. Each package (or module standing for itself) -> (its layer, the units it may import). A unit
 # may import its own modules, the units it lists, and what those may import in turn; a listed unit sits on a
@@ -32,7 +32,9 @@ UNITS: Units = {
     "tasks.tracking": (10, ("tracking",)),  # the import path of versions registered by monim 0.2.0
     "servers": (11, ("tracking",)),
     "flows": (11, ("tasks",)),
-    "cli": (12, ("flows", "servers")),
+    "benchmarks.catalogue": (0, ()),  # the benches as data, which `monim bench` reads (it imports a bench by name)
+    "cli": (12, ("flows", "servers", "benchmarks.catalogue")),
+    "benchmarks": (13, ("cli",)),
 }
 
 
@@ -225,7 +227,8 @@ def test_importing_the_code_sets_no_environment_and_no_logging():
 
     from monim.core.environment import DEFAULTS
 
-    names = sorted(m for m in modules(REPO) if m != "tracking.theta_model")  # MLflow loads that one
+    # MLflow loads tracking.theta_model; a bench is an entry point (benchmarks.harness sets the environment)
+    names = sorted(m for m in modules(REPO) if m != "tracking.theta_model" and not m.startswith("benchmarks"))
     code = ("import importlib, logging, os, sys\nbefore = dict(os.environ)\n"
             f"for m in {names!r}: importlib.import_module(m)\n"
             "print(sorted(k for k in os.environ if os.environ.get(k) != before.get(k) and "
