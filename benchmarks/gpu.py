@@ -6,12 +6,13 @@ day of MoNIM-AMT through every stage (featurize + decide, commit, calibrate, eva
 Weights are random (throughput does not depend on them): SmolLM2-135M's shape and Llama-3.2-1B's;
 articles are random tokens of Reuters-like lengths (log-normal, median 350 tokens). Which tokens the
 decision must search depends on a real LM, so each token takes the LM statistics (log p, max log p)
-of a real RealTime QA token, in order, from `benchmarks/data/lm-stats-realtimeqa.npz`. It imports
+of a real RealTime QA token, in order, from `benchmarks/data/lm-stats-realtimeqa.npz` (tools/lm_stats.py). It imports
 torch, transformers and monim's modules that need neither FAISS, Prefect nor MLflow (the lent GPU
 machines have none). Without a GPU it runs the same steps on the CPU at small sizes (--quick is
 implied), and parity compares the CPU's bf16 with its fp32. The report is rewritten after each
 section, so a run stopped early keeps what it measured.
-Usage: monim bench gpu [--quick] [--out DIR]   (DIR: $OUT if set, else benchmarks/results)
+Usage: monim bench gpu [--quick] [--out FILE]   (FILE: $OUT/gpu.json if $OUT is set, else docs/results/gpu/gpu.json);
+on a machine without typer: python -m benchmarks.gpu
 """
 
 from __future__ import annotations
@@ -338,16 +339,16 @@ def parity(device: torch.device) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, "gpu")
     ap.add_argument("--quick", action="store_true", help="Small sizes (implied without a GPU).")
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if "--out" not in ap.argv and os.environ.get("OUT"):  # the lent GPU machine's folder that comes back
+        args.out = Path(os.environ["OUT"]) / "gpu.json"
     size = SIZES["quick" if args.quick or device.type == "cpu" else "full"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = 64 if device.type == "cuda" else 8
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                     "torch": torch.__version__, "dtype": str(dtype), "sizes": size, "lm": [], "knn": [], "errors": {}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-{device.type}.json"
+    path = args.out
     started = time.perf_counter()
 
     def section(name: str, fn) -> None:
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             report["errors"][name] = traceback.format_exc()
             print(f"{name} failed:\n{report['errors'][name]}", flush=True)
         report["seconds"] = time.perf_counter() - started
-        save(path, report)
+        save(path, report, args)
 
     def lm_rates() -> None:
         for shape in ("smollm2-135m", "llama-3.2-1b"):

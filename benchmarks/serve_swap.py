@@ -9,7 +9,6 @@ runs it last; alone: monim bench serve-swap --workdir W --port P (a server alrea
 """
 
 from benchmarks.harness import monim_json, parser, requests_pool, save
-import json
 import sys
 import threading
 import time
