@@ -1,4 +1,7 @@
-"""MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over
+"""FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over days of a real news stream: what each memory
+costs and what it gives. Two studies (--study), each with its result JSON:
+
+cost: MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over
 full-volume days of a stream (every training article), library-level, the LM's features from a
 feature store (each token meets the LM once, for every memory: the LM pass is left out of the costs).
 Each day is learned through the library's run (monim.run.MemoryRun: memorize, then calibrate, timed
@@ -11,27 +14,44 @@ folder, Θ's calibrations included), bytes per entry, the learning seconds beyon
 `--variants`, more MoNIM-AMT memories learned beside them with other index settings (e.g. the k of
 the memorization decision): the trade-off of MemRate and PPL against seconds.
 Resumable: the work directory keeps the memories and rows.json. Writes a table and JSON.
-Usage: monim bench policies --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
+Usage: monim bench policies --study cost --days 7 [--features DIR] [--variants k_decide=32,k_decide=128]
+
+live: FullMem vs RandMem vs MoNIM-AMT over consecutive days of a real news stream (CPU-sized).
+
+Per policy: cumulative MemRate, test PPL of the bare LM and of LM + memory (constant λ and T tuned
+on the validation split), memory bytes, the memorization pass's throughput as a ratio to the bare
+LM's forward pass over the same tokens (measured in this same run), and the index update time per
+day as the memory grows. Each policy is a run (monim.run.MemoryRun, Θ with the constant λ) that
+learns every day the product's way (`learn`: memorize, then calibrate), the LM live (no feature
+store, so each pass includes the LM's). RandMem stores at MoNIM's MemRate (monim.core.catalogue.
+followed_memrate), so MoNIM runs first.
+Usage: monim bench policies --study live [--days 10] [--max-docs 8] [--out ...json]
 """
 
 import datetime as dt
 import json
 import math
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import RTQA, parser, save, WORK
+from benchmarks.harness import RESULTS, RTQA, WORK, first_days, parser, save
 from rich.console import Console
 from rich.table import Table
 
 from monim.core.catalogue import followed_memrate
 from monim.core.config import RunConfig
+from monim.data.stream import list_dates, read_day
 from monim.evaluation.evaluate import evaluate_many
+from monim.learning.policies import run_policy
 from monim.lm.features import Features
-from monim.storage.workdirs import memory_status
+from monim.lm.model import cached_lm
+from monim.lm.scoring import score
 from monim.run import MemoryRun, make_run
 from monim.storage.memory_settings import Settings
-from monim.data.stream import list_dates, read_day
+from monim.storage.workdirs import memory_status
+from monim.theta.knnlm import perplexity, tune_interpolation
 
 BASE = ("monim-amt", "fullmem", "randmem")  # MoNIM first: RandMem stores at its MemRate
 
@@ -95,17 +115,15 @@ def ppl_over(rows: list[dict], name: str) -> float:
     return math.exp(sum(r["test_tokens"] * math.log(r["runs"][name]["ppl"]) for r in rows) / sum(r["test_tokens"] for r in rows))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = parser(__doc__, "policies")
-    ap.add_argument("--source", type=Path, default=RTQA)
-    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
-    ap.add_argument("--days", type=int, default=7)
-    ap.add_argument("--workdir", type=Path, default=WORK / "memory-cost")
-    ap.add_argument("--features", type=Path, default=None, help="A feature store to read (default: WORKDIR/features).")
-    ap.add_argument("--variants", default="", help="More MoNIM-AMT memories, comma-separated IndexConfig changes: "
-                                                   "k_decide=32,k_decide=128,exact_below=50000")
-    ap.add_argument("--model", default=None)
-    args = ap.parse_args(argv)
+def day_stats(date: str, row: dict) -> dict:
+    """What memorizing the day did, from the run's row of the day (seconds by stage)."""
+    return {"date": date, "tokens_seen": row["tokens_seen"], "stored": row["entries_stored"],
+            "memrate": row["memrate_day"], "seconds": {k.removeprefix("seconds_"): v for k, v in row.items()
+                                                       if k.startswith("seconds_")}}
+
+
+def cost(args) -> None:
+    """Per day and memory at full volume: entries, bytes, learning seconds by stage beyond the LM, test PPL."""
     console = Console(width=180)
     specs = {name: {} for name in BASE} | dict(variant(v) for v in args.variants.split(",") if v)
     runs = open_runs(args, specs)
@@ -147,6 +165,103 @@ def main(argv: list[str] | None = None) -> None:
                       f"FullMem's, learning {s['learn_seconds']:.0f} s = {s['learn_vs_fullmem']:.2f}x FullMem's")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(args.out, {"days": done, "summary": summary}, args)
+
+
+def live(args) -> None:
+    """Per policy, the LM live: MemRate, PPL, bytes and the memorization pass against the bare LM's."""
+    work = Path(tempfile.mkdtemp(prefix="monim-bench-"))
+    config = {"workdir": str(work), "model": args.model, "calibrated": False, "k": args.k,  # constant λ: see calibration --study calibrator
+              "feature_store": False, "max_docs": args.max_docs}
+    lm = cached_lm(args.model)  # the runs' LM (one per process)
+    window = RunConfig(**config).window()
+    days = first_days(args)
+    console = Console(width=150)
+
+    # the baseline: the bare LM's forward pass over the same training tokens, per day
+    bare_seconds = []
+    for day in days:
+        t = time.perf_counter()
+        sum(len(b) for b in score(lm, day.capped(args.max_docs).train, window))
+        bare_seconds.append(time.perf_counter() - t)
+    console.print(f"bare LM pass: {sum(bare_seconds):.0f} s over {len(days)} days")
+    validation = [d for day in days for d in day.validation]
+    test = [d for day in days for d in day.test]
+    bare_test = list(score(lm, test, window))
+
+    results = {"model": lm.name, "days": [d.date.isoformat() for d in days], "max_docs": args.max_docs,
+               "k": args.k, "bare_ppl": perplexity(bare_test), "policies": {}}
+    for name in BASE:
+        follows = followed_memrate(name, {p: r["memrate"] for p, r in results["policies"].items()})
+        run = make_run(RunConfig(policy=name, followed_memrate=follows, **config))
+        rows = []
+        for step, (day, bare) in enumerate(zip(days, bare_seconds)):
+            row = run.learn(day.capped(run.cfg.max_docs), step)  # the next day's Θ calibrated too
+            stats = day_stats(day.date.isoformat(), row)
+            pass_seconds = stats["seconds"]["lm_and_search"] + stats["seconds"]["policy"]
+            rows.append(stats | {"entries_total": row["entries"], "bare_seconds": bare,
+                                 "throughput_ratio": bare / pass_seconds})
+            console.print(f"{name} {stats['date']}: stored {stats['stored']}/{stats['tokens_seen']} "
+                          f"({stats['memrate']:.0%}), memory {row['entries']}, pass {pass_seconds:.1f}s vs bare "
+                          f"{bare:.1f}s, index {stats['seconds']['index']:.2f}s")
+        memory = run.memory
+        interp, _ = tune_interpolation(memory.score(validation, retrieve=True))
+        seen = sum(r["tokens_seen"] for r in rows)
+        results["policies"][name] = {
+            "params": vars(run_policy(run.cfg)), "memrate": len(memory) / seen, "entries": len(memory),
+            "tokens_seen": seen, "test_ppl": perplexity(memory.score(test, retrieve=True), interp), "lam": interp.lam,
+            "temperature": interp.temperature, "bytes": memory.bytes_on_disk(),
+            "throughput_ratio": sum(r["bare_seconds"] for r in rows)
+            / sum(r["seconds"]["lm_and_search"] + r["seconds"]["policy"] for r in rows),
+            "days": rows,
+        }
+    shutil.rmtree(work)
+
+    table = Table(title=f"{len(days)} days from {days[0].date}, <= {args.max_docs} training articles a day, "
+                        f"{len(test)} test articles; bare LM test PPL {results['bare_ppl']:.2f}")
+    for col in ("policy", "MemRate", "entries", "test PPL", "λ", "T", "MB", "pass/bare-LM throughput"):
+        table.add_column(col, justify="right")
+    for name, r in results["policies"].items():
+        table.add_row(name, f"{r['memrate']:.1%}", str(r["entries"]), f"{r['test_ppl']:.2f}", f"{r['lam']:.2f}",
+                      f"{r['temperature']:g}", f"{r['bytes'] / 2**20:.1f}", f"{r['throughput_ratio']:.2f}")
+    console.print(table)
+    daily = Table(title="per day: MemRate of the day, and index update seconds at the memory size reached")
+    daily.add_column("day")
+    for name in results["policies"]:
+        daily.add_column(f"{name} MemRate", justify="right")
+        daily.add_column(f"{name} entries / index s", justify="right")
+    for i, date in enumerate(results["days"]):
+        cells = []
+        for r in results["policies"].values():
+            row = r["days"][i]
+            cells += [f"{row['memrate']:.1%}", f"{row['entries_total']} / {row['seconds']['index']:.2f}"]
+        daily.add_row(date, *cells)
+    console.print(daily)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save(args.out, results, args, default=str)
+    console.print(f"wrote {args.out}")
+
+
+STUDIES = {"cost": cost, "live": live}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "policies")
+    ap.add_argument("--study", choices=STUDIES, default="cost")
+    ap.set_defaults(out=None)  # docs/results/policies/policies-STUDY.json
+    ap.add_argument("--source", type=Path, default=RTQA)
+    ap.add_argument("--start", type=dt.date.fromisoformat, default=dt.date(2022, 6, 1))
+    ap.add_argument("--days", type=int, default=None, help="cost: 7; live: 10")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--workdir", type=Path, default=WORK / "memory-cost", help="cost: the memories and rows (resumable)")
+    ap.add_argument("--features", type=Path, default=None, help="cost: a feature store to read (default: WORKDIR/features).")
+    ap.add_argument("--variants", default="", help="cost: more MoNIM-AMT memories, comma-separated IndexConfig changes: "
+                                                   "k_decide=32,k_decide=128,exact_below=50000")
+    ap.add_argument("--max-docs", type=int, default=8, help="live: training articles a day")
+    ap.add_argument("--k", type=int, default=1024, help="live: the kNN's k")
+    args = ap.parse_args(argv)
+    args.out = args.out or RESULTS / "policies" / f"policies-{args.study}.json"
+    args.days = args.days or (7 if args.study == "cost" else 10)
+    STUDIES[args.study](args)
 
 
 if __name__ == "__main__":
