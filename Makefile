@@ -1,5 +1,6 @@
 # `make run`: install into .venv (once) and run the demo; `make test`: install and run the tests;
-# `make test-fast`: the tests without the real LM, flows, servers or shared data (about 3 minutes); `make docs`: the site;
+# `make test-fast`: the tests without the real LM, flows, servers or shared data (about 3 minutes); `make soak`: the
+# fault drills, whole (tests/test_soak.py, which make test leaves out); `make docs`: the site;
 # `make lint`: ruff and mypy as pyproject.toml sets them (seconds, run first by CI); the tests on two pytest-xdist
 # workers, a test file per worker; PYTEST_ARGS picks files or tests (`make test PYTEST_ARGS=tests/test_dashboards.py`).
 VENV ?= .venv
@@ -7,7 +8,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint docs browser clean
+.PHONY: run test test-fast soak lint docs browser clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv --clear $(VENV)  # anew: a changed dependency (faiss-cpu -> faiss-gpu) never mixes with the old
@@ -21,10 +22,14 @@ run: $(STAMP)
 	$(VENV)/bin/monim run
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not soak" $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not soak" $(PYTEST_ARGS)
+
+# The fault drills print their tables (-s): docs/results/faults.md is made from them.
+soak: $(STAMP)
+	$(PY) -m pytest -q -s -m soak tests/test_soak.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,16 +1,21 @@
 """What several test files do the same way (plain functions; the fixtures are tests/conftest.py's):
 the demo's articles as a small feed or texts, `monim learn` and its refusals, a memory learned in process,
-random datastore entries, exact nearest neighbours by numpy, requests sent at once, a headless Chromium."""
+random datastore entries, exact nearest neighbours by numpy, requests sent at once, a headless Chromium,
+what a memory's files say (fingerprint) and the chaos drill (`monim learn` killed and resumed)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import gzip
+import hashlib
 import json
+import random
 import re
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -140,3 +145,108 @@ def chromium() -> Iterator:
             yield browser
         finally:
             browser.close()
+
+
+def _timeless(obj):
+    """A record without what depends on the process that wrote it (timings, rates, tokens the LM ran
+    then rather than before a kill), with Θ's folders named by day, not by their random suffix."""
+    if isinstance(obj, dict):
+        return {k: _timeless(v) for k, v in obj.items()
+                if "seconds" not in k and not k.endswith("per_s") and k != "tokens_featurized"}
+    if isinstance(obj, list):
+        return [_timeless(v) for v in obj]
+    return re.sub(r"(theta/\d{4}-\d{2}-\d{2})-[0-9a-f]{8}", r"\1", obj) if isinstance(obj, str) else obj
+
+
+def content(path: Path) -> str:
+    """sha256 of what a file says: its bytes, or for a zip container (.npz, .pt: their entries carry
+    the write time) its arrays, and for records their content without timings."""
+    h = hashlib.sha256()
+    if path.suffix == ".npz":
+        with np.load(path) as f:
+            for k in sorted(f.files):
+                h.update(k.encode() + f[k].tobytes())
+    elif path.suffix == ".pt":
+        import torch
+
+        saved = torch.load(path, weights_only=True)
+        for k, v in sorted(saved.pop("state").items()):
+            h.update(k.encode() + v.numpy().tobytes())
+        h.update(json.dumps(_timeless(saved), sort_keys=True).encode())
+    elif path.suffix == ".json":
+        h.update(json.dumps(_timeless(json.loads(path.read_text())), sort_keys=True).encode())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(memory: Path) -> dict[str, str]:
+    """What every committed file of a memory says (shards by their checksums at commit, Θ's folders
+    by content), named by day rather than by random suffix; and the manifest without those names (nor
+    the checksums of Θ's files, whose bytes hold write times)."""
+    manifest = json.loads((memory / "manifest.json").read_text())
+    out = {}
+    for day in manifest["days"]:
+        out |= {f"shards/{day['date']}/{f}": digest for f, digest in day["checksums"].items()}
+    for theta in manifest["thetas"]:
+        folder = memory / theta["dir"]
+        out |= {f"theta/{theta['date']}/{p.name}": content(p) for p in sorted(folder.iterdir())}
+    strip = {**manifest, "days": [{k: v for k, v in d.items() if k != "shard"} for d in manifest["days"]],
+             "thetas": [{k: v for k, v in t.items() if k not in ("dir", "checksums")}  # (bytes with write times:
+                        for t in manifest["thetas"]]}                                  # their content is compared above)
+    out["manifest"] = hashlib.sha256(json.dumps(_timeless(strip), sort_keys=True).encode()).hexdigest()
+    return out
+
+
+def chaos(monim, root: Path, kills: int, policy: str = "monim-amt", end: str = "1987-03-06", max_docs: int = 3,
+          model: Path | None = None, own_api: bool = True, seed: int = 0) -> dict:
+    """The chaos drill: `monim learn` of the demo from 1987-03-02 killed with SIGKILL at random moments and
+    resumed each time (each command as from a fresh shell, or on the session's Prefect API), against an
+    uninterrupted run into `root`: kills survived, days committed when each landed, files and bytes compared
+    (shards byte for byte, Θ's calibrators by weights and records without timings, sample arrays by their
+    arrays), whether the memories are identical and `monim fsck` clean, and the wall seconds of both runs."""
+    rng = random.Random(seed)
+    cmd = [monim.script, "learn", "--source", str(DEMO_STREAM), "--start", "1987-03-02", "--end", end, "--policy", policy,
+           "--max-docs", str(max_docs)] + (["--model", str(model)] if model else [])
+    logs = root / "logs"
+    logs.mkdir(parents=True)
+
+    def learn_into(workdir: Path, log: Path) -> subprocess.Popen:
+        with log.open("w") as f:
+            return subprocess.Popen([*cmd, "--workdir", str(workdir)], env=monim.env(own_api), stdout=f,
+                                    stderr=subprocess.STDOUT)
+
+    def finish(proc: subprocess.Popen, log: Path, what: str, timeout: float | None = None) -> None:
+        assert proc.wait(timeout=timeout) == 0, f"{what} failed (exit {proc.returncode}):\n{log.read_text()[-4000:]}"
+
+    def committed(workdir: Path) -> int:
+        manifest = workdir / "memories" / policy / "manifest.json"
+        return len(json.loads(manifest.read_text())["days"]) if manifest.exists() else 0
+
+    t = time.perf_counter()
+    finish(learn_into(root / "reference", logs / "reference.log"), logs / "reference.log", "the uninterrupted run")
+    alone = time.perf_counter() - t
+    log_of_kills, t = [], time.perf_counter()
+    while len(log_of_kills) < kills:
+        log = logs / f"kill-{len(log_of_kills) + 1}.log"
+        proc = learn_into(root / "chaos", log)
+        delay = rng.uniform(3, max(6.0, alone / 3))  # a resumed run's start-up (Prefect API, LM) is part of it
+        try:  # finished before its kill: the rest of the kills land on a finished stream
+            finish(proc, log, f"run {len(log_of_kills) + 1}", timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        log_of_kills.append({"after_s": round(delay, 1), "days_committed": committed(root / "chaos"),
+                             "finished": proc.returncode == 0})
+    finish(learn_into(root / "chaos", logs / "resumed.log"), logs / "resumed.log", "the resumed run")
+    chaotic = time.perf_counter() - t
+    fsck = monim("fsck", "--workdir", root / "chaos", "--json", check=False, own_api=own_api)
+    want, got = fingerprint(root / "reference" / "memories" / policy), fingerprint(root / "chaos" / "memories" / policy)
+    differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    files = [p for p in (root / "chaos" / "memories" / policy).rglob("*") if p.is_file()]
+    return {"kills": len(log_of_kills), "kills_mid_stream": sum(not k["finished"] for k in log_of_kills),
+            "kill_log": log_of_kills, "files_compared": len(want),
+            "bytes_compared": sum(p.stat().st_size for p in files if "shards" in p.parts or "theta" in p.parts),
+            "identical": not differ, "differ": differ, "fsck_clean": fsck.returncode == 0,
+            "fsck": json.loads(fsck.stdout.strip().splitlines()[-1]) if fsck.stdout.strip() else fsck.stderr[-2000:],
+            "seconds_uninterrupted": round(alone, 1), "seconds_chaotic": round(chaotic, 1)}

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import chaos
 from monim.core.config import DEMO_STREAM
 
 pytestmark = pytest.mark.slow  # runs `monim` commands
@@ -363,16 +364,12 @@ def test_generate_and_eval_refuse_a_damaged_memory_naming_file_and_day_until_the
 
 
 def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(monim, tiny_model_dir, tmp_path):
-    """benchmarks/chaos.py, small: SIGKILL at random moments, resumed each time (the full run: 20 kills)."""
-    out = tmp_path / "chaos.json"
-    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "chaos.py"), "--kills", "2",
-                           "--policy", "fullmem", "--end", "1987-03-03", "--max-docs", "2", "--model",
-                           str(tiny_model_dir("gpt2")), "--out", str(out), "--prefect-api", monim.api],
-                          capture_output=True, text=True, timeout=900)
-    assert out.exists(), proc.stderr[-6000:]
-    result = json.loads(out.read_text())
-    assert proc.returncode == 0, (result["differ"], result["fsck"])
-    assert result["identical"] and result["fsck_clean"] and result["kills"] == 2 and result["files_compared"] > 10
+    """The chaos drill, small: SIGKILL at random moments, resumed each time (the full drill, 20 kills:
+    tests/test_soak.py)."""
+    result = chaos(monim, tmp_path, kills=2, policy="fullmem", end="1987-03-03", max_docs=2,
+                   model=tiny_model_dir("gpt2"), own_api=False)
+    assert result["identical"] and result["fsck_clean"], (result["differ"], result["fsck"])
+    assert result["kills"] == 2 and result["files_compared"] > 10
 
 
 def test_commands_that_read_a_feed_name_its_fields_as_learn_does():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cli.errors import NO_ROOM
-from helpers import FAILED, demo_rows, learn, refused, write_feed
+from helpers import FAILED, demo_rows, fingerprint, learn, refused, write_feed
 from monim.storage.datastore import Datastore
 
 
@@ -214,8 +214,6 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
     nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
     and the memory is the uninterrupted learn's."""
-    import sys
-
     from monim.core.config import RunConfig
     from monim.plan import plan
     from monim.run import open_run
@@ -237,9 +235,6 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
         f"day {date} committed but not calibrated, not evaluated, not registered, not logged to MLflow"], problems
     assert monim("fsck", "--workdir", workdir, "--repair", check=False).returncode == 0
     assert monim("fsck", "--workdir", workdir, check=False).returncode == 0
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    from chaos import fingerprint  # what every committed file says, without timings and random folder names
-
     root = workdir / "memories" / "fullmem"
     assert fingerprint(root) == fingerprint(clean / "memories" / "fullmem")
     assert json.loads((workdir / "runs" / "fullmem.json").read_text()).keys() == {"1987-03-02", "1987-03-03", date}

