@@ -1,4 +1,6 @@
-"""The NN calibrator (Θ's λ per token): whether Θ is ever worse than the LM at full daily volume, and the
+"""Θ's calibrator: is Θ ever worse than the LM at full daily volume, and against constant λ by feature group.
+
+The NN calibrator (Θ's λ per token): whether Θ is ever worse than the LM at full daily volume, and the
 calibrator against constant λ, by feature group. Two studies (--study), each with its result JSON:
 
 volume: Calibration at full daily volume: is Θ ever worse than the LM on the day's unseen test articles?

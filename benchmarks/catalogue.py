@@ -28,7 +28,7 @@ BENCHES: dict[str, Bench] = {
     "index-codecs": Bench("index_codecs", ("shared data",), 30),
     "index-scale": Bench("index_scale", (), 20),
     "learner-lr": Bench("learner_lr", ("shared data",), 30),
-    "lm-throughput": Bench("lm_throughput", (), 5),
+    "lm-throughput": Bench("lm_throughput", ("shared data",), 5),
     "pipeline": Bench("pipeline", ("shared data",), 10),
     "policies": Bench("policies", ("shared data",), 60),
     "ralm-side-by-side": Bench("ralm_side_by_side", ("shared data",), 120),

@@ -1,4 +1,6 @@
-"""The paper's growth claim across streams: each memory's entries against the training tokens it has
+"""The paper's growth claim: entries against tokens seen, the growth exponent, MoNIM's MemRate over days.
+
+The paper's growth claim across streams: each memory's entries against the training tokens it has
 seen (log-log, one line per stream and policy), the growth exponent with its 95% interval, and how
 MoNIM's daily MemRate moves after day 1 (where Θ is the bare LM) with the days learned, the day's
 redundancy (twin shares) and the rate the LM alone would store at.

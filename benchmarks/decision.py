@@ -1,4 +1,6 @@
-"""MoNIM's decision (which tokens it stores): its cost onto a large memory, the searches its rules leave to
+"""MoNIM's decision: its cost onto a large memory, the searches its rules leave, the share none can change.
+
+MoNIM's decision (which tokens it stores): its cost onto a large memory, the searches its rules leave to
 the LM alone, and the share no memory can change. Three studies (--study), each with its result JSON:
 
 scale: MoNIM's decision onto a large memory (issue 47's goal: a 100k-token day onto 5M entries, its

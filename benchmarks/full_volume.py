@@ -1,4 +1,6 @@
-"""Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at MoNIM's
+"""Full daily volume: FullMem, RandMem and MoNIM-AMT on every article of a stream, PPL, QA and growth.
+
+Full daily volume: a stream learned with EVERY training article by FullMem, RandMem (at MoNIM's
 MemRate) and MoNIM-AMT, beside the bare LM; the LM runs once per article (feature store). Each day is
 learned through the library's run (monim.run.MemoryRun: memorize, then calibrate), one a memory.
 

@@ -1,4 +1,6 @@
-"""The GPU acceptance benchmark, in one process and under 8 minutes: the bare LM against monim's
+"""The GPU acceptance benchmark: LM, exact kNN at 1M and 10M keys, kNN-LM, a paper-sized day, parity.
+
+The GPU acceptance benchmark, in one process and under 8 minutes: the bare LM against monim's
 featurization, exact kNN search in torch at k = 1024 over 1M and 10M keys (the tiled top-k against
 plain torch.topk, both against fp32 distances), kNN-LM evaluation against the bare LM, a paper-sized
 day of MoNIM-AMT through every stage (featurize + decide, commit, calibrate, evaluate) and CPU/GPU parity.

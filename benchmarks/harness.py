@@ -35,7 +35,7 @@ REUTERS = DATA / "news" / "reuters21578.jsonl.gz"
 RESULTS = REPO / "docs" / "results"  # a bench NAME's results: RESULTS / NAME
 WORK = REPO / "benchmarks" / "work"  # the benches' work directories (not committed)
 MONIM = str(Path(sys.executable).parent / "monim")
-VERSIONS = ("monim", "torch", "transformers", "faiss-gpu", "faiss-cpu", "numpy", "scipy", "prefect", "mlflow")
+VERSIONS = ("torch", "transformers", "faiss-gpu", "faiss-cpu", "numpy", "scipy", "prefect", "mlflow")
 
 
 class Parser(argparse.ArgumentParser):
@@ -118,8 +118,10 @@ def machine() -> dict:
 
 
 def versions() -> dict[str, str]:
-    """Python's version and those of the packages a bench's figures depend on, where installed."""
-    out = {"python": platform.python_version()}
+    """Python's, monim's (this tree's) and those of the packages a bench's figures depend on, where installed."""
+    from monim import __version__
+
+    out = {"python": platform.python_version(), "monim": __version__}
     for name in VERSIONS:
         try:
             out[name] = importlib.metadata.version(name)

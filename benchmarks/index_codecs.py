@@ -1,4 +1,6 @@
-"""The index codecs on a real memory: PPL of LM + memory with exact search, the fast-scan codes and
+"""The index codecs on a real memory: PPL with exact search, fast-scan and IVF-PQ codes, add and search time.
+
+The index codecs on a real memory: PPL of LM + memory with exact search, the fast-scan codes and
 the paper's IVF-PQ codes, on the same memory and the same held-out articles, with add and search time.
 
 A FullMem memory learns every training article of the first --days weekdays of the dense Reuters

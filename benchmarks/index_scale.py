@@ -1,4 +1,6 @@
-"""The index at scale: millions of synthetic keys of the default model's size, day by day, through
+"""The index at scale: millions of synthetic keys day by day, search speed, recall and size to 100M.
+
+The index at scale: millions of synthetic keys of the default model's size, day by day, through
 monim's own Datastore and MemoryIndex (exact below 200k entries, then IVF: training, incremental
 adds, the recall probe, retraining at 4x growth), then search speed, recall and size, projected to
 100M entries.

@@ -9,7 +9,7 @@ import datetime as dt
 import time
 from pathlib import Path
 
-from benchmarks.harness import REPO, parser, save
+from benchmarks.harness import DATA, parser, save
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, "lm-throughput")
     ap.add_argument("--model", default=None)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args(argv)
 
     text = (args.data / "wikitext" / "wiki.test.raw").read_text(encoding="utf-8")[:60000]

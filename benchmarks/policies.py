@@ -1,4 +1,6 @@
-"""FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over days of a real news stream: what each memory
+"""FullMem, RandMem and MoNIM-AMT over days of news: each memory's bytes, seconds, MemRate and PPL.
+
+FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over days of a real news stream: what each memory
 costs and what it gives. Two studies (--study), each with its result JSON:
 
 cost: MoNIM's promise in bytes and seconds: FullMem, RandMem (at MoNIM's MemRate) and MoNIM-AMT over

@@ -1,4 +1,6 @@
-"""What a user would pick instead, side by side: In-Context RALM (BM25 articles in the prompt) alone and
+"""In-Context RALM alone and with MoNIM-AMT beside the LM, FullMem and MoNIM-AMT: PPL and the quiz.
+
+What a user would pick instead, side by side: In-Context RALM (BM25 articles in the prompt) alone and
 with MoNIM-AMT, beside the LM, FullMem and MoNIM-AMT, each day learned through the library's run
 (monim.run.MemoryRun) at full volume, then the quiz with the final memories.
 

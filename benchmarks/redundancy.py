@@ -1,4 +1,6 @@
-"""How MoNIM's MemRate answers a stream's redundancy: a day learned onto the memory of the day before,
+"""MoNIM's MemRate against a stream's redundancy: a day with a share of yesterday's articles copied or reworded.
+
+How MoNIM's MemRate answers a stream's redundancy: a day learned onto the memory of the day before,
 with a share s of its training articles replaced by articles of the day before, either copied whole
 ("copy") or as a rewrite that drops each one's first sentence ("lead dropped", the same story
 reworded at its top, so every key's context differs from the stored one at first).

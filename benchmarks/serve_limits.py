@@ -1,4 +1,6 @@
-"""The served model's memory under bodies it refuses: `monim serve-model`'s resident memory (the
+"""The served model's memory under bodies it refuses (60 MB, deeply nested), and answers as before after.
+
+The served model's memory under bodies it refuses: `monim serve-model`'s resident memory (the
 server's process tree, sampled every 20 ms for the peak) before and after `--times` of each: a
 60 MB JSON body of rows sent with Content-Length and chunked, `[` 200,000 deep and `{"a":` 50,000
 deep; then a normal request, which must be answered as before the refusals.

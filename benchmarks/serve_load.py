@@ -1,4 +1,6 @@
-"""The served champion under load: 1, 4, 16 and 64 concurrent clients on loopback, each sending a
+"""The served champion under 1 to 64 concurrent clients: requests/s, latency, errors, wrong answers.
+
+The served champion under load: 1, 4, 16 and 64 concurrent clients on loopback, each sending a
 mix of scoring and generation rows to `monim serve-model`; per level: requests/s, tokens/s, latency
 percentiles, errors and WRONG answers (each response against the same request answered alone:
 a perplexity off by more than 1e-4 relative, or other generated tokens). Then the LM's own forward

@@ -1,4 +1,6 @@
-"""The champion moves while clients ask: 16 clients continue prompts (sources on) against
+"""The champion moves while clients ask: failed requests, seconds to the new version, forgotten sources cited.
+
+The champion moves while clients ask: 16 clients continue prompts (sources on) against
 `monim serve-model` while the work directory learns its next day (then promoted, if the gate kept
 the champion) and then forgets the article the answers cite most. Reported: failed requests (must
 be 0), the seconds from each move of the alias (seen in the registry) to the server answering with

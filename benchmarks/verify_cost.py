@@ -1,4 +1,6 @@
-"""What a reader's check of the memory costs: Memory.open reads every shard file Θ reads against the
+"""What a reader's check of the memory costs: the shard checksums at open against the rest of an open.
+
+What a reader's check of the memory costs: Memory.open reads every shard file Θ reads against the
 sha256 its commit recorded (monim.storage.verify.verified) before the LM loads. Synthetic memories of
 576-dim fp16 keys (SmolLM2-135M's size) over 10 days, written through monim's own Datastore; per
 size: the bytes checked, the check's seconds and MB/s with the files in the page cache (as just
