@@ -9,7 +9,7 @@ Usage: monim bench claims --rows Reuters=DIR/rows.json RTQA=docs/results/policie
 docs/results/claims/: growth.png, growth.md and claims.json)
 """
 
-from benchmarks.harness import parser, save
+from benchmarks.harness import parser, resume, save
 import json
 from pathlib import Path
 
@@ -27,9 +27,10 @@ COLOURS = {"fullmem": "tab:blue", "randmem": "tab:orange", "monim-amt": "tab:gre
 
 
 def read_rows(path: Path) -> list[dict]:
-    """Days in date order, from full_volume.py's rows.json ({date: row}) or memory_cost.py's JSON ({"days": [...]})."""
-    data = json.loads(path.read_text())
-    rows = data["days"] if "days" in data else [data[d] for d in sorted(data)]
+    """Days in date order, from a full-volume work directory's rows.json ({date: row}), its result JSON
+    ({"rows": [...]}) or `monim bench policies --study cost`'s ({"days": [...]}), in an envelope or not."""
+    data = resume(path, {})
+    rows = data["days"] if "days" in data else data["rows"] if "rows" in data else [data[d] for d in sorted(data)]
     return [r for r in rows if r["runs"].get("fullmem", {}).get("tokens")]
 
 
