@@ -10,7 +10,6 @@ docs/results/claims/: growth.png, growth.md and claims.json)
 """
 
 from benchmarks.harness import parser, resume, save
-import json
 from pathlib import Path
 
 import matplotlib
