@@ -46,7 +46,7 @@ class Parser(argparse.ArgumentParser):
     argv: list[str] = []
     started: str | None = None
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         Parser.argv = list(sys.argv[1:] if args is None else args)
         Parser.started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         Parser.bench = self.bench
