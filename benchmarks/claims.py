@@ -5,7 +5,7 @@ seen (log-log, one line per stream and policy), the growth exponent with its 95%
 MoNIM's daily MemRate moves after day 1 (where Θ is the bare LM) with the days learned, the day's
 redundancy (twin shares) and the rate the LM alone would store at.
 Reads the rows.json of `monim bench full-volume` runs (or `monim bench policies --study cost`'s JSON).
-Usage: monim bench claims --rows Reuters=DIR/rows.json RTQA=docs/results/policies/policies.json (writes
+Usage: monim bench claims --rows Reuters=DIR/rows.json RTQA=docs/results/policies/policies-cost.json (writes
 docs/results/claims/: growth.png, growth.md and claims.json)
 """
 

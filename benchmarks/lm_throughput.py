@@ -2,7 +2,7 @@
 
 Measures the model body alone and full scoring (body + per-token stats over the vocabulary) on
 512-token windows of WikiText, all in one process so the ratios compare like with like.
-Usage: monim bench lm-throughput [--reps 2] [--out benchmarks/results/lm_throughput.json]
+Usage: monim bench lm-throughput [--reps 2] [--out docs/results/lm-throughput/lm-throughput.json]
 """
 
 import datetime as dt

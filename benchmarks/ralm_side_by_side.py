@@ -11,7 +11,7 @@ RALM's cost is its own passes (a window per stride); ralm and ralm+monim-amt sha
 ralm+monim-amt is charged the pair's evaluation and ralm its passes alone.
 Resumable: rows go to --out after each day (a committed day is not learned again); the features come
 from the work directory's store (--features shares another's).
-Usage: monim bench ralm-side-by-side --start 2022-06-01 --end 2022-06-14 --out docs/results/ralm-realtimeqa.json
+Usage: monim bench ralm-side-by-side --start 2022-06-01 --end 2022-06-14 --out docs/results/ralm-side-by-side/realtimeqa.json
 """
 
 import datetime as dt
@@ -19,7 +19,7 @@ import math
 import time
 from pathlib import Path
 
-from benchmarks.harness import QUIZ, REPO, RTQA, parser, resume, save, WORK
+from benchmarks.harness import QUIZ, RTQA, WORK, parser, resume, save
 
 from monim.core.config import RunConfig
 from monim.evaluation.evaluate import evaluate_many
@@ -149,7 +149,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--workdir", type=Path, default=WORK / "ralm")
     ap.add_argument("--features", type=Path, default=None, help="a feature store to share (another work directory's)")
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "ralm-side-by-side.json")
     args = ap.parse_args(argv)
     out = resume(args.out, {"rows": []})
     out |= {"source": args.source.name, "start": str(args.start), "end": str(args.end), "policies": args.policies}

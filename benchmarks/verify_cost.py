@@ -7,7 +7,7 @@ size: the bytes checked, the check's seconds and MB/s with the files in the page
 written, or read recently) and cold (evicted with posix_fadvise: read from the disk), beside the rest
 of a reader's open without the LM and the index (the manifest, every shard mapped, the values table)
 and a served memory's look again at its files (monim.storage.verify.looked_again: a stat each).
-Usage: monim bench verify-cost [--entries 100000 1000000] [--out docs/results/verify-cost.json]
+Usage: monim bench verify-cost [--entries 100000 1000000] [--out docs/results/verify-cost/verify-cost.json]
 """
 
 import os

@@ -1,4 +1,4 @@
-"""benchmarks/full_volume.py, the claims' long runs: a stopped suite goes on from its kept parts."""
+"""`monim bench full-volume` (benchmarks/full_volume.py), the claims' long runs: a stopped suite goes on from its kept parts."""
 
 import gzip
 import json
@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # reads the shared data
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_volume.py"
+REPO = Path(__file__).resolve().parents[1]
 DAYS = ("1987-03-27", "1987-04-01")  # two ISO weeks and two months: the matrix and the quiz have two parts each
 LATER = "1987-05-04"  # a question past what is learned: asked with --qa-end (Table 7's upper triangle)
 QA_END = ("--qa-end", "1987-05-31")
@@ -32,14 +32,16 @@ def test_a_stopped_suite_measures_only_its_missing_parts(data_dir, tiny_model_di
     def full_volume(*extra: str) -> subprocess.CompletedProcess:
         args = ["--source", source, "--start", DAYS[0], "--end", DAYS[1], "--period", "week", "--workdir", work,
                 "--model", tiny_model_dir("gpt2"), "--policies", "monim-amt,fullmem", "--qa", quiz,
-                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", *extra]
-        proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, timeout=600)
+                "--text", data_dir / "wikitext" / "wiki.test.raw", "--text-chars", "600", "--out", work / "result.json", *extra]
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.full_volume", *map(str, args)], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
 
     full_volume()
     suite = work / f"suite-{DAYS[0]}-{DAYS[1]}.json"
     first = json.loads(suite.read_text())
+    assert json.loads((work / "result.json").read_text())["result"]["suite"] == first  # the result, in its envelope
     assert sorted(first["qa"]) == ["1987-03", "1987-04"]  # by default the quiz ends a week after the last day
     full_volume(*QA_END)  # the finished suite is reopened: only the later month is measured
     whole = json.loads(suite.read_text())
