@@ -14,7 +14,7 @@ NEEDS = ("shared data", "GPU", "network")
 class Bench(NamedTuple):
     module: str  # benchmarks/<module>.py
     needs: tuple[str, ...]  # of NEEDS; empty: runs anywhere
-    minutes: float  # wall minutes of its default options on 2 cores
+    minutes: float  # wall minutes of its default options on 2 cores (from the runs on its results page, else an estimate)
 
 
 BENCHES: dict[str, Bench] = {
@@ -23,14 +23,14 @@ BENCHES: dict[str, Bench] = {
     "cli": Bench("cli", (), 3),
     "day": Bench("day", (), 15),
     "decision": Bench("decision", ("shared data",), 30),
-    "full-volume": Bench("full_volume", ("shared data",), 600),
+    "full-volume": Bench("full_volume", ("shared data",), 240),
     "gpu": Bench("gpu", ("GPU",), 8),
     "index-codecs": Bench("index_codecs", ("shared data",), 30),
     "index-scale": Bench("index_scale", (), 20),
     "learner-lr": Bench("learner_lr", ("shared data",), 30),
     "lm-throughput": Bench("lm_throughput", ("shared data",), 5),
-    "pipeline": Bench("pipeline", ("shared data",), 10),
-    "policies": Bench("policies", ("shared data",), 60),
+    "pipeline": Bench("pipeline", ("shared data",), 15),
+    "policies": Bench("policies", ("shared data",), 40),
     "ralm-side-by-side": Bench("ralm_side_by_side", ("shared data",), 120),
     "redundancy": Bench("redundancy", ("shared data",), 30),
     "serve-limits": Bench("serve_limits", (), 5),
