@@ -48,7 +48,7 @@ import math
 import time
 from pathlib import Path
 
-from benchmarks.harness import REUTERS, RESULTS, RTQA, WORK, first_days, parser, resume, save
+from benchmarks.harness import RESULTS, REUTERS, RTQA, WORK, first_days, parser, resume, save
 import numpy as np
 from benchmarks.index_scale import Keys
 from rich.console import Console

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from benchmarks.harness import DATA, QUIZ, RTQA, parser, save, WORK
+from benchmarks.harness import DATA, QUIZ, RTQA, WORK, parser, save
 import numpy as np
 import scipy.stats
 from rich.console import Console

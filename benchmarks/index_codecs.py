@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.harness import REUTERS, parser, save, WORK
+from benchmarks.harness import REUTERS, WORK, parser, save
 from rich.console import Console
 from rich.table import Table
 

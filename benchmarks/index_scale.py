@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from benchmarks.harness import parser, save, WORK
+from benchmarks.harness import WORK, parser, save
 import faiss
 import numpy as np
 from rich.console import Console
