@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
-from benchmarks.harness import parser# noqa: E402  (sets the environment before torch)
+from benchmarks.harness import parser  # noqa: E402  (sets the environment before torch)
 from monim.lm.features import Features  # noqa: E402
 from monim.lm.model import load_lm  # noqa: E402
 from monim.core.config import ScoreConfig  # noqa: E402

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
-from benchmarks.harness import REPO, RTQA, first_days, parser# noqa: E402  (sets the environment before torch)
+from benchmarks.harness import REPO, RTQA, first_days, parser  # noqa: E402  (sets the environment before torch)
 import numpy as np  # noqa: E402
 
 from benchmarks.decision import lm_stats  # noqa: E402
