@@ -20,8 +20,7 @@ from monim.core import catalogue  # names and help only: no torch
 from servers import local
 
 if TYPE_CHECKING:
-    from monim.core.config import RunConfig
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig, RunConfig
 
 # what each policy achieved, then what it cost (two tables: each fits 80 columns)
 SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "ppl_novel", "accuracy"]
