@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Callable, ContextManager, ParamSpec, TypeVar
 
@@ -85,10 +85,27 @@ def ensure_store(uri: str) -> None:
     if db.exists() and (damage := sqlite_damage(db)):
         raise ValueError(f"{db}: the MLflow store is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
                          "`monim fsck --repair` logs the days again from the memories")
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    artifacts = (db.parent / "mlartifacts").as_uri()
-    create_once(db, lambda tmp: SqlAlchemyStore(f"sqlite:///{tmp}", artifacts).engine.dispose())
+    def make(tmp: Path) -> None:  # MLflow imported only to make a store: its import takes seconds
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        SqlAlchemyStore(f"sqlite:///{tmp}", (db.parent / "mlartifacts").as_uri()).engine.dispose()
+
+    create_once(db, make)
+
+
+def tracked(uri: str, tags: dict[str, str]) -> bool:
+    """Whether a local SQLite store holds a run (not deleted) with these tags, read with sqlite3 without
+    MLflow, whose import takes seconds; False for another store or none."""
+    import sqlite3
+
+    if (db := sqlite_file(uri)) is None or not db.exists():
+        return False
+    has = " and ".join(["exists (select 1 from tags t where t.run_uuid = r.run_uuid and t.key = ? and t.value = ?)"] * len(tags))
+    with store_lock(uri, write=False), closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as store:
+        found = store.execute(f"select 1 from runs r where r.lifecycle_stage = 'active' and {has} limit 1",
+                              [x for kv in tags.items() for x in kv]).fetchone()
+    return found is not None
 
 
 def client(uri: str):
