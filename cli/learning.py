@@ -51,27 +51,33 @@ def nothing_new(cfg: RunConfig, plans: dict[str, Plan], evaluation: Optional[Eva
                 tracking_uri: Optional[str], comparison: bool = False) -> dict[str, list[dict]] | None:
     """Each policy's rows of the range where the command has nothing to do but say them: no day to learn and
     no record arrived for a learned day since it was learned (monim.plan.Plan.nothing_new), nothing to
-    measure, and its run tracked in the work directory's MLflow
-    store (for a comparison, its run and report too). Then the command answers from the work directory,
-    starting no server and loading no LM; else None (the flows run)."""
+    measure, and each run tracked in the work directory's MLflow store; for a `comparison`, each in the
+    comparison's run, which holds these totals side by side, and its report written. Then the command answers
+    from the work directory, starting no server and loading no LM; else None (the flows run)."""
+    from monim.evaluation.totals import summarize
     from monim.storage.workdirs import memory_root, read_rows
-    from tracking.store import sqlite_file, tracked, tracking_uri as resolve
+    from tracking.logged import side_by_side
+    from tracking.store import latest_metrics, sqlite_file, tracked, tracking_uri as resolve
 
     db = sqlite_file(resolve(str(workdir), tracking_uri))
     if evaluation is not None or not all(p.nothing_new for p in plans.values()) or db is None or not db.exists():
         return None
     uri = use_tracking(workdir, tracking_uri)  # a damaged store is refused here, as before a run
     names = {policy: cfg.model_copy(update={"policy": policy}).name for policy in plans}
-    if not all(tracked(uri, {"monim.memory": str(memory_root(cfg.workdir, name).resolve())}) for name in names.values()):
+    group = tracked(uri, {"monim.kind": "comparison", "monim.workdir": str(workdir.resolve())}) if comparison else None
+    if comparison and (group is None or not (workdir / "report" / "report.md").exists()):
         return None
-    if comparison and not ((workdir / "report" / "report.md").exists() and tracked(
-            uri, {"monim.kind": "comparison", "monim.workdir": str(workdir.resolve())})):
+    tags = {"monim.comparison": group} if group else {}
+    if not all(tracked(uri, {"monim.memory": str(memory_root(cfg.workdir, name).resolve())} | tags) for name in names.values()):
+        return None
+    rows = {policy: [r for d, r in sorted(read_rows(cfg.workdir, names[policy]).items())
+                     if dt.date.fromisoformat(d) in todo.dates] for policy, todo in plans.items()}
+    if group and not side_by_side({p: summarize(r) for p, r in rows.items()}).items() <= latest_metrics(uri, group).items():
         return None
     for policy, todo in plans.items():
         for level, message in todo.said(names[policy]):
             console.print(message, style="yellow" if level >= logging.WARNING else None, highlight=False, soft_wrap=True)
-    return {policy: [r for d, r in sorted(read_rows(cfg.workdir, names[policy]).items()) if dt.date.fromisoformat(d) in todo.dates]
-            for policy, todo in plans.items()}
+    return rows
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:

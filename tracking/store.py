@@ -94,18 +94,28 @@ def ensure_store(uri: str) -> None:
     create_once(db, make)
 
 
-def tracked(uri: str, tags: dict[str, str]) -> bool:
-    """Whether a local SQLite store holds a run (not deleted) with these tags, read with sqlite3 without
-    MLflow, whose import takes seconds; False for another store or none."""
+def tracked(uri: str, tags: dict[str, str]) -> str | None:
+    """The id of a run (not deleted) with these tags in a local SQLite store, read without MLflow (its import
+    takes seconds); None where there is none, or for another store."""
+    has = " and ".join(["exists (select 1 from tags t where t.run_uuid = r.run_uuid and t.key = ? and t.value = ?)"] * len(tags))
+    found = _query(uri, f"select r.run_uuid from runs r where r.lifecycle_stage = 'active' and {has} limit 1",
+                   [x for kv in tags.items() for x in kv])
+    return found[0][0] if found else None
+
+
+def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """A run's metrics as they stand (each key's latest value) in a local SQLite store, read without MLflow."""
+    return dict(_query(uri, "select key, value from latest_metrics where run_uuid = ?", [run_id]))
+
+
+def _query(uri: str, sql: str, params: list) -> list[tuple]:
+    """Rows of a read-only query of a local SQLite store (waiting while a writer holds it); none for another store."""
     import sqlite3
 
     if (db := sqlite_file(uri)) is None or not db.exists():
-        return False
-    has = " and ".join(["exists (select 1 from tags t where t.run_uuid = r.run_uuid and t.key = ? and t.value = ?)"] * len(tags))
+        return []
     with store_lock(uri, write=False), closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as store:
-        found = store.execute(f"select 1 from runs r where r.lifecycle_stage = 'active' and {has} limit 1",
-                              [x for kv in tags.items() for x in kv]).fetchone()
-    return found is not None
+        return store.execute(sql, params).fetchall()
 
 
 def client(uri: str):
