@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import os
 from pathlib import Path
 from subprocess import Popen
@@ -20,22 +22,62 @@ from monim.core import catalogue  # names and help only: no torch
 from servers import local
 
 if TYPE_CHECKING:
-    from monim.core.config import RunConfig
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig, RunConfig
+    from monim.plan import Plan
 
 # what each policy achieved, then what it cost (two tables: each fits 80 columns)
 SUMMARY_COLUMNS = ["policy", "days", "entries", "memrate", "ppl_lm", "ppl", "ppl_novel", "accuracy"]
 COST_COLUMNS = ["policy", "MB", "learning s/day", "scoring s/1k tokens", "LM tokens/token"]
 
 
-def preflight(cfg: RunConfig, policies: list[str]) -> None:
-    """Refuse, before any work, another model or other settings (monim.run.refuse_others), in one line."""
+def preflight(cfg: RunConfig, policies: list[str], lm: bool = True) -> None:
+    """Refuse, before any work, another model or other settings (monim.run.refuse_others), in one line; without
+    `lm`, only what needs no LM (monim.plan.refuse_settings: not the LM's weights and tokenizer)."""
     from monim.core.manifest import ManifestError, MemoryMismatch
-    from monim.run import refuse_others
     from monim.storage.memory_settings import SettingsMismatch
 
     with clear_errors(ManifestError, SettingsMismatch, MemoryMismatch):
-        refuse_others(cfg, policies)
+        if lm:
+            from monim.run import refuse_others
+
+            refuse_others(cfg, policies)
+        else:
+            from monim.plan import refuse_settings
+
+            refuse_settings(cfg, policies)
+
+
+def nothing_new(cfg: RunConfig, plans: dict[str, Plan], evaluation: Optional[EvalConfig], workdir: Path,
+                tracking_uri: Optional[str], comparison: bool = False) -> dict[str, list[dict]] | None:
+    """Each policy's rows of the range where the command has nothing to do but say them: no day to learn and
+    no record arrived for a learned day since it was learned (monim.plan.Plan.nothing_new), nothing to
+    measure, and each run tracked in the work directory's MLflow store; for a `comparison`, each in the
+    comparison's run, which holds these totals side by side, and its report written. Then the command answers
+    from the work directory, starting no server and loading no LM; else None (the flows run)."""
+    from monim.evaluation.totals import summarize
+    from monim.storage.workdirs import memory_root, read_rows
+    from tracking.logged import side_by_side
+    from tracking.store import latest_metrics, sqlite_file, tracked, tracking_uri as resolve
+
+    db = sqlite_file(resolve(str(workdir), tracking_uri))
+    if evaluation is not None or not all(p.nothing_new for p in plans.values()) or db is None or not db.exists():
+        return None
+    uri = use_tracking(workdir, tracking_uri)  # a damaged store is refused here, as before a run
+    names = {policy: cfg.model_copy(update={"policy": policy}).name for policy in plans}
+    group = tracked(uri, {"monim.kind": "comparison", "monim.workdir": str(workdir.resolve())}) if comparison else None
+    if comparison and (group is None or not (workdir / "report" / "report.md").exists()):
+        return None
+    tags = {"monim.comparison": group} if group else {}
+    if not all(tracked(uri, {"monim.memory": str(memory_root(cfg.workdir, name).resolve())} | tags) for name in names.values()):
+        return None
+    rows = {policy: [r for d, r in sorted(read_rows(cfg.workdir, names[policy]).items())
+                     if dt.date.fromisoformat(d) in todo.dates] for policy, todo in plans.items()}
+    if group and not side_by_side({p: summarize(r) for p, r in rows.items()}).items() <= latest_metrics(uri, group).items():
+        return None
+    for policy, todo in plans.items():
+        for level, message in todo.said(names[policy]):
+            console.print(message, style="yellow" if level >= logging.WARNING else None, highlight=False, soft_wrap=True)
+    return rows
 
 
 def summary_rows(summary: dict[str, dict]) -> list[dict]:
@@ -114,18 +156,22 @@ def learn(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start: 
     from monim.storage.workdirs import memory_root, memory_status
 
     relearn = [option_date(d).isoformat() for d in relearn or []]
-    check_plans(cfg, start, end, [cfg.policy], relearn)
-    preflight(cfg, [cfg.policy])
-    from tracking.store import tracking_uri as resolve
+    plans = check_plans(cfg, start, end, [cfg.policy], relearn)
+    preflight(cfg, [cfg.policy], lm=False)
+    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri)) is not None:
+        rows = said[cfg.policy]
+    else:
+        preflight(cfg, [cfg.policy])
+        from tracking.store import tracking_uri as resolve
 
-    with said_when_full(cfg, start, end, relearn, resolve(str(workdir), tracking_uri)):
-        use_workdir(workdir)
-        use_tracking(workdir, tracking_uri)
-        from flows.stream import learn_stream
+        with said_when_full(cfg, start, end, relearn, resolve(str(workdir), tracking_uri)):
+            use_workdir(workdir)
+            use_tracking(workdir, tracking_uri)
+            from flows.stream import learn_stream
 
-        with refused_plans():
-            rows = learn_stream(cfg, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
-                                relearn=relearn)
+            with refused_plans():
+                rows = learn_stream(cfg, start, end, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait,
+                                    relearn=relearn)
     console.print(table(f"{cfg.name} on {source}", rows, ["date", "tokens_seen", "entries_stored", "memrate_day",
                                                             "entries", "ppl_lm", "ppl", "accuracy"]))
     root = memory_root(cfg.workdir, cfg.name)  # the bare LM and a parametric learner keep no memory
@@ -142,14 +188,20 @@ def compare(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start
     for policy in names:
         with clear_errors(ValueError):
             cfg.model_validate(cfg.model_dump() | {"policy": policy})
-    check_plans(cfg, start, end, names)
-    preflight(cfg, names)
-    use_workdir(workdir)
-    use_tracking(workdir, tracking_uri)
-    from flows.compare import compare_policies
+    plans = check_plans(cfg, start, end, names)
+    preflight(cfg, names, lm=False)
+    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri, comparison=True)) is not None:
+        from monim.evaluation.totals import summarize
 
-    with refused_plans():
-        summary = compare_policies(cfg, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
+        summary = {policy: summarize(rows) for policy, rows in said.items()}
+    else:
+        preflight(cfg, names)
+        use_workdir(workdir)
+        use_tracking(workdir, tracking_uri)
+        from flows.compare import compare_policies
+
+        with refused_plans():
+            summary = compare_policies(cfg, start, end, names, tracking_uri=tracking_uri, evaluation=evaluation, wait=wait)
     print_summary(f"policies on {source}", summary)
     console.print(f"report: {workdir / 'report' / 'report.md'}")
     emit({"policies": summary, "report": str(workdir / "report" / "report.md")}, as_json)

@@ -27,15 +27,22 @@ def memory_dir(workdir: Path, policy: Optional[str]) -> Path:
 
 
 def open_memory(workdir: Path, policy: Optional[str], as_of: Optional[str], **overrides) -> Memory:
-    """Θ as the chosen memory describes itself (monim.theta.memory.Memory.open), with a reader's overrides."""
-    from monim.core.manifest import ManifestError, MemoryMismatch
-    from monim.storage.memory_settings import SettingsMismatch
+    """Θ as the chosen memory describes itself (monim.theta.memory.Memory.open), with a reader's overrides; what
+    is refused (no such memory, no day by --as-of, an override that changes what was learned) is refused from its
+    manifest, before torch and the LM."""
+    from monim.core.manifest import ManifestError, MemoryMismatch, recorded
+    from monim.storage.datastore import Datastore
+    from monim.storage.memory_settings import Settings, SettingsMismatch
+
+    root, overrides = memory_dir(workdir, policy), {k: v for k, v in overrides.items() if v is not None}
+    day = option_date(as_of)
+    with clear_errors(ManifestError, SettingsMismatch, ValueError):
+        ds = Datastore.read(root)
+        Settings.from_dict(recorded(ds.manifest)).read_with(**overrides)
+    first = ds.days[0].date if ds.days else None
+    if day is not None and (first is None or day.isoformat() < first):
+        raise fail(f"--as-of {as_of}: {root} holds no day on or before it (its first day is {first or 'not learned yet'})")
     from monim.theta.memory import Memory
 
-    root = memory_dir(workdir, policy)
     with clear_errors(ManifestError, MemoryMismatch, SettingsMismatch, ValueError):
-        memory = Memory.open(root, as_of=option_date(as_of), **{k: v for k, v in overrides.items() if v is not None})
-    first = memory.ds.days[0].date if memory.ds.days else None
-    if as_of is not None and (first is None or option_date(as_of).isoformat() < first):
-        raise fail(f"--as-of {as_of}: {root} holds no day on or before it (its first day is {first or 'not learned yet'})")
-    return memory
+        return Memory.open(root, as_of=day, **overrides)

@@ -11,6 +11,7 @@ from cli.errors import clear_errors, fail, option_date
 
 if TYPE_CHECKING:
     from monim.core.config import RunConfig
+    from monim.plan import Plan
 
 
 @contextmanager
@@ -26,16 +27,18 @@ def refused_plans() -> Iterator[None]:
 
 
 def check_plans(cfg: RunConfig, start: Optional[str], end: Optional[str], policies: Sequence[str],
-                relearn: Sequence[str] = ()) -> None:
+                relearn: Sequence[str] = ()) -> dict[str, Plan]:
     """Plan each policy's range from START to END (dates, in order; `relearn`: ISO dates) before any work, or end
-    in one line; a range without articles for any policy is refused here (a flow learns nothing from it)."""
+    in one line; a range without articles for any policy is refused here (a flow learns nothing from it). The
+    plans, by policy."""
     from monim.plan import plan
 
     first, last = option_date(start), option_date(end)
     if first and last and first > last:
         raise fail(f"--start {start} is after --end {end}: the range holds no day")
     with refused_plans():
-        dates = [plan(cfg.model_copy(update={"policy": policy}), first, last, [dt.date.fromisoformat(d) for d in relearn]).dates
-                 for policy in policies]
-    if not any(dates):
+        plans = {policy: plan(cfg.model_copy(update={"policy": policy}), first, last,
+                              [dt.date.fromisoformat(d) for d in relearn]) for policy in policies}
+    if not any(p.dates for p in plans.values()):
         raise fail(f"{cfg.source} has no articles between {start or 'the start'} and {end or 'the end'}")
+    return plans

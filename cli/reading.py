@@ -83,13 +83,14 @@ def evaluate(fields: Fields, workdir: Path = WORKDIR, policy: Optional[str] = PO
     source's articles (overall and per period), a text file, and multiple-choice questions, by the
     evaluation suite's rules."""
     from monim.data.feed import StreamError
-    from monim.evaluation.suite import evaluate_memory
 
     if source is None and text is None and qa is None:
         raise fail("give --source (with --start/--end), --text or --qa")
     e = evaluation(period, None, text, text_chars, 7, qa, str(shots), half_life, max_age)
     memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, skip_threshold=skip,
                          half_life=half_life, max_age=max_age)
+    from monim.evaluation.suite import evaluate_memory
+
     with clear_errors(FileNotFoundError, StreamError, ValueError):
         result = evaluate_memory(memory, e, source, option_date(start), option_date(end), split, memory.features(workdir / "features"),
                                  fields)
@@ -112,13 +113,14 @@ def generate(prompt: str = typer.Option(..., "--prompt", help="The text to conti
              constant_lam: bool = CONSTANT_LAM, half_life: Optional[float] = HALF_LIFE, max_age: Optional[int] = MAX_AGE,
              as_json: bool = AS_JSON) -> None:
     """Continue a prompt with the up-to-date model (the LM interpolated with a memory), greedy or sampled."""
-    from monim.serving.generate import generate as generate_text
     from monim.serving.generation import GenerateConfig
 
     with clear_errors(ValueError):
         cfg = GenerateConfig(max_new_tokens, temperature, top_p, seed, retrieve=retrieve)
     memory = open_memory(workdir, policy, as_of, calibrated=False if constant_lam else None, half_life=half_life,
                          max_age=max_age)
+    from monim.serving.generate import generate as generate_text
+
     with clear_errors(ValueError):
         gen = generate_text(memory.lm, prompt, memory, cfg)
     typer.echo(prompt + gen.text)

@@ -13,15 +13,14 @@ from cli.errors import clear_errors, fail
 from cli.options import AS_JSON, END, FEED, HALF_LIFE, MAX_AGE, START, TRACKING, WAIT, WORKDIR, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
-    from monim.core.config import RunConfig
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig, RunConfig
 
 
 def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, text: Optional[Path] = None,
                text_chars: Optional[int] = None, text_every: int = 7, qa: Optional[Path] = None, shots: str = "0",
                half_life: Optional[float] = None, max_age: Optional[int] = None) -> EvalConfig:
     """The evaluation suite's settings (monim.evaluation.suite.EvalConfig), or a clear error."""
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig
 
     for path in (text, qa):
         if path is not None and not path.is_file():

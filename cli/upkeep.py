@@ -95,7 +95,6 @@ def forget(workdir: Path = WORKDIR,
     from monim.storage.datastore import Datastore
     from monim.storage.forgotten import forgotten_ids
     from monim.storage.workdirs import memories, write_view
-    from monim.theta.memory import Memory
 
     if not doc and not days:
         raise fail("give --doc ID or --day DATE")
@@ -109,6 +108,8 @@ def forget(workdir: Path = WORKDIR,
     if unknown:
         raise fail(f"no memory in {workdir} holds {', '.join(unknown)} (nothing was removed)")
     removed, registered, before = {}, {}, {ds.root.name: ds.checksum() for ds in stores}
+    from monim.theta.memory import Memory
+
     for root in roots:
         with clear_errors(ValueError):
             memory = Memory.open(root, removing=tuple(days))  # a damaged day is forgotten, never copied into another commit

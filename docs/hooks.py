@@ -129,8 +129,7 @@ def option_rows() -> list[dict]:
 
     from cli import app
     from cli.options import CALIBRATOR
-    from monim.core.config import RunConfig
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig, RunConfig
 
     group = typer.main.get_command(app)
     rows: dict[str, dict] = {}
@@ -200,7 +199,7 @@ def settings_page() -> str:
             "deployment and in Python. A run's settings are the fields of `monim.core.config.RunConfig`, one name "
             "each: `--max-docs 16` on the command line is `parameters: {run: {max_docs: 16}}` in "
             "`deployments/prefect.yaml` (`run.max_docs` below) and `RunConfig(max_docs=16)` in Python; the "
-            "evaluation suite's are `monim.evaluation.suite.EvalConfig`'s (`parameters: {evaluation: {period: "
+            "evaluation suite's are `monim.core.config.EvalConfig`'s (`parameters: {evaluation: {period: "
             "month}}`); a few are the flow's own parameters (`start`, `end`: the `backfill` deployment's). "
             "An option not given takes the default shown, the same in a deployment and in Python, but for `source`: the "
             "command line needs it, a deployment reads it from `$MONIM_SOURCE` when deployed, and Python's RunConfig "

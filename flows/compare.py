@@ -11,9 +11,8 @@ from flows.evaluate import evaluate_runs
 from flows.report import report_runs
 from flows.stream import as_date, learn_stream
 from monim.core import catalogue
-from monim.core.config import RunConfig
+from monim.core.config import EvalConfig, RunConfig
 from monim.evaluation.report import policies_table
-from monim.evaluation.suite import EvalConfig
 from monim.evaluation.totals import summarize
 from monim.plan import plan
 from tracking.runs import ended, experiment_name, fetch_runs, log_side_by_side, open_comparison

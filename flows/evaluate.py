@@ -10,8 +10,7 @@ from typing import Callable
 
 from prefect import flow
 
-from monim.core.config import RunConfig
-from monim.evaluation.suite import EvalConfig, period_of
+from monim.core.config import EvalConfig, RunConfig, period_of
 from monim.run import recorded_days
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
 from tracking.logged import step_of

@@ -11,10 +11,9 @@ from prefect import flow
 
 from flows.day import learn_day
 from flows.evaluate import evaluate_runs
-from monim.core.config import RunConfig
+from monim.core.config import EvalConfig, RunConfig
 from monim.core.lock import hold
 from monim.data.stream import FeedStalled, check_feed
-from monim.evaluation.suite import EvalConfig
 from monim.plan import Plan, last_read, plan
 from monim.run import MemoryRun, open_run, recorded_days
 from monim.storage import workdirs
@@ -80,16 +79,8 @@ def learn_stream(run: RunConfig, start: str | None = None, end: str | None = Non
 
 def say_plan(cfg: RunConfig, todo: Plan) -> None:
     """The range in the run's log: its days, those learned, forgotten and left to learn."""
-    logger().info("%s: %d days in range, %d already learned, %d forgotten, %d to learn", cfg.name, len(todo.dates),
-                  len(todo.seen), len(todo.forgotten), len(todo.todo))
-    for date, event in todo.forgotten.items():
-        if date not in todo.relearn:
-            logger().warning("%s: %s was forgotten on %s%s: its %d records not learned again (`--relearn %s` learns it)",
-                             cfg.name, date, event["when"], f" ({event['reason']})" if event.get("reason") else "",
-                             todo.records[date], date)
-    if todo.dates and not todo.todo:
-        logger().info("%s: every day from %s to %s is learned or forgotten: nothing to learn", cfg.name, todo.dates[0],
-                      todo.dates[-1])
+    for level, message in todo.said(cfg.name):
+        logger().log(level, "%s", message)
 
 
 @flow(name="monim-yesterday")

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
-from monim.core.config import RunConfig
-from monim.core.manifest import read_manifest
+from monim.core.catalogue import MEMORY
+from monim.core.config import DEFAULT_MODEL, RunConfig
+from monim.core.manifest import MemoryMismatch, read_manifest
 from monim.data.day import records
 from monim.data.feed import Fields
 from monim.data.stream import Gathered, arrived_after, read_range
 from monim.storage import workdirs
 from monim.storage.forgotten import check_relearn, forgotten_days
+from monim.storage.memory_settings import Settings, refuse_other
 
 
 class RangeError(ValueError):
@@ -88,6 +91,27 @@ class Plan:
         """The learned days of the range this run reads again (for the articles they got since)."""
         return [d for d in self.dates if d in self.learned and d not in self.relearn]
 
+    @property
+    def nothing_new(self) -> bool:
+        """Nothing to learn, and no record arrived for a learned day since it was learned: a run over the
+        range changes nothing in its memory and says nothing new."""
+        return not self.todo and not self.arrived
+
+    def said(self, name: str) -> list[tuple[int, str]]:
+        """The range as a run's log says it, (logging level, message): its days, those learned, forgotten and
+        left to learn."""
+        out = [(logging.INFO, f"{name}: {len(self.dates)} days in range, {len(self.seen)} already learned, "
+                              f"{len(self.forgotten)} forgotten, {len(self.todo)} to learn")]
+        for date, event in self.forgotten.items():
+            if date not in self.relearn:
+                reason = f" ({event['reason']})" if event.get("reason") else ""
+                out.append((logging.WARNING, f"{name}: {date} was forgotten on {event['when']}{reason}: its "
+                                             f"{self.records[date]} records not learned again (`--relearn {date}` learns it)"))
+        if self.dates and not self.todo:
+            out.append((logging.INFO, f"{name}: every day from {self.dates[0]} to {self.dates[-1]} is learned or "
+                                      "forgotten: nothing to learn"))
+        return out
+
     def since(self, date: dt.date) -> dt.date:
         """The first day whose records `date` counts: the day after the run's previous day with articles
         (days between hold only bad or late records), else the range's start (the feed's, if none)."""
@@ -104,6 +128,20 @@ def last_read(cfg: RunConfig) -> dt.date | None:
 def _manifest(cfg: RunConfig) -> dict:
     path = workdirs.memory_root(cfg.workdir, cfg.name) / "manifest.json"
     return read_manifest(path) if path.exists() else {}
+
+
+def refuse_settings(cfg: RunConfig, policies: Sequence[str]) -> None:
+    """Refuse, without the LM, a work directory whose memories another model learned (one model per work
+    directory), or a policy's memory learned with other settings, naming the fields (MemoryMismatch,
+    SettingsMismatch); the LM's weights and tokenizer are checked where a run opens its memory (monim.run)."""
+    model = cfg.model or DEFAULT_MODEL
+    for root in workdirs.memories(cfg.workdir):
+        if (built := read_manifest(root / "manifest.json")["model"]) != model:
+            raise MemoryMismatch(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
+    for policy in policies:
+        run = cfg.model_copy(update={"policy": policy})
+        if run.kind == MEMORY and (manifest := _manifest(run)):
+            refuse_other(manifest, model, Settings.of(run), where=workdirs.memory_root(run.workdir, run.name))
 
 
 def plan(cfg: RunConfig, start: dt.date | None = None, end: dt.date | None = None, relearn: Sequence[dt.date] = ()) -> Plan:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from monim.core.catalogue import BARE, LEARNER, MEMORY
-from monim.core.config import DEFAULT_MODEL, LEARNER_FIELDS, RunConfig
-from monim.core.manifest import MemoryMismatch, read_manifest
+from monim.core.config import LEARNER_FIELDS, RunConfig
+from monim.core.manifest import read_manifest
 from monim.core.recency import Recency
 from monim.data.day import SPLITS, Day
 from monim.data.stream import read_day
@@ -36,6 +36,7 @@ from monim.learning.parametric import Weights, load_day, train_day, trained_copy
 from monim.learning.policies import policy_params, run_policy
 from monim.lm.features import Features
 from monim.lm.model import LM, cached_lm
+from monim.plan import refuse_settings
 from monim.storage import forgotten, workdirs
 from monim.storage.datastore import Datastore
 from monim.storage.fsck import damage
@@ -371,9 +372,6 @@ def refuse_others(cfg: RunConfig, policies: list[str]) -> None:
     """Refuse, before any work, a work directory whose memories another model learned (one model per
     work directory), or a policy's memory another model, other weights or other settings learned
     (Memory refuses it, naming the fields); the runs stay open for the work that follows."""
-    model = cfg.model or DEFAULT_MODEL
-    for root in workdirs.memories(cfg.workdir):
-        if (built := read_manifest(root / "manifest.json")["model"]) != model:
-            raise MemoryMismatch(f"{root} was learned with model {built!r}, not {model!r}: use another --workdir")
+    refuse_settings(cfg, policies)
     for policy in policies:
         open_run(cfg.model_copy(update={"policy": policy})).memory

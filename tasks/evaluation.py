@@ -16,12 +16,10 @@ from typing import Iterator
 
 from prefect import task
 
-from monim.core.config import RunConfig
+from monim.core.config import EvalConfig, RunConfig, period_of
 from monim.data.day import Day
 from monim.evaluation.suite import (
-    EvalConfig,
     View,
-    period_of,
     period_results,
     period_sets,
     qa_results,

@@ -259,6 +259,59 @@ def test_the_cli_imports_prefect_only_after_it_sets_prefects_home():
                           cwd=Path(__file__).parents[1]).stdout.strip() == "[]"
 
 
+# `monim ARGS` in this process, saying on its last stderr line which heavy libraries it imported
+HEAVY = ("torch", "transformers", "faiss", "prefect", "mlflow")
+LIGHT_RUN = ("import atexit, json, sys\n"
+             f"atexit.register(lambda: print(json.dumps([m for m in {HEAVY} if m in sys.modules]), file=sys.stderr))\n"
+             "sys.argv = ['monim', *sys.argv[1:]]\nfrom cli import app\napp()")
+
+
+def imported(monim, *args) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`monim ARGS` run as a user runs it, and the heavy libraries (HEAVY) it imported."""
+    proc = subprocess.run([sys.executable, "-c", LIGHT_RUN, *map(str, args)], capture_output=True, text=True,
+                          env=monim.env(), timeout=900)
+    return proc, json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def test_refusals_come_before_torch_prefect_and_mlflow(monim, learned, tmp_path):
+    """A refused argument or setting is decided from the options, the feed and the memory's manifest: no heavy import."""
+    workdir, model, _ = learned
+    for args, said in [(("learn", "--source", DEMO, "--start", "1987-03-05", "--end", "1987-03-02"), "is after --end"),
+                       (("learn", "--source", DEMO, "--start", "2020-01-01", "--end", "2020-01-31"), "no articles between"),
+                       (("learn", "--source", DEMO, "--period", "year"), "period must be one of"),
+                       (("learn", "--source", DEMO, "--start", "1987-03-04", "--end", "1987-03-04", "--workdir", workdir),
+                        "was learned with model"),
+                       (("compare", "--source", DEMO, "--start", "1987-03-02", "--end", "1987-03-04", "--policies",
+                         "fullmem", "--stride", 256, "--model", model, "--workdir", workdir), "field 'window.stride'"),
+                       (("generate", "--workdir", workdir, "--prompt", "x", "--top-p", 2), "top_p must be in"),
+                       (("generate", "--workdir", workdir, "--prompt", "x", "--as-of", "1987-03-01"), "holds no day"),
+                       (("generate", "--workdir", workdir, "--prompt", "x", "--max-age", -1), "max_age"),
+                       (("forget", "--workdir", workdir, "--doc", "no-such-id"), "holds document 'no-such-id'")]:
+        proc, heavy = imported(monim, *args, *(("--workdir", tmp_path) if "--workdir" not in args else ()))
+        assert proc.returncode == 2 and said in proc.stderr and heavy == [], (args, proc.stderr[-2000:], heavy)
+
+
+@pytest.mark.parametrize("verb", ["learn", "compare"])
+def test_nothing_new_to_learn_answers_from_the_work_directory_as_the_flow_did(monim, verb, tiny_model_dir, tmp_path):
+    """Run again over learned days, a command says what the flows said (the same JSON) without Prefect, MLflow or
+    the LM; with a day more to learn, the flows run."""
+    def command(end: str) -> list:
+        what = ["learn", "--policy", "monim-amt"] if verb == "learn" else ["compare", "--policies", "fullmem,monim-amt"]
+        return [*what, "--source", DEMO, "--start", "1987-03-02", "--end", end, "--workdir", tmp_path, "--model",
+                tiny_model_dir("gpt2"), "--max-docs", 1, "--json"]
+
+    flow = monim(*command("1987-03-02")).stdout.strip().splitlines()[-1]
+    again, heavy = imported(monim, *command("1987-03-02"))
+    assert again.returncode == 0 and heavy == [], again.stderr[-2000:]
+    assert again.stdout.strip().splitlines()[-1] == flow  # as text: NaN is not equal to itself
+    assert "every day from 1987-03-02 to 1987-03-02 is learned or forgotten: nothing to learn" in again.stderr
+    more, heavy = imported(monim, *command("1987-03-03"))
+    assert more.returncode == 0 and {"prefect", "mlflow"} <= set(heavy), more.stderr[-2000:]
+    out = json.loads(more.stdout.strip().splitlines()[-1])
+    days = [len(out["rows"])] if verb == "learn" else [s["days"] for s in out["policies"].values()]
+    assert days == ([2] if verb == "learn" else [2, 2])
+
+
 def memory_arrays(workdir, name="fullmem"):
     from monim.storage.datastore import Datastore
 

@@ -6,8 +6,7 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from monim.core.config import RunConfig
-from monim.evaluation.suite import EvalConfig
+from monim.core.config import EvalConfig, RunConfig
 from monim.storage.workdirs import memory_root
 from tracking.runs import run_params
 

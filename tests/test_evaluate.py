@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from helpers import learned_memory, nearest_by_numpy
-from monim.core.config import DEMO_STREAM
+from monim.core.config import DEMO_STREAM, EvalConfig, period_of
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
-from monim.evaluation.evaluate import combine, evaluate, evaluate_many
-from monim.evaluation.suite import EvalConfig, period_of, period_sets
+from monim.evaluation.evaluate import evaluate, evaluate_many
+from monim.evaluation.suite import period_sets
+from monim.evaluation.totals import combine
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.lm.scoring import score, with_neighbors

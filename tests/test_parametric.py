@@ -127,9 +127,9 @@ def test_a_parametric_stream_trains_each_day_once_and_is_evaluated_with_its_weig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from flows.compare import compare_policies
+    from monim.core.config import EvalConfig
     from monim.data.feed import open_feed
     from monim.data.stream import iter_days
-    from monim.evaluation.suite import EvalConfig
     from monim.run import recorded_days
     from tracking.runs import experiment_name, fetch_runs
     from tracking.store import tracking_uri

@@ -103,7 +103,7 @@ def test_report_has_the_papers_tables(suite):
 def test_rerunning_the_suite_logs_nothing_twice(suite):
     from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig
 
     workdir, model, client, runs, qa = suite
     base = RunConfig(source=str(DEMO_STREAM), workdir=str(workdir), model=model, max_docs=2)
@@ -119,7 +119,7 @@ def test_rerunning_the_suite_logs_nothing_twice(suite):
 
 
 def test_checkpoint_days():
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig
 
     days = [f"2022-06-{d:02d}" for d in range(1, 16) if d != 10]  # a day without news
     at = EvalConfig(period="week", text_every=7).checkpoints(days)
@@ -133,7 +133,7 @@ def test_the_suites_cache_key_is_a_short_file_name_for_many_runs(tmp_path):
     once made a name over 255 characters, and the results were not kept."""
     from types import SimpleNamespace
 
-    from monim.evaluation.suite import EvalConfig
+    from monim.core.config import EvalConfig
     from tasks.evaluation import _suite_key
 
     policies = ["bare", "fullmem", "monim-amt", "greedy-merge", "finetune", "mix-review", "recadam"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 
+from monim.core.numbers import rounded
 from monim.storage import workdirs
 from tracking.charts import NOT_LOGGED, chart_name
 from tracking.store import client, sqlite_file, store_lock
@@ -113,3 +115,10 @@ def _check_steps(uri: str, workdir: str, repair: bool) -> list[dict]:
                 problems.append({"where": where, "what": f"steps {twice} logged more than once", "repaired": False,
                                  "repair": None})
     return problems
+
+
+def side_by_side(summary: dict[str, dict]) -> dict[str, float]:
+    """A comparison's metrics: each policy's totals (monim.evaluation.totals.summarize) as `<policy>/<total>` at
+    the terminal's digits, which MLflow's run page groups by policy ('+' reads ' with ': no metric name takes it)."""
+    return {f"{p.replace('+', ' with ')}/{k}": rounded(float(v)) for p, totals in summary.items() for k, v in totals.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}

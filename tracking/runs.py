@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import tempfile
 import time
 from contextlib import contextmanager
@@ -14,12 +13,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from monim.core.config import DEFAULT_MODEL, RunConfig
-from monim.core.numbers import rounded
 from monim.data.stream import list_dates
 from monim.run import make_run
 from monim.storage import workdirs
 from tracking.charts import NOT_LOGGED, VIEW, VIEW_TAG, row_key, saved_view
-from tracking.logged import MARK, log_metrics, logged_steps, memory_runs
+from tracking.logged import MARK, log_metrics, logged_steps, memory_runs, side_by_side
 from tracking.store import client, one_at_a_time
 
 KIND = "mlflow.experimentKind"
@@ -199,15 +197,11 @@ def log_summary(run_id: str, uri: str, rows: list[dict]) -> None:
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 @one_at_a_time
 def log_side_by_side(run_id: str, uri: str, summary: dict[str, dict]) -> None:
-    """A comparison's run: each policy's totals (monim.evaluation.totals.summarize) as metrics `<policy>/<total>`
-    at the terminal's digits, which MLflow's run page groups by policy ('+' reads ' with ': no metric
-    name takes it)."""
+    """A comparison's run: each policy's totals as metrics (tracking.logged.side_by_side)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    client(uri).log_batch(run_id, metrics=[
-        Metric(f"{p.replace('+', ' with ')}/{k}", rounded(float(v)), now, 0) for p, totals in summary.items()
-        for k, v in totals.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)])
+    client(uri).log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in side_by_side(summary).items()])
 
 
 @task(retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)

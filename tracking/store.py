@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Callable, ContextManager, ParamSpec, TypeVar
 
@@ -85,10 +85,37 @@ def ensure_store(uri: str) -> None:
     if db.exists() and (damage := sqlite_damage(db)):
         raise ValueError(f"{db}: the MLflow store is damaged ({damage}); move it aside (mv {db} {db}.damaged): "
                          "`monim fsck --repair` logs the days again from the memories")
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    artifacts = (db.parent / "mlartifacts").as_uri()
-    create_once(db, lambda tmp: SqlAlchemyStore(f"sqlite:///{tmp}", artifacts).engine.dispose())
+    def make(tmp: Path) -> None:  # MLflow imported only to make a store: its import takes seconds
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        SqlAlchemyStore(f"sqlite:///{tmp}", (db.parent / "mlartifacts").as_uri()).engine.dispose()
+
+    create_once(db, make)
+
+
+def tracked(uri: str, tags: dict[str, str]) -> str | None:
+    """The id of a run (not deleted) with these tags in a local SQLite store, read without MLflow (its import
+    takes seconds); None where there is none, or for another store."""
+    has = " and ".join(["exists (select 1 from tags t where t.run_uuid = r.run_uuid and t.key = ? and t.value = ?)"] * len(tags))
+    found = _query(uri, f"select r.run_uuid from runs r where r.lifecycle_stage = 'active' and {has} limit 1",
+                   [x for kv in tags.items() for x in kv])
+    return found[0][0] if found else None
+
+
+def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """A run's metrics as they stand (each key's latest value) in a local SQLite store, read without MLflow."""
+    return dict(_query(uri, "select key, value from latest_metrics where run_uuid = ?", [run_id]))
+
+
+def _query(uri: str, sql: str, params: list) -> list[tuple]:
+    """Rows of a read-only query of a local SQLite store (waiting while a writer holds it); none for another store."""
+    import sqlite3
+
+    if (db := sqlite_file(uri)) is None or not db.exists():
+        return []
+    with store_lock(uri, write=False), closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as store:
+        return store.execute(sql, params).fetchall()
 
 
 def client(uri: str):

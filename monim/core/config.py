@@ -1,10 +1,11 @@
 """The settings, at the bottom of the library: a run's (RunConfig) and the parts Θ and the learners
 are built from (how text is windowed, the index, the calibrator, the policy's parameters, a
-parametric learner's knobs), each a named, typed field with its default and what it means. Nothing
+parametric learner's knobs) and the evaluation suite's (EvalConfig), each a named, typed field with its default and what it means. Nothing
 here imports torch: the command line's options are made from these fields (cli/options.py)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import math
 import os
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from monim.core import catalogue
 from monim.core.catalogue import LEARNER, MEMORY
+from monim.core.recency import Recency
 
 DEMO_STREAM = Path(__file__).parents[1] / "data" / "reuters-1987-03-02_03-13.jsonl.gz"
 ContextMode = Literal["carry", "document", "recompute"]
@@ -343,3 +345,54 @@ class RunConfig(BaseModel):
         if self.kind != LEARNER:
             ignored |= set(LEARNER_FIELDS)  # memory runs ignore the learners' settings
         return hashlib.sha256(self.model_dump_json(exclude=ignored).encode()).hexdigest()[:12]
+
+
+PERIODS = ("month", "week")
+
+
+@dataclass
+class EvalConfig:
+    """What the evaluation suite measures after learning; None switches a measure off."""
+
+    period: str | None = None  # "month" or "week": PPL on each period's test set as of each period's end
+    period_docs: int | None = None  # test articles per period (spread over it); None: all
+    text: str | None = None  # general-domain text (WikiText) for the forgetting probe
+    text_chars: int | None = None  # only its first characters
+    text_every: int = 7  # days between forgetting probes
+    qa: str | None = None  # multiple-choice questions (JSONL), answered with the final memory
+    shots: tuple[int, ...] = (0,)  # solved examples before each question
+    qa_days_after: int = 7  # questions dated up to this many days after the last learned day count
+    half_life: float | None = None  # recency (monim.core.recency): neighbours' kNN weight halves every half_life days of age
+    max_age: int | None = None  # recency: entries older than this many days are not searched
+
+    def __post_init__(self) -> None:
+        if self.period not in (None, *PERIODS):
+            raise ValueError(f"period must be one of {PERIODS}, got {self.period!r}")
+        self.shots = tuple(int(k) for k in self.shots)
+        self.recency = Recency(self.half_life, self.max_age)  # checks them
+
+    def qa_window(self, first: dt.date | None, last: dt.date | None) -> tuple[dt.date | None, dt.date | None]:
+        """The questions a run learned from `first` to `last` is asked: dated from its first day to
+        `qa_days_after` days after its last (None: a memory that learned nothing is asked them all)."""
+        return first, None if last is None else last + dt.timedelta(days=self.qa_days_after)
+
+    def checkpoints(self, dates: list[str]) -> dict[str, list[str]]:
+        """When each measure is taken: the last learned day of each period; every `text_every` days
+        (and the last day) for the forgetting probe; the last day for QA."""
+        dates = sorted(dates)
+        ends: dict[str, str] = {}
+        if self.period:
+            for d in dates:
+                ends[period_of(dt.date.fromisoformat(d), self.period)] = d
+        probes = sorted({*dates[self.text_every - 1 :: self.text_every], dates[-1]}) if dates else []
+        return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
+
+
+def period_of(date: dt.date, by: str) -> str:
+    """The period a date falls in: '2022-06' by month, '2022-W23' by ISO week."""
+    if by == "month":
+        return f"{date:%Y-%m}"
+    if by == "week":
+        year, week, _ = date.isocalendar()
+        return f"{year}-W{week:02d}"
+    raise ValueError(f"period must be one of {PERIODS}, got {by!r}")

@@ -13,6 +13,7 @@ import numpy as np
 
 from monim.core.config import ScoreConfig
 from monim.data.feed import Document
+from monim.evaluation.totals import nothing_scored
 from monim.lm.features import Features
 from monim.lm.model import LM
 from monim.lm.scoring import with_neighbors
@@ -66,35 +67,12 @@ class _Tally:
 
     def result(self) -> dict:
         if not self.n:
-            return {k: 0 if k == "tokens" else math.nan for k in (*PER_TOKEN, *PER_NOVEL_TOKEN, "tokens", "twin_share")}
+            return nothing_scored()
         novel = {"ppl_novel": math.exp(self.nll_novel / self.n_novel), "ppl_lm_novel": math.exp(self.nll_lm_novel / self.n_novel)
                  } if self.n_novel else {"ppl_novel": math.nan, "ppl_lm_novel": math.nan}
         return {"tokens": self.n, "ppl_lm": math.exp(self.nll_lm / self.n), "ppl": math.exp(self.nll / self.n),
                 "accuracy_lm": self.hits_lm / self.n, "accuracy": self.hits / self.n, "skipped": self.skipped / self.n,
                 "twin_share": 1 - self.n_novel / self.n} | novel
-
-
-PER_TOKEN = ("ppl_lm", "ppl", "accuracy_lm", "accuracy", "skipped")  # means over all tokens
-PER_NOVEL_TOKEN = ("ppl_lm_novel", "ppl_novel")  # over the tokens of articles without a twin in memory
-
-
-def combine(results: list[dict]) -> dict:
-    """Several evaluations as one: token-weighted means (geometric for perplexities)."""
-    results = [r for r in results if r.get("tokens")]
-    n = sum(r["tokens"] for r in results)
-    if not n:
-        return _Tally().result()
-    out = {"tokens": n, "twin_share": sum(r.get("twin_share", 0.0) * r["tokens"] for r in results) / n}
-    for key in ("ppl_lm", "ppl"):
-        out[key] = math.exp(sum(math.log(r[key]) * r["tokens"] for r in results) / n)
-    for key in ("accuracy_lm", "accuracy", "skipped"):
-        out[key] = sum(r.get(key, 0.0) * r["tokens"] for r in results) / n
-    novel = [(r["tokens"] * (1 - r.get("twin_share", 0.0)), r) for r in results
-             if not math.isnan(r.get("ppl_novel", math.nan))]
-    n_novel = sum(w for w, _ in novel)
-    for key in PER_NOVEL_TOKEN:
-        out[key] = math.exp(sum(math.log(r[key]) * w for w, r in novel if w) / n_novel) if n_novel else math.nan
-    return out
 
 
 def shared_features(lm: LM, memories: dict, features: Features | None) -> Features:

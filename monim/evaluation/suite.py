@@ -9,72 +9,21 @@ hidden states of one LM pass (None: the LM alone).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Literal
 
 import numpy as np
 
-from monim.core.recency import Recency
+from monim.core.config import EvalConfig, period_of
 from monim.data.feed import Document, Fields, open_feed
 from monim.data.stream import iter_days
-from monim.evaluation.evaluate import combine, evaluate_many
+from monim.evaluation.evaluate import evaluate_many
 from monim.evaluation.qa import answer_questions, read_questions
+from monim.evaluation.totals import combine
 from monim.lm.features import Features
 from monim.lm.model import LM
 
 View = tuple[LM, Features, dict]
-
-PERIODS = ("month", "week")
-
-
-@dataclass
-class EvalConfig:
-    """What the evaluation suite measures after learning; None switches a measure off."""
-
-    period: str | None = None  # "month" or "week": PPL on each period's test set as of each period's end
-    period_docs: int | None = None  # test articles per period (spread over it); None: all
-    text: str | None = None  # general-domain text (WikiText) for the forgetting probe
-    text_chars: int | None = None  # only its first characters
-    text_every: int = 7  # days between forgetting probes
-    qa: str | None = None  # multiple-choice questions (JSONL), answered with the final memory
-    shots: tuple[int, ...] = (0,)  # solved examples before each question
-    qa_days_after: int = 7  # questions dated up to this many days after the last learned day count
-    half_life: float | None = None  # recency (monim.core.recency): neighbours' kNN weight halves every half_life days of age
-    max_age: int | None = None  # recency: entries older than this many days are not searched
-
-    def __post_init__(self) -> None:
-        if self.period not in (None, *PERIODS):
-            raise ValueError(f"period must be one of {PERIODS}, got {self.period!r}")
-        self.shots = tuple(int(k) for k in self.shots)
-        self.recency = Recency(self.half_life, self.max_age)  # checks them
-
-    def qa_window(self, first: dt.date | None, last: dt.date | None) -> tuple[dt.date | None, dt.date | None]:
-        """The questions a run learned from `first` to `last` is asked: dated from its first day to
-        `qa_days_after` days after its last (None: a memory that learned nothing is asked them all)."""
-        return first, None if last is None else last + dt.timedelta(days=self.qa_days_after)
-
-    def checkpoints(self, dates: list[str]) -> dict[str, list[str]]:
-        """When each measure is taken: the last learned day of each period; every `text_every` days
-        (and the last day) for the forgetting probe; the last day for QA."""
-        dates = sorted(dates)
-        ends: dict[str, str] = {}
-        if self.period:
-            for d in dates:
-                ends[period_of(dt.date.fromisoformat(d), self.period)] = d
-        probes = sorted({*dates[self.text_every - 1 :: self.text_every], dates[-1]}) if dates else []
-        return {"periods": sorted(ends.values()), "text": probes, "qa": dates[-1:]}
-
-
-def period_of(date: dt.date, by: str) -> str:
-    """The period a date falls in: '2022-06' by month, '2022-W23' by ISO week."""
-    if by == "month":
-        return f"{date:%Y-%m}"
-    if by == "week":
-        year, week, _ = date.isocalendar()
-        return f"{year}-W{week:02d}"
-    raise ValueError(f"period must be one of {PERIODS}, got {by!r}")
-
 
 def period_sets(source: str, start: dt.date | None, end: dt.date | None, by: str, seed: int = 0,
                 max_docs: int | None = None, split: str = "test", fields: Fields | None = None,

@@ -7,10 +7,36 @@ import math
 import numpy as np
 
 from monim.core.numbers import rounded
-from monim.evaluation.evaluate import combine
+
+PER_TOKEN = ("ppl_lm", "ppl", "accuracy_lm", "accuracy", "skipped")  # means over all tokens
+PER_NOVEL_TOKEN = ("ppl_lm_novel", "ppl_novel")  # over the tokens of articles without a twin in memory
 
 # what a run achieved over its days so far, logged each day as the runs table's columns (the row's key + "_so_far")
 SO_FAR = ("ppl", "ppl_novel", "accuracy", "seconds_learn", "seconds_score_per_1k", "lm_tokens_per_token")
+
+
+def nothing_scored() -> dict:
+    """An evaluation of no token: 0 tokens, every mean NaN."""
+    return {k: 0 if k == "tokens" else math.nan for k in (*PER_TOKEN, *PER_NOVEL_TOKEN, "tokens", "twin_share")}
+
+
+def combine(results: list[dict]) -> dict:
+    """Several evaluations as one: token-weighted means (geometric for perplexities)."""
+    results = [r for r in results if r.get("tokens")]
+    n = sum(r["tokens"] for r in results)
+    if not n:
+        return nothing_scored()
+    out = {"tokens": n, "twin_share": sum(r.get("twin_share", 0.0) * r["tokens"] for r in results) / n}
+    for key in ("ppl_lm", "ppl"):
+        out[key] = math.exp(sum(math.log(r[key]) * r["tokens"] for r in results) / n)
+    for key in ("accuracy_lm", "accuracy", "skipped"):
+        out[key] = sum(r.get(key, 0.0) * r["tokens"] for r in results) / n
+    novel = [(r["tokens"] * (1 - r.get("twin_share", 0.0)), r) for r in results
+             if not math.isnan(r.get("ppl_novel", math.nan))]
+    n_novel = sum(w for w, _ in novel)
+    for key in PER_NOVEL_TOKEN:
+        out[key] = math.exp(sum(math.log(r[key]) * w for w, r in novel if w) / n_novel) if n_novel else math.nan
+    return out
 
 
 def summarize(rows: list[dict]) -> dict:
