@@ -41,10 +41,10 @@ import scipy.stats
 from rich.console import Console
 
 from monim.core.catalogue import followed_memrate
-from monim.core.config import RunConfig
+from monim.core.config import RunConfig, period_of
 from monim.data.dedup import twin_groups
 from monim.evaluation.evaluate import evaluate_many, theta_of
-from monim.evaluation.suite import period_of, text_document
+from monim.evaluation.suite import text_document
 from monim.lm.features import Features
 from monim.theta.memory import Memory
 from monim.evaluation.qa import answer_questions, read_questions, wilson

@@ -21,13 +21,12 @@ from pathlib import Path
 
 from benchmarks.harness import QUIZ, RTQA, WORK, parser, resume, save
 
-from monim.core.config import RunConfig
+from monim.core.config import EvalConfig, RunConfig
 from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features
 from monim.evaluation.qa import answer_questions, read_questions, wilson
 from monim.run import MemoryRun, make_run
 from monim.data.stream import list_dates
-from monim.evaluation.suite import EvalConfig
 
 POLICIES = "fullmem,monim-amt,ralm,ralm+monim-amt"
 PAIRED = ("ralm", "ralm+monim-amt")  # evaluated together: one RALM pass
