@@ -256,7 +256,7 @@ def calibrator(args) -> None:
         for label, groups in [("all (retrained from scratch)", FEATURE_GROUPS)] + [
                 (f"-{g}", tuple(x for x in FEATURE_GROUPS if x != g)) for g in FEATURE_GROUPS]:
             cal = train_calibrator(calibration, dataclasses.replace(base, groups=groups), interp.lam, interp.temperature)
-            ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.record}
+            ablation[label] = {"ppl": ppl_of(full, memory, cal), **cal.summary}
         ablation["constant λ"] = {"ppl": perplexity(full, interp)}
         results["ablation"] = ablation
     args.out.parent.mkdir(parents=True, exist_ok=True)
