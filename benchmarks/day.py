@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
               "compare_vs_lm": ran["seconds"] / lm["seconds"], "lm_pass_seconds": sum(
                   r["lm_pass"] for d in days for r in d["runs"].values()),
               "learn_seconds": sum(d["learn"] for d in days),
+              "evaluate_seconds": sum(r["evaluate"] for d in days for r in d["runs"].values()),
               "monim_vs_fullmem_learn_max": max((d["monim_vs_fullmem_learn"] for d in days if "monim_vs_fullmem_learn" in d),
                                                 default=None),
               "table": {p: {k: answer[p][k] for k in ("ppl", "memrate", "entries", "tokens_seen", "seconds_learn")}
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     save(args.out, result, args)
     print(f"{', '.join(policies)} over {len(dates)} days of {args.source.name} ({args.max_docs or 'every'} articles a day): "
           f"compare {ran['seconds']:.0f} s = {result['compare_vs_lm']:.2f}x the LM's {lm['seconds']:.0f} s "
-          f"({lm['tokens']} tokens at {lm['tokens_per_s']:.0f} tok/s; goal {GOALS['compare_vs_lm']}x)")
+          f"({lm['tokens']} tokens at {lm['tokens_per_s']:.0f} tok/s; goal {GOALS['compare_vs_lm']}x); inside it the LM's pass "
+          f"{result['lm_pass_seconds']:.0f} s, learning {result['learn_seconds']:.0f} s, evaluation {result['evaluate_seconds']:.0f} s")
     print("day        " + "".join(f"{p + ' learn s':>20}" for p in policies) + "   MoNIM/FullMem learn (goal 1.1)")
     for d in days:
         print(f"{d['date']} " + "".join(f"{d['runs'][p]['learn']:>20.1f}" if p in d["runs"] else f"{'-':>20}" for p in policies)
