@@ -104,6 +104,8 @@ def test_a_short_days_calibration_is_sized_to_the_day(tiny, tmp_path):
     cfg = CalibratorConfig(sample_tokens=1000, sample_share=0.25, sample_floor=100, max_epochs=1, hidden=16, layers=1, embed=8)
     assert [sample_budget(cfg, n) for n in (0, 200, 400, 2000, 10000)] == [100, 100, 100, 500, 1000]
     assert sample_budget(CalibratorConfig(source="validation"), 10000) == 0
+    default = CalibratorConfig()  # a full-volume Reuters day (1987-03-02: 108,503 training tokens) samples as before
+    assert sample_budget(default, 108_503) == default.sample_tokens > sample_budget(default, 34_216)
     for n_docs in (3, 30):
         train = [Document(f"d{n_docs}-{i}", D, story(100 * n_docs + i, 60)) for i in range(n_docs)]
         held = [Document(f"v{n_docs}", D, story(7, 60))]

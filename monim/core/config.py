@@ -120,8 +120,8 @@ class CalibratorConfig:
     source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.learning.calibration)
     sample_tokens: int = 16384  # the most training tokens sampled a day as calibration examples ("train", "yesterday")
     # the sample is this share of the day's training tokens, at least sample_floor: a short day's calibration
-    # searches and trains in proportion to the day (a full-volume day still fills sample_tokens)
-    sample_share: float = 0.125
+    # searches and trains in proportion to the day (a full-volume news day, ~100k tokens, still fills sample_tokens)
+    sample_share: float = 1 / 6
     sample_floor: int = 4096
     seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
     window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
