@@ -106,6 +106,7 @@ def test_a_short_days_calibration_is_sized_to_the_day(tiny, tmp_path):
     assert sample_budget(CalibratorConfig(source="validation"), 10000) == 0
     default = CalibratorConfig()  # a full-volume Reuters day (1987-03-02: 108,503 training tokens) samples as before
     assert sample_budget(default, 108_503) == default.sample_tokens > sample_budget(default, 34_216)
+    assert sample_budget(default, 5_300) > 5_300  # a demo day (16 articles) is sampled whole, as before
     for n_docs in (3, 30):
         train = [Document(f"d{n_docs}-{i}", D, story(100 * n_docs + i, 60)) for i in range(n_docs)]
         held = [Document(f"v{n_docs}", D, story(7, 60))]
