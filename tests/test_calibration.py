@@ -13,7 +13,7 @@ from monim.data.dedup import Signatures, containment, shingles, twin_groups
 from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate, evaluate_many
-from monim.learning.calibration import calibrate
+from monim.learning.calibration import calibrate, sample_budget
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.storage.entries import Entries
@@ -95,6 +95,29 @@ def test_twin_share_tells_copied_text_from_new(tiny, tmp_path):
     alone = evaluate(tiny, [new], memory)
     assert out["ppl_novel"] == pytest.approx(alone["ppl"], rel=1e-6) and out["ppl_lm_novel"] == pytest.approx(alone["ppl_lm"], rel=1e-6)
     assert evaluate_many(tiny, [new], {"bare": None})["bare"]["twin_share"] == 0.0
+
+
+def test_a_short_days_calibration_is_sized_to_the_day(tiny, tmp_path):
+    """The day's sample of calibration examples (what calibration searches the memory for and trains
+    on) takes a share of the day's training tokens, at least the floor and at most sample_tokens:
+    counted, on a short day and a long one."""
+    cfg = CalibratorConfig(sample_tokens=1000, sample_share=0.25, sample_floor=100, max_epochs=1, hidden=16, layers=1, embed=8)
+    assert [sample_budget(cfg, n) for n in (0, 200, 400, 2000, 10000)] == [100, 100, 100, 500, 1000]
+    assert sample_budget(CalibratorConfig(source="validation"), 10000) == 0
+    default = CalibratorConfig()  # a full-volume Reuters day (1987-03-02: 108,503 training tokens) samples as before
+    assert sample_budget(default, 108_503) == default.sample_tokens > sample_budget(default, 34_216)
+    assert sample_budget(default, 5_300) > 5_300  # a demo day (16 articles) is sampled whole, as before
+    for n_docs in (3, 30):
+        train = [Document(f"d{n_docs}-{i}", D, story(100 * n_docs + i, 60)) for i in range(n_docs)]
+        held = [Document(f"v{n_docs}", D, story(7, 60))]
+        day_tokens = sum(len(t) for t in tiny.tokenizer([d.text for d in train])["input_ids"])
+        held_tokens = len(tiny.tokenizer(held[0].text)["input_ids"]) - 1  # scored tokens: all but the first
+        memory = Memory(tmp_path / str(n_docs), tiny, Settings(calibrator=cfg))
+        memorize_day(memory, Day(D, train, held, []), make_policy("fullmem"))
+        summary = calibrate(memory, Day(D, train, held, []))
+        sampled = summary["new_tokens"] - held_tokens  # the sample's examples (the validation article's apart)
+        assert sampled == sample_budget(cfg, day_tokens) < day_tokens
+        assert summary["calibrator"]["train_tokens"] + summary["calibrator"]["held_out_tokens"] <= summary["new_tokens"]
 
 
 def test_lambda_zero_is_in_the_grid_and_chosen_when_memory_only_hurts():

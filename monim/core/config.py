@@ -120,7 +120,13 @@ class CalibratorConfig:
     batch_size: int = 256
     warm_start: bool = True  # start from yesterday's calibrator (False: retrain from scratch)
     source: str = "train"  # calibration examples: "train", "yesterday" or "validation" (monim.learning.calibration)
-    sample_tokens: int = 16384  # training tokens sampled a day as calibration examples ("train", "yesterday")
+    sample_tokens: int = 16384  # the most training tokens sampled a day as calibration examples ("train", "yesterday")
+    # the sample is this share of the day's training tokens, at least sample_floor (a day that short is sampled
+    # whole, as before: the demo's days; fewer tokens cost its calibrator PPL beyond a second seed's): a short
+    # day's calibration searches and trains in proportion to the day (a full-volume news day, ~100k tokens,
+    # still fills sample_tokens)
+    sample_share: float = 1 / 6
+    sample_floor: int = 6144
     seen_share: float = 0.25  # of the sample's articles ("train"), searched with their own entries: contexts the memory holds
     window_tokens: int = 65536  # the calibration set: the newest days' examples up to this many training tokens
     docs_per_day: int = 15  # validation articles added each day (paper: 10 + 5): held out, or with
@@ -138,6 +144,8 @@ class CalibratorConfig:
             raise ValueError(f"calibrator feature groups must be a non-empty subset of {FEATURE_GROUPS}, got {self.groups}")
         if self.source not in CALIBRATION_EXAMPLES:
             raise ValueError(f"calibration source must be one of {CALIBRATION_EXAMPLES}, got {self.source!r}")
+        if not 0 < self.sample_share <= 1 or self.sample_floor < 0:
+            raise ValueError(f"sample_share must be in (0, 1] and sample_floor >= 0, got {self.sample_share}, {self.sample_floor}")
         if self.skip_threshold is not None and not math.isfinite(self.skip_threshold):  # above 1: skip every search
             raise ValueError(f"skip_threshold (θ, compared with λ) must be a finite number, got {self.skip_threshold}")
 

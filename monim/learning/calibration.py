@@ -75,6 +75,14 @@ def sample_documents(docs: list[Document], lengths: list[int], budget: int, seed
     return chosen
 
 
+def sample_budget(ccfg: CalibratorConfig, day_tokens: int) -> int:
+    """Training tokens the day's sample takes: a share of what the day offers, at least the floor, at most
+    `sample_tokens` (none for the paper's scheme)."""
+    if ccfg.source == "validation":
+        return 0
+    return min(ccfg.sample_tokens, max(ccfg.sample_floor, round(ccfg.sample_share * day_tokens)))
+
+
 class Sample:
     """The LM features of a day's sampled training tokens, gathered while the day is memorized."""
 
@@ -85,7 +93,7 @@ class Sample:
     @classmethod
     def of(cls, docs: list[Document], lengths: list[int], ccfg: CalibratorConfig) -> Sample:
         """The day's sample as the calibration settings ask (none for the paper's scheme)."""
-        budget = 0 if ccfg.source == "validation" else ccfg.sample_tokens
+        budget = sample_budget(ccfg, sum(lengths))
         return cls(sample_documents(docs, lengths, budget, ccfg.seed), budget)
 
     def add(self, batch: TokenScores) -> None:
