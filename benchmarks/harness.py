@@ -130,6 +130,13 @@ def versions() -> dict[str, str]:
     return out
 
 
+def within_repo(value: object) -> object:
+    """A path inside the repository as it reads from its root (a result names no one's checkout), else the value."""
+    if isinstance(value, (str, Path)) and Path(value).is_absolute() and Path(value).resolve().is_relative_to(REPO):
+        return str(Path(value).resolve().relative_to(REPO))
+    return value
+
+
 def envelope(result: dict | list, args: argparse.Namespace) -> dict:
     """A result with what made it: the bench and its command, the commit (and whether the tree had changes
     outside docs/results), the machine, the package versions, the options, when it started and ended."""
@@ -137,7 +144,8 @@ def envelope(result: dict | list, args: argparse.Namespace) -> dict:
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
     return {"bench": name, "command": shlex.join(["monim", "bench", str(name), *Parser.argv]),
             "commit": git("rev-parse", "HEAD"), "dirty": None if dirty is None else bool(dirty),
-            "machine": machine(), "versions": versions(), "options": vars(args), "started": Parser.started,
+            "machine": machine(), "versions": versions(), "options": {k: within_repo(v) for k, v in vars(args).items()},
+            "started": Parser.started,
             "ended": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "result": result}
 
 
