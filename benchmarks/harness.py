@@ -33,7 +33,7 @@ RTQA = DATA / "news" / "realtimeqa-2022-06-to-09.jsonl.gz"
 QUIZ = DATA / "qa" / "realtimeqa-quiz-2022-06-to-09.jsonl"
 REUTERS = DATA / "news" / "reuters21578.jsonl.gz"
 RESULTS = REPO / "docs" / "results"  # a bench NAME's results: RESULTS / NAME
-WORK = REPO / "benchmarks" / "work"  # the benches' work directories (not committed)
+WORK = REPO / "work" / "bench"  # the benches' work directories (ignored, beside the code, never inside a package)
 MONIM = str(Path(sys.executable).parent / "monim")
 VERSIONS = ("torch", "transformers", "faiss-gpu", "faiss-cpu", "numpy", "scipy", "prefect", "mlflow")
 

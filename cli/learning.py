@@ -48,7 +48,26 @@ def preflight(cfg: RunConfig, policies: list[str], lm: bool = True) -> None:
 
 
 def nothing_new(cfg: RunConfig, plans: dict[str, Plan], evaluation: Optional[EvalConfig], workdir: Path,
-                tracking_uri: Optional[str], comparison: bool = False) -> dict[str, list[dict]] | None:
+                tracking_uri: Optional[str], wait: bool, comparison: bool = False) -> dict[str, list[dict]] | None:
+    """What nothing_new_held answers, holding each policy's run as its flow would (waiting for a writer, or refused at once
+    with --no-wait): what a writer is learning is never answered from."""
+    from contextlib import ExitStack
+
+    from monim.core.lock import hold
+    from monim.storage.workdirs import run_lock
+
+    if evaluation is not None or not all(p.nothing_new for p in plans.values()):
+        return None
+    names = [cfg.model_copy(update={"policy": policy}).name for policy in plans]
+    with clear_errors(), ExitStack() as held:
+        for name in names:
+            held.enter_context(hold(run_lock(cfg.workdir, name), wait,
+                                    say=lambda m: console.print(m, style="yellow", highlight=False)))
+        return nothing_new_held(cfg, plans, workdir, tracking_uri, comparison)
+
+
+def nothing_new_held(cfg: RunConfig, plans: dict[str, Plan], workdir: Path, tracking_uri: Optional[str],
+                     comparison: bool = False) -> dict[str, list[dict]] | None:
     """Each policy's rows of the range where the command has nothing to do but say them: no day to learn and
     no record arrived for a learned day since it was learned (monim.plan.Plan.nothing_new), nothing to
     measure, and each run tracked in the work directory's MLflow store; for a `comparison`, each in the
@@ -60,7 +79,7 @@ def nothing_new(cfg: RunConfig, plans: dict[str, Plan], evaluation: Optional[Eva
     from tracking.store import latest_metrics, sqlite_file, tracked, tracking_uri as resolve
 
     db = sqlite_file(resolve(str(workdir), tracking_uri))
-    if evaluation is not None or not all(p.nothing_new for p in plans.values()) or db is None or not db.exists():
+    if db is None or not db.exists():
         return None
     uri = use_tracking(workdir, tracking_uri)  # a damaged store is refused here, as before a run
     names = {policy: cfg.model_copy(update={"policy": policy}).name for policy in plans}
@@ -158,7 +177,7 @@ def learn(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start: 
     relearn = [option_date(d).isoformat() for d in relearn or []]
     plans = check_plans(cfg, start, end, [cfg.policy], relearn)
     preflight(cfg, [cfg.policy], lm=False)
-    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri)) is not None:
+    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri, wait)) is not None:
         rows = said[cfg.policy]
     else:
         preflight(cfg, [cfg.policy])
@@ -190,7 +209,7 @@ def compare(cfg: RunConfig, evaluation: Optional[EvalConfig], source: str, start
             cfg.model_validate(cfg.model_dump() | {"policy": policy})
     plans = check_plans(cfg, start, end, names)
     preflight(cfg, names, lm=False)
-    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri, comparison=True)) is not None:
+    if (said := nothing_new(cfg, plans, evaluation, workdir, tracking_uri, wait, comparison=True)) is not None:
         from monim.evaluation.totals import summarize
 
         summary = {policy: summarize(rows) for policy, rows in said.items()}
