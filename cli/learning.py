@@ -58,16 +58,16 @@ def nothing_new(cfg: RunConfig, plans: dict[str, Plan], evaluation: Optional[Eva
 
     if evaluation is not None or not all(p.nothing_new for p in plans.values()):
         return None
-    names = [cfg.model_copy(update={"policy": policy}).name for policy in plans]
+    names = {policy: cfg.model_copy(update={"policy": policy}).name for policy in plans}
     with clear_errors(), ExitStack() as held:
-        for name in names:
+        for name in names.values():
             held.enter_context(hold(run_lock(cfg.workdir, name), wait,
                                     say=lambda m: console.print(m, style="yellow", highlight=False)))
-        return nothing_new_held(cfg, plans, workdir, tracking_uri, comparison)
+        return nothing_new_held(cfg, plans, names, workdir, tracking_uri, comparison)
 
 
-def nothing_new_held(cfg: RunConfig, plans: dict[str, Plan], workdir: Path, tracking_uri: Optional[str],
-                     comparison: bool = False) -> dict[str, list[dict]] | None:
+def nothing_new_held(cfg: RunConfig, plans: dict[str, Plan], names: dict[str, str], workdir: Path,
+                     tracking_uri: Optional[str], comparison: bool = False) -> dict[str, list[dict]] | None:
     """Each policy's rows of the range where the command has nothing to do but say them: no day to learn and
     no record arrived for a learned day since it was learned (monim.plan.Plan.nothing_new), nothing to
     measure, and each run tracked in the work directory's MLflow store; for a `comparison`, each in the
@@ -82,7 +82,6 @@ def nothing_new_held(cfg: RunConfig, plans: dict[str, Plan], workdir: Path, trac
     if db is None or not db.exists():
         return None
     uri = use_tracking(workdir, tracking_uri)  # a damaged store is refused here, as before a run
-    names = {policy: cfg.model_copy(update={"policy": policy}).name for policy in plans}
     group = tracked(uri, {"monim.kind": "comparison", "monim.workdir": str(workdir.resolve())}) if comparison else None
     if comparison and (group is None or not (workdir / "report" / "report.md").exists()):
         return None
