@@ -35,9 +35,10 @@ class Pool:
     size = 2
 
     def __init__(self, pool: ProcessPoolExecutor):
-        self.pool = pool
+        self.pool, self.calls = pool, 0
 
     def map(self, fn, items):
+        self.calls += 1
         return list(self.pool.map(fn, items))
 
 
@@ -191,7 +192,7 @@ def days():
     from monim.data.feed import open_feed
     from monim.data.stream import iter_days
 
-    return [day.capped(3) for day in iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 4))]
+    return [day.capped(3) for day in iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 3))]
 
 
 @pytest.mark.parametrize("part_bytes", [None, 1])
@@ -199,7 +200,8 @@ def days():
 def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny, days, pool, tmp_path, policy,
                                                                            part_bytes):
     """The same days learned (memorized, calibrated, evaluated) with every search on workers give the
-    memory (entries, ids, checksum, files) and the PPL the same days give in one process."""
+    memory (entries, ids, every file's checksum: `fingerprint`; Memory.checksum names the shards' random
+    folders) and the PPL the same days give in one process."""
     from monim.evaluation.evaluate import evaluate
     from monim.learning.calibration import calibrate
     from monim.learning.memorize import memorize_day
@@ -207,7 +209,7 @@ def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny,
     from monim.storage.memory_settings import Settings
     from monim.theta.memory import Memory
 
-    results = {}
+    results, asked = {}, pool.calls
     for where, workers in (("here", None), ("workers", pool)):
         memory = Memory(tmp_path / where, tiny, Settings(index=IndexConfig(k=16, part_bytes=part_bytes)))
         memory.spread_over(workers)
@@ -215,9 +217,10 @@ def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny,
             memorize_day(memory, day, make_policy(policy))
             calibrate(memory, day)
         test = [d for day in days for d in day.test]
-        results[where] = (fingerprint(tmp_path / where), memory.checksum(), memory.ds.shards.array("ids"),
+        results[where] = (fingerprint(tmp_path / where), len(memory), memory.ds.shards.array("ids"),
                           evaluate(tiny, test, memory.at(days[-1].date))["ppl"])
         assert memory._searcher.split == (part_bytes is not None)
+    assert pool.calls > asked  # the searches of every stage went to the workers
     here, there = results["here"], results["workers"]
     assert here[0] == there[0] and here[1] == there[1]
     np.testing.assert_array_equal(here[2], there[2])
