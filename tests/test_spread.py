@@ -217,6 +217,7 @@ def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny,
             memorize_day(memory, day, make_policy(policy))
             calibrate(memory, day)
         test = [d for day in days for d in day.test]
+        assert memory.at(days[0].date)._spread.workers is workers  # a view searches where its memory does
         results[where] = (fingerprint(tmp_path / where), len(memory), memory.ds.shards.array("ids"),
                           evaluate(tiny, test, memory.at(days[-1].date))["ppl"])
         assert memory._searcher.split == (part_bytes is not None)

@@ -57,6 +57,8 @@ class Parts:
         self.dir = Path(root) / "parts"
         self.d, self.cfg = hidden_size, cfg
         self._recorded: tuple[int, list[str]] | None = None  # (the memory's version it was read at, the plan's first days)
+        self._days: tuple[int, dict[str, list[CommittedDay]]] | None = None  # (the memory's version, `days`)
+        self._spans: tuple[int, dict[str, tuple[int, int]]] | None = None  # (the memory's version, `spans`)
         self._indexes: dict[str, MemoryIndex] = {}
 
     def recorded(self, ds: Datastore) -> list[str]:
@@ -67,8 +69,11 @@ class Parts:
         return self._recorded[1]
 
     def plan(self, ds: Datastore) -> list[str]:
-        """The parts' first days: those planned, then a new part from each later day that would take
-        the last part past `part_bytes` of index (bytes of the index the whole memory calls for)."""
+        """The parts' first days (their names): those planned, then a new part from each later day that
+        would take the last part past `part_bytes` of index (bytes of the index the whole memory calls for)."""
+        return list(self.days(ds))
+
+    def _starts(self, ds: Datastore) -> list[str]:
         starts, days = list(self.recorded(ds)), [d for d in ds.days if d.entries]
         if self.cfg.part_bytes is None or not days:
             return starts
@@ -86,12 +91,31 @@ class Parts:
         return len(self.plan(ds)) > 1
 
     def days(self, ds: Datastore) -> dict[str, list[CommittedDay]]:
-        """Each part's days, by its name (its first day)."""
-        starts = self.plan(ds)
-        held: dict[str, list[CommittedDay]] = {s: [] for s in starts}
-        for day in ds.days:
-            held[starts[max(0, int(np.searchsorted(starts, day.date, side="right")) - 1)]].append(day)
-        return held
+        """Each part's days, by its name (its first day; `plan`), once per version of the memory."""
+        if self._days is None or self._days[0] != ds.version:
+            starts = self._starts(ds)
+            held: dict[str, list[CommittedDay]] = {s: [] for s in starts}
+            for day in ds.days if starts else ():
+                held[starts[max(0, int(np.searchsorted(starts, day.date, side="right")) - 1)]].append(day)
+            self._days = (ds.version, held)
+        return self._days[1]
+
+    def spans(self, ds: Datastore) -> dict[str, tuple[int, int]]:
+        """The smallest and largest entry id of each part that holds entries, by its name."""
+        if self._spans is None or self._spans[0] != ds.version:
+            spans = {}
+            for name, days in self.days(ds).items():
+                ids = [ds.shards.shard(d.shard, "ids") for d in days if d.entries]
+                if ids:
+                    spans[name] = (min(int(i[0]) for i in ids), max(int(i[-1]) for i in ids))  # ids grow within a shard
+            self._spans = (ds.version, spans)
+        return self._spans[1]
+
+    def within(self, ds: Datastore, above: int, below: int | None) -> list[str]:
+        """The parts that may hold entries with `above` <= id < `below` (a search so limited finds none in the
+        others); the first part where none does (its search answers that nothing was found)."""
+        held = [name for name, (lo, hi) in self.spans(ds).items() if hi >= above and (below is None or lo < below)]
+        return held or self.plan(ds)[:1]
 
     def versions(self, ds: Datastore) -> dict[str, str]:
         """Each part's version, by its name."""

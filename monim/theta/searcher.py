@@ -59,10 +59,11 @@ class Searcher:
             self.index.drop()
         return stats
 
-    def part_searchers(self) -> list[Searcher]:
-        """A Searcher of each part's days and index (the search's limits are the whole memory's: `limits`)."""
+    def part_searchers(self, limits: dict) -> list[Searcher]:
+        """A Searcher of the days and index of each part that may hold entries within a search's `limits`
+        (the whole memory's: `limits`)."""
         return [Searcher(self.parts.view(self.ds, name), self.parts.index(name), None, Recency(), self.parts)
-                for name in self.parts.plan(self.ds)]
+                for name in self.parts.within(self.ds, limits["above"], limits["below"])]
 
     @property
     def days(self) -> list[CommittedDay]:
@@ -122,7 +123,7 @@ class Searcher:
         limits = self.limits(k, below)
         if not self.split:
             return self.answer(keys, exclude=exclude, exact=exact, **limits)
-        return merge([part.answer(keys, exclude=exclude, exact=exact, **limits) for part in self.part_searchers()],
+        return merge([part.answer(keys, exclude=exclude, exact=exact, **limits) for part in self.part_searchers(limits)],
                      limits["k"])
 
     def ready(self) -> None:
