@@ -148,10 +148,14 @@ def test_ivf_pq_parts_recall_against_one_index_and_brute_force_and_a_narrow_wind
 def test_a_day_a_forget_and_a_relearn_touch_only_their_parts_and_nothing_forgotten_stays(tmp_path):
     """Each change re-syncs only the parts of the days it changes (the others' files untouched); a
     forgotten article is in no part's index file; fsck knows the parts' files."""
-    ds = random_memory(tmp_path, (3000, 3000), seed=4)
+    ds = random_memory(tmp_path, (3000,), seed=4)
     cfg = IndexConfig(exact_below=2000, code_bytes=8, nprobe=8, max_nlist=32, probe=0, part_bytes=1)
     s = searcher(ds, cfg)
     s.sync()
+    assert not s.split and (tmp_path / "index" / "index.faiss").exists()  # one day: one index
+    commit(ds, "2022-06-02", np.random.default_rng(5).standard_normal((3000, D)) * 3, "day1-")
+    s.sync()
+    assert not (tmp_path / "index").exists()  # split: the whole memory's index goes
     parts = tmp_path / "parts"
     assert s.split and sorted(p.name for p in parts.iterdir()) == ["2022-06-01", "2022-06-02", "plan.json"]
     first = files(parts / "2022-06-01")
@@ -182,6 +186,11 @@ def test_a_day_a_forget_and_a_relearn_touch_only_their_parts_and_nothing_forgott
     s.sync()
     assert files(parts / "2022-06-01") == first and files(parts / "2022-06-02") == second
     assert files(parts / "2022-06-03") != third and check_memory(tmp_path) == []
+    damaged = parts / "2022-06-02" / "index" / "index.faiss"
+    damaged.write_bytes(b"garbage")
+    assert [p.where for p in check_memory(tmp_path)] == [str(damaged.parent)]
+    assert check_memory(tmp_path, repair=True)[0].repaired and check_memory(tmp_path) == []
+    assert files(parts / "2022-06-01") == first  # the part alone rebuilt
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "index.faiss").write_bytes(b"left over")
     assert [p.where for p in check_memory(tmp_path)] == [str(tmp_path / "index")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -211,9 +212,8 @@ class MemoryIndex:
         return stats | {"seconds": time.perf_counter() - started}
 
     def drop(self) -> None:
-        """Let the index go, its files too: the memory is searched in parts (monim.storage.parts)."""
-        for name in ("index.faiss", "meta.json"):
-            (self.dir / name).unlink(missing_ok=True)
+        """Let the index go, its folder too: the memory is searched in parts (monim.storage.parts)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
         self.index, self.meta, self.mapped, self._search_index = None, {}, False, None
 
     def _save(self) -> None:

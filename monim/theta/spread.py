@@ -95,7 +95,7 @@ def chunks(n: int, workers: int, batch: int) -> list[tuple[int, int]]:
     """The queries' split among `workers`: whole multiples of the index's query batch, so that each
     query is searched with the same neighbours in its batch as in one process (FAISS's exact
     distances depend in their last bits on the batch a query is searched in)."""
-    step = -(-max(1, -(-n // workers)) // batch) * batch
+    step = -(-max(1, -(-n // max(1, workers))) // batch) * batch
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
