@@ -230,8 +230,34 @@ def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny,
         results[where] = (fingerprint(tmp_path / where), len(memory), memory.ds.shards.array("ids"),
                           evaluate(tiny, test, memory.at(days[-1].date))["ppl"])
         assert memory._searcher.split == (part_bytes is not None)
+        assert not memory.parts._indexes or workers is None  # on workers, this process holds no part
     assert pool.calls > asked  # the searches of every stage went to the workers
     here, there = results["here"], results["workers"]
     assert here[0] == there[0] and here[1] == there[1]
     np.testing.assert_array_equal(here[2], there[2])
     assert here[3] == pytest.approx(there[3], rel=1e-6)
+
+
+def test_on_workers_the_writer_saves_each_part_it_changes_and_holds_none(tmp_path, pool):
+    """A memory searched on workers: its process saves the IVF-PQ parts a change touches and lets them
+    go, builds no exact part, and the workers' answers equal those of the same memory searched here."""
+    random_memory(tmp_path / "here", (3000, 3000, 1000), seed=8)
+    shutil.copytree(tmp_path / "here", tmp_path / "there")
+    cfg = IndexConfig(k=32, exact_below=2000, code_bytes=8, nprobe=8, max_nlist=32, probe=0, part_bytes=1)
+    here, there = searcher(Datastore.read(tmp_path / "here"), cfg), searcher(Datastore.read(tmp_path / "there"), cfg)
+    there.parts.searched_here(False)
+    queries = np.random.default_rng(9).standard_normal((40, D)).astype(np.float32) * 3
+    for change in (None, "day", "forget"):
+        if change == "day":
+            for s in (here, there):
+                commit(s.ds, "2022-06-04", np.random.default_rng(10).standard_normal((2500, D)) * 3, "day3-")
+        if change == "forget":
+            assert here.ds.commits.forget(doc_ids=["day0-1"]) == there.ds.commits.forget(doc_ids=["day0-1"]) == 1000
+        for exact in (False, True):
+            a, b = here.nearest(queries, exact=exact), Spread(pool).nearest(there, queries, exact=exact)
+            np.testing.assert_array_equal(a[1], b[1])
+            np.testing.assert_array_equal(a[0], b[0])
+        assert there.parts._indexes == {} and there.split
+        saved = sorted(str(p.relative_to(tmp_path / "there")) for p in (tmp_path / "there").glob("parts/*/index/index.faiss"))
+        assert saved == [f"parts/{d}/index/index.faiss" for d in ("2022-06-01", "2022-06-02", "2022-06-04")[: 2 + (change is not None)]]
+        assert check_memory(tmp_path / "there") == []

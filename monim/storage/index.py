@@ -43,6 +43,14 @@ def exact_limit(cfg: IndexConfig, searched: int) -> int:
     return int(cfg.exact_below * base / (base + searched))
 
 
+def index_kind(cfg: IndexConfig, ds: Datastore, entries: int | None = None) -> str:
+    """The index a memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat"; with
+    `entries`, the index of a part of it that holds that many (monim.storage.parts)."""
+    days = ds.days
+    n = len(ds) if entries is None else entries
+    return "ivfpq" if n >= exact_limit(cfg, days[-1].searched if days else 0) else "flat"
+
+
 def pq_subquantizers(d: int, code_bytes: int) -> int:
     """The largest divisor of d not above code_bytes (PQ needs d divisible by the code size)."""
     return max(m for m in range(1, code_bytes + 1) if d % m == 0)
@@ -161,11 +169,8 @@ class MemoryIndex:
         return self.index is not None and self.meta.get("version") == ds.version
 
     def kind_for(self, ds: Datastore, entries: int | None = None) -> str:
-        """The index the memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat";
-        with `entries`, the index of a part of it that holds that many (monim.storage.parts)."""
-        days = ds.days
-        n = len(ds) if entries is None else entries
-        return "ivfpq" if n >= exact_limit(self.cfg, days[-1].searched if days else 0) else "flat"
+        """The index the memory calls for (index_kind)."""
+        return index_kind(self.cfg, ds, entries)
 
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True, kind: str | None = None) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save).

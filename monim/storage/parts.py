@@ -22,7 +22,7 @@ from monim.core.atomic import write_json
 from monim.core.config import IndexConfig
 from monim.core.manifest import CommittedDay
 from monim.storage.datastore import Datastore
-from monim.storage.index import MemoryIndex, pq_subquantizers
+from monim.storage.index import MemoryIndex, index_kind, pq_subquantizers
 
 PLAN = "plan.json"
 
@@ -60,6 +60,8 @@ class Parts:
         self._days: tuple[int, dict[str, list[CommittedDay]]] | None = None  # (the memory's version, `days`)
         self._spans: tuple[int, dict[str, tuple[int, int]]] | None = None  # (the memory's version, `spans`)
         self._indexes: dict[str, MemoryIndex] = {}
+        self.keep = True  # False while workers search the parts (searched_here)
+        self._published: dict[str, str] = {}  # part -> the version found saved as a worker reads it
 
     def recorded(self, ds: Datastore) -> list[str]:
         """The first days of the parts the writer planned (re-read once the memory changed)."""
@@ -78,7 +80,7 @@ class Parts:
         if self.cfg.part_bytes is None or not days:
             return starts
         starts = starts or [days[0].date]
-        per, held = entry_bytes(self.index(starts[0]).kind_for(ds), self.d, self.cfg), 0
+        per, held = entry_bytes(index_kind(self.cfg, ds), self.d, self.cfg), 0
         for day in (d for d in days if d.date >= starts[-1]):
             if held and held + day.entries * per > self.cfg.part_bytes:
                 starts.append(day.date)
@@ -132,14 +134,49 @@ class Parts:
             self._indexes[name] = MemoryIndex(self.dir / name, self.d, self.cfg)
         return self._indexes[name]
 
+    def searched_here(self, here: bool) -> None:
+        """Whether this process searches the parts (it keeps their indexes) or workers do: then it lets
+        each part's index go once saved and builds no exact part at all (a worker builds its own from the shards)."""
+        self.keep = here
+        if not here:
+            self._indexes.clear()
+
     def current(self, ds: Datastore) -> bool:
-        """Whether every part's index holds its days' version."""
+        """Whether every part's index holds its days' version (here, or as workers read it: `keep`)."""
+        if not self.keep:
+            return all(self.published(ds, name) for name in self.plan(ds))
         return all(self.index(name).current(self.view(ds, name)) for name in self.plan(ds))
 
+    def meta(self, name: str) -> dict:
+        """Part `name`'s index meta: as held here, else as saved ({}: none saved, an exact part)."""
+        if name in self._indexes:
+            return self._indexes[name].meta
+        path = self.dir / name / "index" / "meta.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def published(self, ds: Datastore, name: str) -> bool:
+        """Whether part `name` is on disk as a worker reads it: its IVF-PQ index saved at the part's
+        version, or an exact part (a worker builds it from the shards)."""
+        want = version(self.days(ds)[name])
+        if self._published.get(name) != want:
+            path = self.dir / name / "index" / "meta.json"
+            if path.exists() and json.loads(path.read_text()).get("version") != want:
+                return False
+            if not path.exists() and index_kind(self.cfg, ds, len(self.view(ds, name))) != "flat":
+                return False
+            self._published[name] = want
+        return True
+
     def sync_part(self, ds: Datastore, name: str, retrain: bool = False, save: bool = True) -> dict:
-        """Bring part `name`'s index up to its days (MemoryIndex.sync): exact or IVF-PQ by its own entries."""
+        """Bring part `name`'s index up to its days (MemoryIndex.sync): exact or IVF-PQ by its own entries.
+        Unless `keep`, a part as workers read it is left alone and one saved is let go."""
+        if not self.keep and not retrain and self.published(ds, name):
+            return {"added": 0, "removed": 0, "rebuilt": False}
         view, index = self.view(ds, name), self.index(name)
-        return index.sync(view, retrain, save, kind=index.kind_for(ds, len(view)))
+        stats = index.sync(view, retrain, save, kind=index_kind(self.cfg, ds, len(view)))
+        if not self.keep and save:
+            del self._indexes[name]
+        return stats
 
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
         """Bring every part's index up to its days, the plan saved with them (under the memory's lock):
@@ -151,6 +188,7 @@ class Parts:
             if starts != self.recorded(ds):
                 write_json(self.dir / PLAN, {"starts": starts})
                 self._recorded = (ds.version, starts)
+        recalls = [s["recall"] for s in stats if s.get("recall") is not None]
         return {"added": sum(s["added"] for s in stats), "removed": sum(s["removed"] for s in stats),
-                "rebuilt": any(s["rebuilt"] for s in stats), "parts": len(starts),
-                "seconds": time.perf_counter() - started}
+                "rebuilt": any(s["rebuilt"] for s in stats), "parts": len(starts)} | (
+                    {"recall": min(recalls)} if recalls else {}) | {"seconds": time.perf_counter() - started}

@@ -133,8 +133,8 @@ class Searcher:
 
     def approximate(self) -> bool:
         """Whether the index (or a part's) is IVF-PQ."""
-        indexes = [self.parts.index(name) for name in self.parts.plan(self.ds)] if self.split else [self.index]
-        return any(i.meta.get("kind") == "ivfpq" for i in indexes)
+        metas = [self.parts.meta(name) for name in self.parts.plan(self.ds)] if self.split else [self.index.meta]
+        return any(meta.get("kind") == "ivfpq" for meta in metas)
 
     def limits(self, k: int | None = None, below: int | None = None) -> dict:
         """What a search finds, from the whole memory: `k` neighbours among the ids below `below` and
