@@ -41,7 +41,7 @@ class Searcher:
         saved unless another process is writing this memory (a reader never waits). A current
         index takes no lock: readers score with it many times a day."""
         if self.current() and not retrain:
-            return self._sync()
+            return self._sync(save=False)  # nothing to write (a reader may be on a read-only mount)
         if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
             return self._sync(retrain, save=False)
         try:

@@ -109,10 +109,12 @@ class Spread:
     def nearest(self, searcher: Searcher, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Searcher.nearest, its index work on the workers: every chunk of the queries in every part."""
-        if self.workers is None or not len(keys):
+        if self.workers is None:
             return searcher.nearest(keys, k, below, exclude, exact)
         searcher.ready()
         limits = searcher.limits(k, below)
+        if not len(keys):
+            return np.zeros((0, limits["k"]), np.float32), np.zeros((0, limits["k"]), np.int64)
         root = os.path.abspath(searcher.ds.root)
         parts: dict[str | None, int | str] = {None: searcher.ds.version}
         if searcher.split:
