@@ -22,9 +22,9 @@ from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.fsck import check_memory
 from monim.storage.index import MemoryIndex, indexed_ids
-from monim.storage.parts import Parts
+from monim.storage.parts import Parts, merge
 from monim.theta.searcher import Searcher
-from monim.theta.spread import Spread
+from monim.theta.spread import Spread, chunks
 
 D = 16
 
@@ -261,3 +261,15 @@ def test_on_workers_the_writer_saves_each_part_it_changes_and_holds_none(tmp_pat
         saved = sorted(str(p.relative_to(tmp_path / "there")) for p in (tmp_path / "there").glob("parts/*/index/index.faiss"))
         assert saved == [f"parts/{d}/index/index.faiss" for d in ("2022-06-01", "2022-06-02", "2022-06-04")[: 2 + (change is not None)]]
         assert check_memory(tmp_path / "there") == []
+
+
+def test_parts_answers_merge_by_distance_then_id_and_queries_split_on_whole_batches():
+    """Hand-computed: the merged top-k by (distance, id), none (-1) last; chunks of whole query batches."""
+    a = (np.array([[1.0, 3.0, np.inf]], np.float32), np.array([[7, 2, -1]]))
+    b = (np.array([[1.0, 2.0, 3.0]], np.float32), np.array([[4, 9, 1]]))
+    dist, ids = merge([a, b], 4)
+    assert ids.tolist() == [[4, 7, 9, 1]] and dist.tolist() == [[1.0, 1.0, 2.0, 3.0]]
+    assert merge([a, (np.full((1, 3), np.inf, np.float32), np.full((1, 3), -1))], 4)[1].tolist() == [[7, 2, -1, -1]]
+    assert merge([a], 3) is a  # one part: its answer as it is
+    assert chunks(10000, 2, 4096) == [(0, 8192), (8192, 10000)] and chunks(100, 4, 4096) == [(0, 100)]
+    assert chunks(60, 2, 16) == [(0, 32), (32, 60)] and chunks(0, 2, 16) == []
