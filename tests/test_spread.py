@@ -273,3 +273,22 @@ def test_parts_answers_merge_by_distance_then_id_and_queries_split_on_whole_batc
     assert merge([a], 3) is a  # one part: its answer as it is
     assert chunks(10000, 2, 4096) == [(0, 8192), (8192, 10000)] and chunks(100, 4, 4096) == [(0, 100)]
     assert chunks(60, 2, 16) == [(0, 32), (32, 60)] and chunks(0, 2, 16) == []
+
+
+def test_part_bytes_is_a_setting_the_memory_records_and_checks():
+    """--part-bytes reaches the index settings a memory records; another value is refused, naming it; below 1 is refused."""
+    from pydantic import ValidationError
+
+    from monim.core.config import RunConfig
+    from monim.storage.memory_settings import Settings, SettingsMismatch, refuse_other
+
+    settings = Settings.of(RunConfig(part_bytes=1000))
+    assert settings.index.part_bytes == 1000 and Settings.from_dict(settings.as_dict()) == settings
+    with pytest.raises(SettingsMismatch, match="'index.part_bytes': learned with 1000, not None"):
+        refuse_other({"model": "m", "settings": settings.as_dict()}, "m", Settings())
+    with pytest.raises(SettingsMismatch, match="index.part_bytes"):
+        settings.read_with(part_bytes=5)
+    with pytest.raises(ValidationError, match="part_bytes"):
+        RunConfig(part_bytes=0)
+    with pytest.raises(ValueError, match="part_bytes must be at least 1"):
+        IndexConfig(part_bytes=0)
