@@ -119,3 +119,30 @@ def test_combine_is_token_weighted():
     out = combine(parts)
     assert out["tokens"] == 40 and out["ppl"] == pytest.approx(10 ** ((10 * 1 + 30 * 3) / 40))
     assert out["ppl_lm"] == pytest.approx(20.0) and out["accuracy"] == pytest.approx(0.2) and out["skipped"] == 0.75
+
+
+def test_chunks_searched_at_once_equal_one_by_one_and_overlap(tiny, stream, memories):
+    """A spread memory's chunks are searched side by side (with_neighbors' `at_once`): the same
+    neighbours and LM log P as one chunk after another, and the searches do overlap."""
+    import threading
+
+    whole, _ = memories
+    batch = next(score(tiny, stream[2].test[:4], keep_hidden=True))
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def counted(part):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            threading.Event().wait(0.05)  # long enough for the other thread's call to start
+            return whole.search(part)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    alone = with_neighbors(tiny, batch, whole.search, chunk=64)
+    together = with_neighbors(tiny, batch, counted, chunk=64, at_once=3)
+    assert len(batch) > 3 * 64 and most[0] == 3
+    for field in ("knn_dist", "knn_values", "knn_ids", "lm_logp_values"):
+        np.testing.assert_array_equal(getattr(together, field), getattr(alone, field), err_msg=field)

@@ -28,7 +28,7 @@ def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
     """A batch scored with keep_hidden, with the memory's neighbours (unchanged without a memory)."""
     if memory is None or not memory.retrieves:
         return batch
-    return with_neighbors(lm, batch, memory.search)
+    return with_neighbors(lm, batch, memory.search, at_once=memory.at_once)
 
 
 def theta_of(batch: TokenScores, memory: Memory | None) -> ThetaScores:

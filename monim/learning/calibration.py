@@ -172,7 +172,7 @@ def held_out_examples(memory: Memory, docs: list[Document], features: Features |
     parts = []
     memory.sync()
     search = functools.partial(memory.search, skip=False) if len(memory) else None
-    for batch in (features or memory.features()).scores(docs, name, search):
+    for batch in (features or memory.features()).scores(docs, name, search, at_once=memory.at_once):
         held = np.array([every is None or _held_out(d, every) for d in batch.doc_id], dtype=bool)
         parts.append(examples(batch, memory.lexical(), knn_logprobs_by_temperature(batch), held))
     return Examples.concat(parts) if parts else None

@@ -87,7 +87,7 @@ def memorize_day(memory: Memory, day: Day, policy: Policy, features: Features | 
         searched = 0
         total = sum(max(0, len(t) - 1) for t in tokens)
         # a policy that stores no entry (In-Context RALM) keeps only the articles: no LM pass
-        batches = features.scores(docs, f"{date}-train", search, tokens) if policy.stores else ()
+        batches = features.scores(docs, f"{date}-train", search, tokens, at_once=memory.at_once) if policy.stores else ()
         tokens_seen = 0 if policy.stores else total
         for batch in batches:
             t = time.perf_counter()

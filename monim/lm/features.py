@@ -90,18 +90,18 @@ class Features:
         return self.computed - before
 
     def scores(self, docs: list[Document], name: str = "docs", neighbors: Neighbors | None = None,
-               ids: list[list[int]] | None = None, chunk: int = 4096) -> Iterator[TokenScores]:
+               ids: list[list[int]] | None = None, chunk: int = 4096, at_once: int = 1) -> Iterator[TokenScores]:
         """Batches covering the documents, with hidden states, and with `neighbors` (a memory's
         search) each token's nearest entries; `ids`: the documents' tokens, if already known.
         From the store: document order, about `chunk` tokens a batch (`name`: the folder for
-        documents it lacks)."""
+        documents it lacks), `at_once` of its chunks searched together (with_neighbors)."""
         if self.store is None:
             yield from self._live(docs, self.tokenize(docs) if ids is None else ids, None, neighbors)
             return
         digests = [digest(d.text) for d in docs]
         self._ensure(docs, digests, name, None, ids)
         for batch in self._read(docs, digests, chunk):
-            yield with_neighbors(self.lm, batch, neighbors) if neighbors is not None else batch
+            yield with_neighbors(self.lm, batch, neighbors, at_once=at_once) if neighbors is not None else batch
 
     def _live(self, docs: list[Document], ids: list[list[int]], progress: Progress | None,
               neighbors: Neighbors | None = None) -> Iterator[TokenScores]:

@@ -8,6 +8,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Generator, Iterable, Iterator
 
 import numpy as np
@@ -17,7 +18,7 @@ from transformers import DynamicCache
 from monim.core.config import ScoreConfig
 from monim.data.feed import Document
 from monim.lm.model import LM, kv_layers
-from monim.lm.token_scores import Neighbors, TokenScores
+from monim.lm.token_scores import Found, Neighbors, TokenScores
 from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
@@ -236,23 +237,30 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
 
 
 @torch.inference_mode()
-def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 1024) -> TokenScores:
-    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run).
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 1024, at_once: int = 1) -> TokenScores:
+    """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run);
+    `at_once`: chunks searched together (a memory spread over that many workers).
 
     The LM's log P of each neighbour's value needs the logits of those values only: the hidden
     states against the output layer's rows of the values met in the chunk, less the log
     normalizer, which the stored log P of the target gives (logit(target) - log P(target))."""
     if batch.hidden is None:
         raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
-    parts = []
-    for i in range(0, len(batch), chunk):
-        part = batch.select(slice(i, i + chunk))
-        part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = neighbors(part)
+    parts = [batch.select(slice(i, i + chunk)) for i in range(0, len(batch), chunk)]
+    for part, found in zip(parts, _searched(neighbors, parts, at_once)):
+        part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = found
         hidden = torch.from_numpy(part.hidden).to(lm.device, lm.model.dtype)
         met, at = torch.unique(torch.from_numpy(np.concatenate([part.target[:, None], part.knn_values], 1)).long()
                                .clamp(min=0).to(lm.device), return_inverse=True)
         logits = lm.logits_of(hidden, met).gather(1, at)  # [n, 1 + k]: the target's, then each neighbour's value's
         lse = logits[:, 0] - torch.from_numpy(part.logp).to(lm.device)
         part.lm_logp_values = (logits[:, 1:] - lse[:, None]).cpu().numpy()
-        parts.append(part)
     return TokenScores.concat(parts)
+
+
+def _searched(neighbors: Neighbors, parts: list[TokenScores], at_once: int) -> list[Found]:
+    """Each chunk's neighbours, `at_once` searched together: a spread memory's workers answer them side by side."""
+    if at_once <= 1 or len(parts) <= 1:
+        return [neighbors(p) for p in parts]
+    with ThreadPoolExecutor(min(at_once, len(parts))) as pool:
+        return list(pool.map(neighbors, parts))

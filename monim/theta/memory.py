@@ -152,6 +152,11 @@ class Memory:
         self._spread.workers = workers
         self.parts.searched_here(workers is None)
 
+    @property
+    def at_once(self) -> int:
+        """Searches worth asking together: as many as the workers it is spread over run at once (1 here)."""
+        return self._spread.workers.size if self._spread.workers is not None else 1
+
     def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Squared distances and ids of each key's k nearest entries (Searcher.nearest), searched where `spread_over` says."""
