@@ -28,6 +28,7 @@ from monim.evaluation.suite import (
 )
 from monim.lm.model import resolved_dtype
 from monim.run import Run, open_run
+from tasks.cluster import stage
 from tasks.logs import logger
 
 
@@ -42,7 +43,8 @@ def _evaluation_key(context, parameters: dict) -> str:
 def evaluate(run: Run, day: Day) -> dict:
     """Test PPL and next-word accuracy of the LM alone and of the run as of the day, on the day's test articles."""
     started = time.perf_counter()
-    metrics = run.evaluate(day)
+    with stage("evaluation search"):
+        metrics = run.evaluate(day)
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", run.cfg.name, day.date, metrics["ppl"],
                   metrics["ppl_lm"], metrics["accuracy"])
     return metrics | {"evaluate_seconds": time.perf_counter() - started}

@@ -1,11 +1,19 @@
-"""A day's LM pass on a local Dask cluster: the memory, metrics and features equal the one-process run's."""
+"""A day on a local Dask cluster: its LM pass and its memory's searches on the workers, the memory,
+metrics and features equal to the one-process run's; a worker killed mid-day changes nothing."""
 
 import datetime as dt
+import os
+import shutil
+import signal
+from collections import Counter
 
 import numpy as np
 import pytest
 
 DAYS = ("1987-03-02", "1987-03-02")  # one day: the LM pass is per day
+STREAM = ("1987-03-02", "1987-03-03")  # two days: the second one's decisions search the first one's memory
+POLICIES = ("fullmem", "monim-amt")
+SMALL_PARTS = 4096  # bytes of index a part holds: the first day's memory splits in several parts
 
 
 @pytest.mark.slow
@@ -79,3 +87,137 @@ def test_a_cluster_needs_the_feature_store():
 
     with pytest.raises(ValidationError, match="cluster needs the feature store"):
         RunConfig(cluster="tcp://127.0.0.1:8786", feature_store=False)
+
+
+class SearchParts:
+    """A Dask scheduler plugin (in the test's process, where a LocalCluster's scheduler runs): the
+    workers each search part ran on, by stage ("decision-search": its key's prefix); while `killing`,
+    the worker a decision search part is sent to is killed (SIGKILL) before it can answer."""
+
+    name = "monim-search-parts"
+
+    def __init__(self, scheduler):
+        self.scheduler, self.ran, self.killing, self.killed = scheduler, Counter(), False, 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        stage = str(key).rsplit("-", 1)[0]
+        if not stage.endswith("search"):
+            return
+        ts = self.scheduler.tasks.get(key)
+        if finish == "processing" and self.killing and stage == "decision-search" and ts is not None:
+            os.kill(ts.processing_on.pid, signal.SIGKILL)
+            self.killed += 1
+        if start == "processing" and finish == "memory" and ts is not None:
+            for ws in ts.who_has:
+                self.ran[stage, ws.address] += 1
+
+
+def _memory(workdir, policy) -> dict:
+    """What a run learned: its memory's checksum and entries, and its rows' metrics."""
+    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.run import recorded_days
+    from monim.storage.datastore import Datastore
+
+    ds = Datastore.read(workdir / "memories" / policy)
+    rows = recorded_days(RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), policy=policy))
+    return {"checksum": ds.checksum(), "days": sorted(rows), "entries": len(ds), "ids": ds.shards.array("ids"),
+            "values": ds.shards.array("values"), "keys": ds.shards.array("keys"),
+            "ppl": [rows[d]["ppl"] for d in sorted(rows)], "ppl_knn": [rows[d].get("ppl_knn") for d in sorted(rows)]}
+
+
+def _same(a: dict, b: dict) -> None:
+    assert (b["checksum"], b["days"], b["entries"]) == (a["checksum"], a["days"], a["entries"])
+    for name in ("ids", "values", "keys"):
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+    assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def alone(prefect, tiny_model_dir, tmp_path_factory):
+    """A function part_bytes -> the work directory of the two-day stream learned in one process by each
+    policy (the LM's features in its feature store, which the cluster's runs copy: the same keys)."""
+    from flows.stream import learn_stream
+    from monim.core.config import DEMO_STREAM, RunConfig
+
+    made = {}
+
+    def learn(part_bytes):
+        if part_bytes not in made:
+            workdir = tmp_path_factory.mktemp(f"alone-{part_bytes}")
+            for policy in POLICIES:
+                learn_stream(RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")),
+                                       max_docs=4, policy=policy, part_bytes=part_bytes), *STREAM)
+            made[part_bytes] = workdir
+        return made[part_bytes]
+
+    return learn
+
+
+def _spread(alone_dir, tmp_path, part_bytes, cluster, model, policies=POLICIES):
+    """Configs of the same runs in a new work directory with the cluster, its feature store the one-process run's."""
+    from monim.core.config import DEMO_STREAM, RunConfig
+
+    shutil.copytree(alone_dir / "features", tmp_path / "features")
+    return [RunConfig(workdir=str(tmp_path), source=str(DEMO_STREAM), model=model, max_docs=4, policy=policy,
+                      part_bytes=part_bytes, cluster=cluster) for policy in policies]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part_bytes", [None, SMALL_PARTS], ids=["one-index", "parts"])
+def test_a_stream_searched_on_a_two_worker_cluster_learns_what_one_process_learns(prefect, tiny_model_dir, alone,
+                                                                                  part_bytes, tmp_path):
+    from distributed import LocalCluster
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from flows.stream import learn_stream
+
+    one = alone(part_bytes)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        parts = SearchParts(cluster.scheduler)
+        cluster.scheduler.add_plugin(parts)
+        workers = set(cluster.scheduler.workers)
+        for cfg in _spread(one, tmp_path, part_bytes, cluster.scheduler_address, str(tiny_model_dir("llama"))):
+            parts.ran.clear()
+            learn_stream(cfg, *STREAM)
+            _same(_memory(one, cfg.policy), _memory(tmp_path, cfg.policy))
+            stages = {stage for stage, _ in parts.ran}
+            assert {"calibration-search", "evaluation-search"} <= stages, stages
+            assert ("decision-search" in stages) == (cfg.policy == "monim-amt"), stages  # FullMem decides nothing
+            assert {w for _, w in parts.ran} <= workers  # every search part ran on a worker of the cluster
+    if part_bytes:
+        assert len({w for _, w in parts.ran}) == 2  # the memory's parts are searched on both workers
+    with get_client(sync_client=True) as client:
+        named = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["decision search"])))
+    assert named and all(r.state_name == "Completed" for r in named)  # the Prefect UI shows each search by its stage
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_day_leaves_the_memory_as_it_was_and_the_resumed_day_learns_what_one_process_learns(
+        prefect, tiny_model_dir, alone, tmp_path):
+    """The second day's decision searches lose their worker (killed as each part is sent to it; the
+    scheduler gives up on a part at once): the day fails before its commit, the memory is as the first
+    day left it; learned again, the day gives the one-process memory."""
+    import dask
+    from distributed import LocalCluster
+
+    from flows.stream import learn_stream
+
+    one = alone(None)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        parts = SearchParts(cluster.scheduler)
+        cluster.scheduler.add_plugin(parts)
+        (cfg,) = _spread(one, tmp_path, None, cluster.scheduler_address, str(tiny_model_dir("llama")), ["monim-amt"])
+        learn_stream(cfg, STREAM[0], STREAM[0])
+        before = _memory(tmp_path, "monim-amt")
+        parts.killing = True
+        with pytest.raises(Exception):
+            learn_stream(cfg, *STREAM)
+        assert parts.killed >= 1
+        after = _memory(tmp_path, "monim-amt")
+        assert after["days"] == [STREAM[0]]
+        _same(before, after)  # nothing of the second day committed
+        parts.killing = False
+        learn_stream(cfg, *STREAM)
+    _same(_memory(one, "monim-amt"), _memory(tmp_path, "monim-amt"))
