@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 DAYS = ("1987-03-02", "1987-03-02")  # one day: the LM pass is per day
 STREAM = ("1987-03-02", "1987-03-03")  # two days: the second one's decisions search the first one's memory
 POLICIES = ("fullmem", "monim-amt")
-SMALL_PARTS = 4096  # bytes of index a part holds: the first day's memory splits in several parts
+SMALL_PARTS = 1  # bytes of index a part holds: a part per day (from the second day on)
 
 
 @pytest.mark.slow
@@ -89,46 +90,73 @@ def test_a_cluster_needs_the_feature_store():
         RunConfig(cluster="tcp://127.0.0.1:8786", feature_store=False)
 
 
-class SearchParts:
+def search_parts(scheduler):
     """A Dask scheduler plugin (in the test's process, where a LocalCluster's scheduler runs): the
     workers each search part ran on, by stage ("decision-search": its key's prefix); while `killing`,
     the worker a decision search part is sent to is killed (SIGKILL) before it can answer."""
 
-    name = "monim-search-parts"
+    from distributed.diagnostics.plugin import SchedulerPlugin
 
-    def __init__(self, scheduler):
-        self.scheduler, self.ran, self.killing, self.killed = scheduler, Counter(), False, 0
+    class SearchParts(SchedulerPlugin):
+        name = "monim-search-parts"
 
-    def transition(self, key, start, finish, *args, **kwargs):
-        stage = str(key).rsplit("-", 1)[0]
-        if not stage.endswith("search"):
-            return
-        ts = self.scheduler.tasks.get(key)
-        if finish == "processing" and self.killing and stage == "decision-search" and ts is not None:
-            os.kill(ts.processing_on.pid, signal.SIGKILL)
-            self.killed += 1
-        if start == "processing" and finish == "memory" and ts is not None:
-            for ws in ts.who_has:
-                self.ran[stage, ws.address] += 1
+        def __init__(self):
+            self.ran, self.killing, self.killed = Counter(), False, 0
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            stage = str(key).rsplit("-", 1)[0]
+            ts = scheduler.tasks.get(key)
+            if not stage.endswith("search") or ts is None:
+                return
+            if finish == "processing" and self.killing and stage == "decision-search":
+                os.kill(ts.processing_on.pid, signal.SIGKILL)
+                self.killed += 1
+            if start == "processing" and finish == "memory":
+                for ws in ts.who_has:
+                    self.ran[stage, ws.address] += 1
+
+    plugin = SearchParts()
+    scheduler.add_plugin(plugin)
+    return plugin
+
+
+VOLATILE = {"seconds", "dir", "checksums", "examples"}  # a calibration's time and its folder's random name
+
+
+def _stable(meta):
+    """Θ's settings without what differs between two runs learning the same (its time, its folder's name)."""
+    if isinstance(meta, dict):
+        return {k: _stable(v) for k, v in meta.items() if k not in VOLATILE}
+    return meta
 
 
 def _memory(workdir, policy) -> dict:
-    """What a run learned: its memory's checksum and entries, and its rows' metrics."""
+    """What a run learned: its memory's checksum, days (their shards' checksums), entries and Θ
+    (settings, calibration examples, calibrator weights), and its rows' metrics."""
+    import torch
+
     from monim.core.config import DEMO_STREAM, RunConfig
     from monim.run import recorded_days
     from monim.storage.datastore import Datastore
 
     ds = Datastore.read(workdir / "memories" / policy)
     rows = recorded_days(RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), policy=policy))
-    return {"checksum": ds.checksum(), "days": sorted(rows), "entries": len(ds), "ids": ds.shards.array("ids"),
-            "values": ds.shards.array("values"), "keys": ds.shards.array("keys"),
-            "ppl": [rows[d]["ppl"] for d in sorted(rows)], "ppl_knn": [rows[d].get("ppl_knn") for d in sorted(rows)]}
+    theta = ds.theta_at(None)
+    arrays = {f"{Path(e).parent.name[:10]}/{k}": v for e in theta.get("examples", []) for k, v in np.load(ds.root / e).items()}
+    if theta.get("dir"):
+        state = torch.load(ds.root / theta["dir"] / "calibrator.pt", weights_only=False)["state"]
+        arrays |= {f"calibrator/{k}": v.numpy() for k, v in state.items()}
+    return {"checksum": ds.checksum(), "days": [(d.date, d.entries, d.checksums) for d in ds.days_at(None)],
+            "entries": len(ds), "theta": _stable(theta), "arrays": arrays,
+            "rows": sorted(rows), "ppl": [rows[d]["ppl"] for d in sorted(rows)]}
 
 
 def _same(a: dict, b: dict) -> None:
-    assert (b["checksum"], b["days"], b["entries"]) == (a["checksum"], a["days"], a["entries"])
-    for name in ("ids", "values", "keys"):
-        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+    """The same memory (shards byte for byte, Θ's weights bit for bit) and the same PPL."""
+    assert (b["days"], b["entries"], b["theta"], b["rows"]) == (a["days"], a["entries"], a["theta"], a["rows"])
+    assert sorted(b["arrays"]) == sorted(a["arrays"])
+    for name, array in a["arrays"].items():
+        np.testing.assert_array_equal(b["arrays"][name], array, err_msg=name)
     assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-6)
 
 
@@ -174,8 +202,7 @@ def test_a_stream_searched_on_a_two_worker_cluster_learns_what_one_process_learn
 
     one = alone(part_bytes)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        parts = SearchParts(cluster.scheduler)
-        cluster.scheduler.add_plugin(parts)
+        parts = search_parts(cluster.scheduler)
         workers = set(cluster.scheduler.workers)
         for cfg in _spread(one, tmp_path, part_bytes, cluster.scheduler_address, str(tiny_model_dir("llama"))):
             parts.ran.clear()
@@ -206,8 +233,7 @@ def test_a_worker_killed_mid_day_leaves_the_memory_as_it_was_and_the_resumed_day
     one = alone(None)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        parts = SearchParts(cluster.scheduler)
-        cluster.scheduler.add_plugin(parts)
+        parts = search_parts(cluster.scheduler)
         (cfg,) = _spread(one, tmp_path, None, cluster.scheduler_address, str(tiny_model_dir("llama")), ["monim-amt"])
         learn_stream(cfg, STREAM[0], STREAM[0])
         before = _memory(tmp_path, "monim-amt")
@@ -216,8 +242,8 @@ def test_a_worker_killed_mid_day_leaves_the_memory_as_it_was_and_the_resumed_day
             learn_stream(cfg, *STREAM)
         assert parts.killed >= 1
         after = _memory(tmp_path, "monim-amt")
-        assert after["days"] == [STREAM[0]]
-        _same(before, after)  # nothing of the second day committed
+        assert after["checksum"] == before["checksum"] and after["rows"] == [STREAM[0]]  # nothing of the second day
+        _same(before, after)
         parts.killing = False
         learn_stream(cfg, *STREAM)
     _same(_memory(one, "monim-amt"), _memory(tmp_path, "monim-amt"))
