@@ -34,10 +34,23 @@ def stage(name: str) -> Iterator[None]:
         STAGE.reset(token)
 
 
+def _holders(client, items: list[Any]) -> list[str | None]:
+    """The worker each item goes to: the i-th of the memory's parts named in the items (a SearchPart's
+    `part`, sorted: day ranges) to the i-th worker, round the workers, so that each worker holds only
+    its share of the parts across the day's searches; None (any worker) for the whole index."""
+    workers = sorted(client.scheduler_info()["workers"])
+    parts = sorted({p for p in (getattr(item, "part", None) for item in items) if p is not None})
+    rank = {p: i for i, p in enumerate(parts)}
+    return [None if getattr(item, "part", None) is None or not workers else workers[rank[item.part] % len(workers)]
+            for item in items]
+
+
 def _gather(client, fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:
-    """fn on each item as a Dask task on the workers (keyed by the stage's name), results in order."""
+    """fn on each item as a Dask task on the workers (keyed by the stage's name), results in order.
+    A part's worker is preferred, not required: when it is lost another one opens the part."""
     prefix = name.replace(" ", "-")  # the Dask dashboard groups tasks by their key's prefix
-    return client.gather([client.submit(fn, item, key=f"{prefix}-{uuid4().hex}") for item in items])
+    return client.gather([client.submit(fn, item, key=f"{prefix}-{uuid4().hex}", workers=worker,
+                                        allow_other_workers=worker is not None) for item, worker in zip(items, _holders(client, items))])
 
 
 @task(cache_policy=NO_CACHE, persist_result=False, task_run_name="{name}")
