@@ -24,6 +24,7 @@ from monim.storage.entries import DTYPES
 from monim.storage.index import MemoryIndex, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
 from monim.storage.memory_settings import Settings
+from monim.storage.parts import Parts
 from monim.storage.workdirs import rows_file, run_lock, write_view
 
 
@@ -109,15 +110,22 @@ def _strays(ds: Datastore) -> list[Path]:
     return out
 
 
-def _index(ds: Datastore) -> MemoryIndex:
-    """The memory's index, with the index settings it was learned with."""
-    return MemoryIndex(ds.root, ds.identity["hidden_size"], Settings.from_dict(ds.manifest.get("settings") or {}).index)
+def _indexes(ds: Datastore) -> list[tuple[MemoryIndex, Datastore, str]]:
+    """The memory's index, the entries it holds and the kind they call for, with the index settings it
+    was learned with; each part's where the memory is split (monim.storage.parts)."""
+    cfg = Settings.from_dict(ds.manifest.get("settings") or {}).index
+    parts = Parts(ds.root, ds.identity["hidden_size"], cfg)
+    if not parts.split(ds):
+        index = MemoryIndex(ds.root, ds.identity["hidden_size"], cfg)
+        return [(index, ds, index.kind_for(ds))]
+    views = {name: parts.view(ds, name) for name in parts.plan(ds)}
+    return [(parts.index(name), view, parts.index(name).kind_for(ds, len(view))) for name, view in views.items()]
 
 
-def _index_problem(ds: Datastore) -> Problem | None:
-    index = _index(ds)
+def _index_problem(index: MemoryIndex, ds: Datastore, kind: str) -> Problem | None:
+    """What is wrong with an index (the memory's or a part's) holding the entries of `ds`."""
     if not (index.dir / "index.faiss").exists():
-        if index.kind_for(ds) == "ivfpq":
+        if kind == "ivfpq":
             return Problem(str(index.dir), "IVF-PQ index missing (it would be built again at the next search)",
                            "rebuild the index from the shards")
         return None  # an exact index: built in RAM from the shards
@@ -181,7 +189,11 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
         return [Problem(str(root / "manifest.json"), f"manifest unreadable: {e}", None)]
     problems = _shard_problems(ds) + _theta_problems(ds)
     problems += [Problem(str(p), "stray (not named by the manifest)", "remove") for p in _strays(ds)]
-    problems += [p for p in (_index_problem(ds), _lexical_problem(ds)) if p]
+    indexes = {str(index.dir): (index, held, kind) for index, held, kind in _indexes(ds)}
+    problems += [p for p in (*(_index_problem(*i) for i in indexes.values()), _lexical_problem(ds)) if p]
+    if str(ds.root / "index") not in indexes and (ds.root / "index").exists():
+        problems.append(Problem(str(ds.root / "index"), "the whole memory's index, left from before it was split in "
+                                                        "parts (monim.storage.parts)", "remove"))
     if repair:
         corrupt = any(p.repair is None for p in problems)
         for p in problems:
@@ -191,7 +203,8 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
                 Path(p.where).unlink()
                 LexicalCounts.of(ds.shards)
             elif p.repair == "rebuild the index from the shards" and not corrupt:
-                _index(ds).sync(ds, retrain=True)
+                index, held, kind = indexes[p.where]
+                index.sync(held, retrain=True, kind=kind)
             elif p.repair == "train the calibrator again from the calibration window" and retrain:
                 retrain(ds)
             else:

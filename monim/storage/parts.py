@@ -130,6 +130,3 @@ class Parts:
         return {"added": sum(s["added"] for s in stats), "removed": sum(s["removed"] for s in stats),
                 "rebuilt": any(s["rebuilt"] for s in stats), "parts": len(starts),
                 "seconds": time.perf_counter() - started}
-
-    def bytes_on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.dir.rglob("*") if p.is_file()) if self.dir.exists() else 0

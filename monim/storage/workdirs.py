@@ -30,9 +30,9 @@ def run_lock(workdir: str | Path, name: str) -> Path:
 
 
 def index_bytes(root: str | Path) -> int:
-    """Bytes of a memory's index file, without loading it."""
-    path = Path(root) / "index" / "index.faiss"
-    return path.stat().st_size if path.exists() else 0
+    """Bytes of a memory's index files (its parts' where it is split: monim.storage.parts), without loading them."""
+    files = [Path(root) / "index" / "index.faiss", *Path(root).glob("parts/*/index/index.faiss")]
+    return sum(p.stat().st_size for p in files if p.exists())
 
 
 def memory_root(workdir: str | Path, name: str) -> Path:

@@ -295,4 +295,4 @@ class Memory:
         return self.ds.checksum(self.as_of)
 
     def bytes_on_disk(self) -> int:
-        return self.ds.bytes_on_disk() + self.index.bytes_on_disk() + self.parts.bytes_on_disk()
+        return self.ds.bytes_on_disk() + self.index.bytes_on_disk()
