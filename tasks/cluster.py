@@ -92,8 +92,8 @@ def searching_on_cluster(run: Run) -> Iterator[None]:
         return
     workers = DaskWorkers(run.cfg.cluster)
     try:
-        run.memory.spread_over(workers)
+        run.spread_over(workers)
         yield
     finally:
-        run.memory.spread_over(None)
+        run.spread_over(None)
         workers.close()
