@@ -4,9 +4,9 @@ in order. The commit stays in the flow's process: one writer per memory.
 
 Each search (<= 1,024 queries, ~100 a stage on a day) is one Prefect task in the flow's process named
 by its stage ("decision search", ...), its parts plain Dask tasks (the Dask dashboard groups them by
-the same name). A Prefect task per part, run on the worker through prefect-dask's client, cost ~270 ms
-a search of 2 parts against ~12 ms for plain Dask tasks and ~38 ms with the Prefect task here
-(2 workers, one local Prefect server, 2 cores)."""
+the same name). A Prefect task per part, run on the worker through prefect-dask's client, cost 230-270 ms
+a search of 2 parts against ~12 ms for plain Dask tasks and 23-38 ms with the Prefect task here
+(2 workers, one local Prefect server, 2 busy cores)."""
 
 from __future__ import annotations
 
