@@ -22,9 +22,9 @@ from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.fsck import check_memory
 from monim.storage.index import MemoryIndex, indexed_ids
-from monim.storage.parts import Parts
+from monim.storage.parts import Parts, merge
 from monim.theta.searcher import Searcher
-from monim.theta.spread import Spread
+from monim.theta.spread import Spread, chunks
 
 D = 16
 
@@ -148,10 +148,14 @@ def test_ivf_pq_parts_recall_against_one_index_and_brute_force_and_a_narrow_wind
 def test_a_day_a_forget_and_a_relearn_touch_only_their_parts_and_nothing_forgotten_stays(tmp_path):
     """Each change re-syncs only the parts of the days it changes (the others' files untouched); a
     forgotten article is in no part's index file; fsck knows the parts' files."""
-    ds = random_memory(tmp_path, (3000, 3000), seed=4)
+    ds = random_memory(tmp_path, (3000,), seed=4)
     cfg = IndexConfig(exact_below=2000, code_bytes=8, nprobe=8, max_nlist=32, probe=0, part_bytes=1)
     s = searcher(ds, cfg)
     s.sync()
+    assert not s.split and (tmp_path / "index" / "index.faiss").exists()  # one day: one index
+    commit(ds, "2022-06-02", np.random.default_rng(5).standard_normal((3000, D)) * 3, "day1-")
+    s.sync()
+    assert not (tmp_path / "index").exists()  # split: the whole memory's index goes
     parts = tmp_path / "parts"
     assert s.split and sorted(p.name for p in parts.iterdir()) == ["2022-06-01", "2022-06-02", "plan.json"]
     first = files(parts / "2022-06-01")
@@ -182,6 +186,11 @@ def test_a_day_a_forget_and_a_relearn_touch_only_their_parts_and_nothing_forgott
     s.sync()
     assert files(parts / "2022-06-01") == first and files(parts / "2022-06-02") == second
     assert files(parts / "2022-06-03") != third and check_memory(tmp_path) == []
+    damaged = parts / "2022-06-02" / "index" / "index.faiss"
+    damaged.write_bytes(b"garbage")
+    assert [p.where for p in check_memory(tmp_path)] == [str(damaged.parent)]
+    assert check_memory(tmp_path, repair=True)[0].repaired and check_memory(tmp_path) == []
+    assert files(parts / "2022-06-01") == first  # the part alone rebuilt
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "index.faiss").write_bytes(b"left over")
     assert [p.where for p in check_memory(tmp_path)] == [str(tmp_path / "index")]
@@ -217,11 +226,50 @@ def test_days_learned_through_spread_searches_give_the_same_memory_and_ppl(tiny,
             memorize_day(memory, day, make_policy(policy))
             calibrate(memory, day)
         test = [d for day in days for d in day.test]
+        assert memory.at(days[0].date)._spread.workers is workers  # a view searches where its memory does
         results[where] = (fingerprint(tmp_path / where), len(memory), memory.ds.shards.array("ids"),
                           evaluate(tiny, test, memory.at(days[-1].date))["ppl"])
         assert memory._searcher.split == (part_bytes is not None)
+        assert not memory.parts._indexes or workers is None  # on workers, this process holds no part
     assert pool.calls > asked  # the searches of every stage went to the workers
     here, there = results["here"], results["workers"]
     assert here[0] == there[0] and here[1] == there[1]
     np.testing.assert_array_equal(here[2], there[2])
     assert here[3] == pytest.approx(there[3], rel=1e-6)
+
+
+def test_on_workers_the_writer_saves_each_part_it_changes_and_holds_none(tmp_path, pool):
+    """A memory searched on workers: its process saves the IVF-PQ parts a change touches and lets them
+    go, builds no exact part, and the workers' answers equal those of the same memory searched here."""
+    random_memory(tmp_path / "here", (3000, 3000, 1000), seed=8)
+    shutil.copytree(tmp_path / "here", tmp_path / "there")
+    cfg = IndexConfig(k=32, exact_below=2000, code_bytes=8, nprobe=8, max_nlist=32, probe=0, part_bytes=1)
+    here, there = searcher(Datastore.read(tmp_path / "here"), cfg), searcher(Datastore.read(tmp_path / "there"), cfg)
+    there.parts.searched_here(False)
+    queries = np.random.default_rng(9).standard_normal((40, D)).astype(np.float32) * 3
+    for change in (None, "day", "forget"):
+        if change == "day":
+            for s in (here, there):
+                commit(s.ds, "2022-06-04", np.random.default_rng(10).standard_normal((2500, D)) * 3, "day3-")
+        if change == "forget":
+            assert here.ds.commits.forget(doc_ids=["day0-1"]) == there.ds.commits.forget(doc_ids=["day0-1"]) == 1000
+        for exact in (False, True):
+            a, b = here.nearest(queries, exact=exact), Spread(pool).nearest(there, queries, exact=exact)
+            np.testing.assert_array_equal(a[1], b[1])
+            np.testing.assert_array_equal(a[0], b[0])
+        assert there.parts._indexes == {} and there.split
+        saved = sorted(str(p.relative_to(tmp_path / "there")) for p in (tmp_path / "there").glob("parts/*/index/index.faiss"))
+        assert saved == [f"parts/{d}/index/index.faiss" for d in ("2022-06-01", "2022-06-02", "2022-06-04")[: 2 + (change is not None)]]
+        assert check_memory(tmp_path / "there") == []
+
+
+def test_parts_answers_merge_by_distance_then_id_and_queries_split_on_whole_batches():
+    """Hand-computed: the merged top-k by (distance, id), none (-1) last; chunks of whole query batches."""
+    a = (np.array([[1.0, 3.0, np.inf]], np.float32), np.array([[7, 2, -1]]))
+    b = (np.array([[1.0, 2.0, 3.0]], np.float32), np.array([[4, 9, 1]]))
+    dist, ids = merge([a, b], 4)
+    assert ids.tolist() == [[4, 7, 9, 1]] and dist.tolist() == [[1.0, 1.0, 2.0, 3.0]]
+    assert merge([a, (np.full((1, 3), np.inf, np.float32), np.full((1, 3), -1))], 4)[1].tolist() == [[7, 2, -1, -1]]
+    assert merge([a], 3) is a  # one part: its answer as it is
+    assert chunks(10000, 2, 4096) == [(0, 8192), (8192, 10000)] and chunks(100, 4, 4096) == [(0, 100)]
+    assert chunks(60, 2, 16) == [(0, 32), (32, 60)] and chunks(0, 2, 16) == []

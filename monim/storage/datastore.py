@@ -10,6 +10,7 @@ Layout of a memory directory:
                            weights.npy (int32, Greedy Merging only: how many entries each one stands for),
                            the day's text: lexical counts, twin signatures, its articles and every id read (monim.storage.articles)
     index/                 the FAISS index over the keys (monim.storage.index), rebuilt if stale
+    parts/                 instead, once the index outgrows `part_bytes`: its parts by day range (monim.storage.parts)
 Files not named by the manifest (left by a crash) are ignored and removed on the next commit.
 """
 

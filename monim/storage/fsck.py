@@ -191,7 +191,7 @@ def _check_memory(root: Path, repair: bool, retrain: Callable[[Datastore], None]
     problems += [Problem(str(p), "stray (not named by the manifest)", "remove") for p in _strays(ds)]
     indexes = {str(index.dir): (index, held, kind) for index, held, kind in _indexes(ds)}
     problems += [p for p in (*(_index_problem(*i) for i in indexes.values()), _lexical_problem(ds)) if p]
-    if str(ds.root / "index") not in indexes and (ds.root / "index").exists():
+    if str(ds.root / "index") not in indexes and (ds.root / "index" / "index.faiss").exists():
         problems.append(Problem(str(ds.root / "index"), "the whole memory's index, left from before it was split in "
                                                         "parts (monim.storage.parts)", "remove"))
     if repair:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -40,6 +41,14 @@ def exact_limit(cfg: IndexConfig, searched: int) -> int:
     searches cost entries x queries, IVF-PQ's about the queries alone."""
     base = CalibratorConfig.sample_tokens
     return int(cfg.exact_below * base / (base + searched))
+
+
+def index_kind(cfg: IndexConfig, ds: Datastore, entries: int | None = None) -> str:
+    """The index a memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat"; with
+    `entries`, the index of a part of it that holds that many (monim.storage.parts)."""
+    days = ds.days
+    n = len(ds) if entries is None else entries
+    return "ivfpq" if n >= exact_limit(cfg, days[-1].searched if days else 0) else "flat"
 
 
 def pq_subquantizers(d: int, code_bytes: int) -> int:
@@ -160,11 +169,8 @@ class MemoryIndex:
         return self.index is not None and self.meta.get("version") == ds.version
 
     def kind_for(self, ds: Datastore, entries: int | None = None) -> str:
-        """The index the memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat";
-        with `entries`, the index of a part of it that holds that many (monim.storage.parts)."""
-        days = ds.days
-        n = len(ds) if entries is None else entries
-        return "ivfpq" if n >= exact_limit(self.cfg, days[-1].searched if days else 0) else "flat"
+        """The index the memory calls for (index_kind)."""
+        return index_kind(self.cfg, ds, entries)
 
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True, kind: str | None = None) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save).
@@ -211,9 +217,8 @@ class MemoryIndex:
         return stats | {"seconds": time.perf_counter() - started}
 
     def drop(self) -> None:
-        """Let the index go, its files too: the memory is searched in parts (monim.storage.parts)."""
-        for name in ("index.faiss", "meta.json"):
-            (self.dir / name).unlink(missing_ok=True)
+        """Let the index go, its folder too: the memory is searched in parts (monim.storage.parts)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
         self.index, self.meta, self.mapped, self._search_index = None, {}, False, None
 
     def _save(self) -> None:

@@ -22,7 +22,7 @@ from monim.core.atomic import write_json
 from monim.core.config import IndexConfig
 from monim.core.manifest import CommittedDay
 from monim.storage.datastore import Datastore
-from monim.storage.index import MemoryIndex, pq_subquantizers
+from monim.storage.index import MemoryIndex, index_kind, pq_subquantizers
 
 PLAN = "plan.json"
 
@@ -57,7 +57,11 @@ class Parts:
         self.dir = Path(root) / "parts"
         self.d, self.cfg = hidden_size, cfg
         self._recorded: tuple[int, list[str]] | None = None  # (the memory's version it was read at, the plan's first days)
+        self._days: tuple[int, dict[str, list[CommittedDay]]] | None = None  # (the memory's version, `days`)
+        self._spans: tuple[int, dict[str, tuple[int, int]]] | None = None  # (the memory's version, `spans`)
         self._indexes: dict[str, MemoryIndex] = {}
+        self.keep = True  # False while workers search the parts (searched_here)
+        self._published: dict[str, str] = {}  # part -> the version found saved as a worker reads it
 
     def recorded(self, ds: Datastore) -> list[str]:
         """The first days of the parts the writer planned (re-read once the memory changed)."""
@@ -67,13 +71,16 @@ class Parts:
         return self._recorded[1]
 
     def plan(self, ds: Datastore) -> list[str]:
-        """The parts' first days: those planned, then a new part from each later day that would take
-        the last part past `part_bytes` of index (bytes of the index the whole memory calls for)."""
+        """The parts' first days (their names): those planned, then a new part from each later day that
+        would take the last part past `part_bytes` of index (bytes of the index the whole memory calls for)."""
+        return list(self.days(ds))
+
+    def _starts(self, ds: Datastore) -> list[str]:
         starts, days = list(self.recorded(ds)), [d for d in ds.days if d.entries]
         if self.cfg.part_bytes is None or not days:
             return starts
         starts = starts or [days[0].date]
-        per, held = entry_bytes(self.index(starts[0]).kind_for(ds), self.d, self.cfg), 0
+        per, held = entry_bytes(index_kind(self.cfg, ds), self.d, self.cfg), 0
         for day in (d for d in days if d.date >= starts[-1]):
             if held and held + day.entries * per > self.cfg.part_bytes:
                 starts.append(day.date)
@@ -86,12 +93,31 @@ class Parts:
         return len(self.plan(ds)) > 1
 
     def days(self, ds: Datastore) -> dict[str, list[CommittedDay]]:
-        """Each part's days, by its name (its first day)."""
-        starts = self.plan(ds)
-        held: dict[str, list[CommittedDay]] = {s: [] for s in starts}
-        for day in ds.days:
-            held[starts[max(0, int(np.searchsorted(starts, day.date, side="right")) - 1)]].append(day)
-        return held
+        """Each part's days, by its name (its first day; `plan`), once per version of the memory."""
+        if self._days is None or self._days[0] != ds.version:
+            starts = self._starts(ds)
+            held: dict[str, list[CommittedDay]] = {s: [] for s in starts}
+            for day in ds.days if starts else ():
+                held[starts[max(0, int(np.searchsorted(starts, day.date, side="right")) - 1)]].append(day)
+            self._days = (ds.version, held)
+        return self._days[1]
+
+    def spans(self, ds: Datastore) -> dict[str, tuple[int, int]]:
+        """The smallest and largest entry id of each part that holds entries, by its name."""
+        if self._spans is None or self._spans[0] != ds.version:
+            spans = {}
+            for name, days in self.days(ds).items():
+                ids = [ds.shards.shard(d.shard, "ids") for d in days if d.entries]
+                if ids:
+                    spans[name] = (min(int(i[0]) for i in ids), max(int(i[-1]) for i in ids))  # ids grow within a shard
+            self._spans = (ds.version, spans)
+        return self._spans[1]
+
+    def within(self, ds: Datastore, above: int, below: int | None) -> list[str]:
+        """The parts that may hold entries with `above` <= id < `below` (a search so limited finds none in the
+        others); the first part where none does (its search answers that nothing was found)."""
+        held = [name for name, (lo, hi) in self.spans(ds).items() if hi >= above and (below is None or lo < below)]
+        return held or self.plan(ds)[:1]
 
     def versions(self, ds: Datastore) -> dict[str, str]:
         """Each part's version, by its name."""
@@ -108,14 +134,49 @@ class Parts:
             self._indexes[name] = MemoryIndex(self.dir / name, self.d, self.cfg)
         return self._indexes[name]
 
+    def searched_here(self, here: bool) -> None:
+        """Whether this process searches the parts (it keeps their indexes) or workers do: then it lets
+        each part's index go once saved and builds no exact part at all (a worker builds its own from the shards)."""
+        self.keep = here
+        if not here:
+            self._indexes.clear()
+
     def current(self, ds: Datastore) -> bool:
-        """Whether every part's index holds its days' version."""
+        """Whether every part's index holds its days' version (here, or as workers read it: `keep`)."""
+        if not self.keep:
+            return all(self.published(ds, name) for name in self.plan(ds))
         return all(self.index(name).current(self.view(ds, name)) for name in self.plan(ds))
 
+    def meta(self, name: str) -> dict:
+        """Part `name`'s index meta: as held here, else as saved ({}: none saved, an exact part)."""
+        if name in self._indexes:
+            return self._indexes[name].meta
+        path = self.dir / name / "index" / "meta.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def published(self, ds: Datastore, name: str) -> bool:
+        """Whether part `name` is on disk as a worker reads it: its IVF-PQ index saved at the part's
+        version, or an exact part (a worker builds it from the shards)."""
+        want = version(self.days(ds)[name])
+        if self._published.get(name) != want:
+            path = self.dir / name / "index" / "meta.json"
+            if path.exists() and json.loads(path.read_text()).get("version") != want:
+                return False
+            if not path.exists() and index_kind(self.cfg, ds, len(self.view(ds, name))) != "flat":
+                return False
+            self._published[name] = want
+        return True
+
     def sync_part(self, ds: Datastore, name: str, retrain: bool = False, save: bool = True) -> dict:
-        """Bring part `name`'s index up to its days (MemoryIndex.sync): exact or IVF-PQ by its own entries."""
+        """Bring part `name`'s index up to its days (MemoryIndex.sync): exact or IVF-PQ by its own entries.
+        Unless `keep`, a part as workers read it is left alone and one saved is let go."""
+        if not self.keep and not retrain and self.published(ds, name):
+            return {"added": 0, "removed": 0, "rebuilt": False}
         view, index = self.view(ds, name), self.index(name)
-        return index.sync(view, retrain, save, kind=index.kind_for(ds, len(view)))
+        stats = index.sync(view, retrain, save, kind=index_kind(self.cfg, ds, len(view)))
+        if not self.keep and save:
+            del self._indexes[name]
+        return stats
 
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
         """Bring every part's index up to its days, the plan saved with them (under the memory's lock):
@@ -127,6 +188,7 @@ class Parts:
             if starts != self.recorded(ds):
                 write_json(self.dir / PLAN, {"starts": starts})
                 self._recorded = (ds.version, starts)
+        recalls = [s["recall"] for s in stats if s.get("recall") is not None]
         return {"added": sum(s["added"] for s in stats), "removed": sum(s["removed"] for s in stats),
-                "rebuilt": any(s["rebuilt"] for s in stats), "parts": len(starts),
-                "seconds": time.perf_counter() - started}
+                "rebuilt": any(s["rebuilt"] for s in stats), "parts": len(starts)} | (
+                    {"recall": min(recalls)} if recalls else {}) | {"seconds": time.perf_counter() - started}

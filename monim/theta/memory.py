@@ -147,8 +147,10 @@ class Memory:
     def spread_over(self, workers: Workers | None) -> None:
         """From now on search this memory (and every view of it: `at`, `recent`) on `workers`, each
         search's queries split among them and gathered in order (monim.theta.spread); None: in this
-        process. The answers are the same."""
+        process. The answers are the same. While on workers, this process holds no part of a memory
+        split in parts (monim.storage.parts): it saves each part it changes and lets it go."""
         self._spread.workers = workers
+        self.parts.searched_here(workers is None)
 
     def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ class Searcher:
         saved unless another process is writing this memory (a reader never waits). A current
         index takes no lock: readers score with it many times a day."""
         if self.current() and not retrain:
-            return self._sync()
+            return self._sync(save=False)  # nothing to write (a reader may be on a read-only mount)
         if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
             return self._sync(retrain, save=False)
         try:
@@ -59,10 +59,11 @@ class Searcher:
             self.index.drop()
         return stats
 
-    def part_searchers(self) -> list[Searcher]:
-        """A Searcher of each part's days and index (the search's limits are the whole memory's: `limits`)."""
+    def part_searchers(self, limits: dict) -> list[Searcher]:
+        """A Searcher of the days and index of each part that may hold entries within a search's `limits`
+        (the whole memory's: `limits`)."""
         return [Searcher(self.parts.view(self.ds, name), self.parts.index(name), None, Recency(), self.parts)
-                for name in self.parts.plan(self.ds)]
+                for name in self.parts.within(self.ds, limits["above"], limits["below"])]
 
     @property
     def days(self) -> list[CommittedDay]:
@@ -122,7 +123,7 @@ class Searcher:
         limits = self.limits(k, below)
         if not self.split:
             return self.answer(keys, exclude=exclude, exact=exact, **limits)
-        return merge([part.answer(keys, exclude=exclude, exact=exact, **limits) for part in self.part_searchers()],
+        return merge([part.answer(keys, exclude=exclude, exact=exact, **limits) for part in self.part_searchers(limits)],
                      limits["k"])
 
     def ready(self) -> None:
@@ -132,8 +133,8 @@ class Searcher:
 
     def approximate(self) -> bool:
         """Whether the index (or a part's) is IVF-PQ."""
-        indexes = [self.parts.index(name) for name in self.parts.plan(self.ds)] if self.split else [self.index]
-        return any(i.meta.get("kind") == "ivfpq" for i in indexes)
+        metas = [self.parts.meta(name) for name in self.parts.plan(self.ds)] if self.split else [self.index.meta]
+        return any(meta.get("kind") == "ivfpq" for meta in metas)
 
     def limits(self, k: int | None = None, below: int | None = None) -> dict:
         """What a search finds, from the whole memory: `k` neighbours among the ids below `below` and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ class SearchPart:
 
 
 _opened: dict[tuple[str, str | None], tuple[tuple, Searcher]] = {}  # (root, part) -> (version, settings), its Searcher
+_opening = threading.Lock()  # a worker's threads open a memory once
 
 
 def opened(root: str, version: int | str, part: str | None, cfg: IndexConfig) -> Searcher:
@@ -52,24 +54,33 @@ def opened(root: str, version: int | str, part: str | None, cfg: IndexConfig) ->
     its shards mapped, an exact index built in RAM from their keys, an IVF-PQ one read as the writer
     saved it. Nothing is written and no lock taken."""
     key, state = (root, part), (version, dataclasses.astuple(cfg))
-    if key in _opened and _opened[key][0] == state:
-        return _opened[key][1]
-    _opened.pop(key, None)  # an older version's index goes before the new one is read
+    with _opening:
+        held = _opened.get(key)
+        if held is not None and held[0] == state:
+            return held[1]
+        _opened.pop(key, None)  # an older version's index goes before the new one is read
+        searcher = _open(root, version, part, cfg)
+        _opened[key] = (state, searcher)
+        return searcher
+
+
+def _open(root: str, version: int | str, part: str | None, cfg: IndexConfig) -> Searcher:
     ds = Datastore.read(root)
+    parts = Parts(root, ds.manifest["hidden_size"], cfg)
     if part is None:
         view, index = ds, MemoryIndex(root, ds.manifest["hidden_size"], cfg)
-        ready = lambda: index.sync(ds, save=False)  # noqa: E731
-    else:
-        parts = Parts(root, ds.manifest["hidden_size"], cfg)
+    elif part in parts.plan(ds):
         view, index = parts.view(ds, part), parts.index(part)
-        ready = lambda: parts.sync_part(ds, part, save=False)  # noqa: E731
+    else:
+        raise StaleSearch(f"{root}: asked to search part {part}, which the memory's plan does not hold")
     if view.version != version:
         raise StaleSearch(f"{root}: asked to search version {version!r} of {part or 'the memory'}, but it is at "
                           f"{view.version!r} (changed since the search was asked)")
-    ready()
-    searcher = Searcher(view, index, None, Recency())
-    _opened[key] = (state, searcher)
-    return searcher
+    if part is None:
+        index.sync(ds, save=False)
+    else:
+        parts.sync_part(ds, part, save=False)
+    return Searcher(view, index, None, Recency())
 
 
 def search_part(request: SearchPart) -> tuple[np.ndarray, np.ndarray]:
@@ -84,7 +95,7 @@ def chunks(n: int, workers: int, batch: int) -> list[tuple[int, int]]:
     """The queries' split among `workers`: whole multiples of the index's query batch, so that each
     query is searched with the same neighbours in its batch as in one process (FAISS's exact
     distances depend in their last bits on the batch a query is searched in)."""
-    step = -(-max(1, -(-n // workers)) // batch) * batch
+    step = -(-max(1, -(-n // max(1, workers))) // batch) * batch
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
@@ -98,12 +109,17 @@ class Spread:
     def nearest(self, searcher: Searcher, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Searcher.nearest, its index work on the workers: every chunk of the queries in every part."""
-        if self.workers is None or not len(keys):
+        if self.workers is None:
             return searcher.nearest(keys, k, below, exclude, exact)
         searcher.ready()
         limits = searcher.limits(k, below)
+        if not len(keys):
+            return np.zeros((0, limits["k"]), np.float32), np.zeros((0, limits["k"]), np.int64)
         root = os.path.abspath(searcher.ds.root)
-        parts = searcher.parts.versions(searcher.ds) if searcher.split else {None: searcher.ds.version}
+        parts: dict[str | None, int | str] = {None: searcher.ds.version}
+        if searcher.split:
+            versions = searcher.parts.versions(searcher.ds)
+            parts = {name: versions[name] for name in searcher.parts.within(searcher.ds, limits["above"], limits["below"])}
         keys = np.asarray(keys, np.float32)
         spans = chunks(len(keys), self.workers.size, searcher.index.cfg.query_batch)
         asks = [SearchPart(root, version, part, keys[lo:hi], exclude=exclude, exact=exact, index=searcher.index.cfg, **limits)
