@@ -10,6 +10,7 @@ a search of 2 parts against ~12 ms for plain Dask tasks and 23-38 ms with the Pr
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
@@ -34,29 +35,19 @@ def stage(name: str) -> Iterator[None]:
         STAGE.reset(token)
 
 
-def _holders(client, items: list[Any]) -> list[str | None]:
-    """The worker each item goes to: the i-th of the memory's parts named in the items (a SearchPart's
-    `part`, sorted: day ranges) to the i-th worker, round the workers, so that each worker holds only
-    its share of the parts across the day's searches; None (any worker) for the whole index."""
-    workers = sorted(client.scheduler_info()["workers"])
-    parts = sorted({p for p in (getattr(item, "part", None) for item in items) if p is not None})
-    rank = {p: i for i, p in enumerate(parts)}
-    return [None if getattr(item, "part", None) is None or not workers else workers[rank[item.part] % len(workers)]
-            for item in items]
-
-
-def _gather(client, fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:
-    """fn on each item as a Dask task on the workers (keyed by the stage's name), results in order.
-    A part's worker is preferred, not required: when it is lost another one opens the part."""
+def _gather(client, fn: Callable[[Any], Any], items: list[Any], name: str, holders: list[str | None]) -> list[Any]:
+    """fn on each item as a Dask task on the workers (keyed by the stage's name), results in order; an
+    item goes to its holder where it names one, preferred, not required: when it is lost another worker
+    opens its part."""
     prefix = name.replace(" ", "-")  # the Dask dashboard groups tasks by their key's prefix
     return client.gather([client.submit(fn, item, key=f"{prefix}-{uuid4().hex}", workers=worker,
-                                        allow_other_workers=worker is not None) for item, worker in zip(items, _holders(client, items))])
+                                        allow_other_workers=worker is not None) for item, worker in zip(items, holders)])
 
 
 @task(cache_policy=NO_CACHE, persist_result=False, task_run_name="{name}")
-def search(client, fn: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:
+def search(client, fn: Callable[[Any], Any], items: list[Any], name: str, holders: list[str | None]) -> list[Any]:
     """One search of a stage, its parts on the cluster's workers."""
-    return _gather(client, fn, items, name)
+    return _gather(client, fn, items, name, holders)
 
 
 class DaskWorkers:
@@ -66,6 +57,19 @@ class DaskWorkers:
         from distributed import Client  # dask.distributed takes a while to import
 
         self.client = Client(address, timeout=60, set_as_default=False)
+        self.holder: dict[str, str] = {}  # a part of the memory -> the worker that searches it
+
+    def holders(self, items: list[Any]) -> list[str | None]:
+        """The worker each item goes to: a part of the memory (a SearchPart's `part`) to the same
+        worker in every search, a new one (or one whose worker left) to the worker holding the fewest,
+        so that each worker holds only its share of the parts; None (any worker) for the whole index."""
+        workers = sorted(self.client.scheduler_info()["workers"])
+        held = Counter(w for w in self.holder.values() if w in workers)
+        for part in sorted({p for p in (getattr(item, "part", None) for item in items) if p is not None}):
+            if workers and self.holder.get(part) not in workers:
+                self.holder[part] = min(workers, key=lambda w: held[w])
+                held[self.holder[part]] += 1
+        return [self.holder.get(getattr(item, "part", None) or "") for item in items]
 
     @property
     def size(self) -> int:
@@ -75,9 +79,10 @@ class DaskWorkers:
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """fn on each item on the workers, results in the items' order (a part that fails fails the map);
         a Prefect task of its own inside a task run (a stage of the day)."""
+        holders = self.holders(items)
         if TaskRunContext.get() is None:  # outside Prefect (a bench, Run.day): no task run to report to
-            return _gather(self.client, fn, items, STAGE.get())
-        return search(self.client, fn, items, STAGE.get())
+            return _gather(self.client, fn, items, STAGE.get(), holders)
+        return search(self.client, fn, items, STAGE.get(), holders)
 
     def close(self) -> None:
         self.client.close()

@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,43 +119,25 @@ def search_parts(scheduler):
     return plugin
 
 
-VOLATILE = {"seconds", "dir", "checksums", "examples"}  # a calibration's time and its folder's random name
-
-
-def _stable(meta):
-    """Θ's settings without what differs between two runs learning the same (its time, its folder's name)."""
-    if isinstance(meta, dict):
-        return {k: _stable(v) for k, v in meta.items() if k not in VOLATILE}
-    return meta
-
-
 def _memory(workdir, policy) -> dict:
-    """What a run learned: its memory's checksum, days (their shards' checksums), entries and Θ
-    (settings, calibration examples, calibrator weights), and its rows' metrics."""
-    import torch
-
+    """What a run learned: its memory's checksum, files (helpers.fingerprint: shards byte for byte, Θ by
+    content), entries and ids, and its rows' metrics."""
+    from helpers import fingerprint
     from monim.core.config import DEMO_STREAM, RunConfig
     from monim.run import recorded_days
     from monim.storage.datastore import Datastore
 
-    ds = Datastore.read(workdir / "memories" / policy)
+    ds = Datastore.read(root := workdir / "memories" / policy)
     rows = recorded_days(RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), policy=policy))
-    theta = ds.theta_at(None)
-    arrays = {f"{Path(e).parent.name[:10]}/{k}": v for e in theta.get("examples", []) for k, v in np.load(ds.root / e).items()}
-    if theta.get("dir"):
-        state = torch.load(ds.root / theta["dir"] / "calibrator.pt", weights_only=False)["state"]
-        arrays |= {f"calibrator/{k}": v.numpy() for k, v in state.items()}
-    return {"checksum": ds.checksum(), "days": [(d.date, d.entries, d.checksums) for d in ds.days_at(None)],
-            "entries": len(ds), "theta": _stable(theta), "arrays": arrays,
+    return {"checksum": ds.checksum(), "files": fingerprint(root), "entries": len(ds), "ids": ds.shards.array("ids"),
             "rows": sorted(rows), "ppl": [rows[d]["ppl"] for d in sorted(rows)]}
 
 
 def _same(a: dict, b: dict) -> None:
-    """The same memory (shards byte for byte, Θ's weights bit for bit) and the same PPL."""
-    assert (b["days"], b["entries"], b["theta"], b["rows"]) == (a["days"], a["entries"], a["theta"], a["rows"])
-    assert sorted(b["arrays"]) == sorted(a["arrays"])
-    for name, array in a["arrays"].items():
-        np.testing.assert_array_equal(b["arrays"][name], array, err_msg=name)
+    """The same memory (its files' contents, entries and ids) and the same PPL (Datastore.checksum differs
+    between any two memories: it hashes Θ's random folder names)."""
+    assert (b["files"], b["entries"], b["rows"]) == (a["files"], a["entries"], a["rows"])
+    np.testing.assert_array_equal(b["ids"], a["ids"])
     assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-6)
 
 
@@ -248,3 +229,27 @@ def test_a_worker_killed_mid_day_leaves_the_memory_as_it_was_and_the_resumed_day
         parts.killing = False
         learn_stream(cfg, *STREAM)
     _same(_memory(one, "monim-amt"), _memory(tmp_path, "monim-amt"))
+
+
+def test_each_part_of_a_memory_goes_to_the_same_worker_in_every_search():
+    """A part goes to one worker in every search of a day, new parts to the worker holding the fewest;
+    the whole index (no part) to any worker; results come back in the items' order."""
+    import operator
+    from types import SimpleNamespace
+
+    from distributed import LocalCluster
+
+    from tasks.cluster import DaskWorkers
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        workers = DaskWorkers(cluster.scheduler_address)
+        try:
+            one, two = sorted(cluster.scheduler.workers)
+            asks = [SimpleNamespace(part=p) for p in ("1987-03-04", "1987-03-02", None, "1987-03-03")]
+            assert workers.holders(asks) == [one, one, None, two]  # sorted: 03-02 to the first, 03-03, 03-04
+            later = [SimpleNamespace(part=p) for p in ("1987-03-05", "1987-03-03")]
+            assert workers.holders(later) == [two, two]  # 03-05 new: to the worker holding one part
+            assert workers.size == 2
+            assert workers.map(operator.attrgetter("part"), asks) == ["1987-03-04", "1987-03-02", None, "1987-03-03"]
+        finally:
+            workers.close()
