@@ -99,7 +99,8 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
     sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), period, cfg.seed,
                        e.period_docs, fields=cfg.fields(), on_error=cfg.on_error)
     later = lambda key, end_of: period_of(dt.date.fromisoformat(key[1]), period) >= end_of  # noqa: E731
-    out = {p: _cells(cells) for p, cells in period_results(_views(configs, days, e), sets, later).items()}
+    with stage("evaluation search"):
+        out = {p: _cells(cells) for p, cells in period_results(_views(configs, days, e), sets, later).items()}
     for p, runs in out.items():
         logger().info("%s: %d test articles, PPL by run and day: %s", p, len(sets[p]),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in runs.items()})
@@ -110,7 +111,8 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
 def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     doc = text_document(_asked(e, "text"), e.text_chars)
-    results = _cells(text_results(_views(configs, days, e), doc))
+    with stage("evaluation search"):
+        results = _cells(text_results(_views(configs, days, e), doc))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
@@ -119,7 +121,9 @@ def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) ->
 def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalConfig) -> dict:
     """Multiple-choice accuracy of each run's final memory on the questions of its window
     (EvalConfig.qa_window), for each number of shots: {run: {shots: metrics}}."""
-    by_shots = qa_results(_views(configs, [last], e), _asked(e, "qa"), dt.date.fromisoformat(first), dt.date.fromisoformat(last), e)
+    with stage("evaluation search"):
+        by_shots = qa_results(_views(configs, [last], e), _asked(e, "qa"), dt.date.fromisoformat(first),
+                              dt.date.fromisoformat(last), e)
     out: dict[str, dict] = {}
     for k, cells in by_shots.items():
         for (name, _), metrics in cells.items():

@@ -10,9 +10,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from monim.core.config import EvalConfig
+
 DAYS = ("1987-03-02", "1987-03-02")  # one day: the LM pass is per day
 STREAM = ("1987-03-02", "1987-03-03")  # two days: the second one's decisions search the first one's memory
 POLICIES = ("fullmem", "monim-amt")
+WEEKLY = EvalConfig(period="week", period_docs=2)  # the evaluation suite: each run's PPL as of each day
 SMALL_PARTS = 1  # bytes of index a part holds: a part per day (from the second day on)
 
 
@@ -144,7 +147,9 @@ def _same(a: dict, b: dict) -> None:
 @pytest.fixture(scope="module")
 def alone(prefect, tiny_model_dir, tmp_path_factory):
     """A function part_bytes -> the work directory of the two-day stream learned in one process by each
-    policy (the LM's features in its feature store, which the cluster's runs copy: the same keys)."""
+    policy (the LM's features in its feature store, which the cluster's runs copy: the same keys), and
+    the evaluation suite's weekly PPL of the runs."""
+    from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
     from monim.core.config import DEMO_STREAM, RunConfig
 
@@ -153,10 +158,11 @@ def alone(prefect, tiny_model_dir, tmp_path_factory):
     def learn(part_bytes):
         if part_bytes not in made:
             workdir = tmp_path_factory.mktemp(f"alone-{part_bytes}")
-            for policy in POLICIES:
-                learn_stream(RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")),
-                                       max_docs=4, policy=policy, part_bytes=part_bytes), *STREAM)
-            made[part_bytes] = workdir
+            configs = [RunConfig(workdir=str(workdir), source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")),
+                                 max_docs=4, policy=policy, part_bytes=part_bytes) for policy in POLICIES]
+            for cfg in configs:
+                learn_stream(cfg, *STREAM)
+            made[part_bytes] = workdir, evaluate_runs(configs, *STREAM, WEEKLY)
         return made[part_bytes]
 
     return learn
@@ -179,13 +185,15 @@ def test_a_stream_searched_on_a_two_worker_cluster_learns_what_one_process_learn
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
+    from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
 
-    one = alone(part_bytes)
+    one, suite = alone(part_bytes)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         parts = search_parts(cluster.scheduler)
         workers = set(cluster.scheduler.workers)
-        for cfg in _spread(one, tmp_path, part_bytes, cluster.scheduler_address, str(tiny_model_dir("llama"))):
+        configs = _spread(one, tmp_path, part_bytes, cluster.scheduler_address, str(tiny_model_dir("llama")))
+        for cfg in configs:
             parts.ran.clear()
             learn_stream(cfg, *STREAM)
             _same(_memory(one, cfg.policy), _memory(tmp_path, cfg.policy))
@@ -194,6 +202,15 @@ def test_a_stream_searched_on_a_two_worker_cluster_learns_what_one_process_learn
             assert stages["calibration-search"] >= len(STREAM), stages
             assert bool(stages["decision-search"]) == (cfg.policy == "monim-amt"), stages  # FullMem decides nothing
             assert {w for _, w in parts.ran} <= workers  # every search part ran on a worker of the cluster
+        parts.ran.clear()
+        spread = evaluate_runs(configs, *STREAM, WEEKLY)  # the evaluation suite: each run as of each day
+        assert {stage for stage, _ in parts.ran} == {"evaluation-search"}
+        assert spread.keys() == suite.keys() == {"periods"}
+        for period, runs in suite["periods"].items():
+            for name, days in runs.items():
+                assert spread["periods"][period][name].keys() == days.keys()
+                for day, metrics in days.items():
+                    assert spread["periods"][period][name][day]["ppl"] == pytest.approx(metrics["ppl"], rel=1e-6)
     if part_bytes:
         assert len({w for _, w in parts.ran}) == 2  # the memory's parts are searched on both workers
     with get_client(sync_client=True) as client:
@@ -212,7 +229,7 @@ def test_a_worker_killed_mid_day_leaves_the_memory_as_it_was_and_the_resumed_day
 
     from flows.stream import learn_stream
 
-    one = alone(None)
+    one, _ = alone(None)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         parts = search_parts(cluster.scheduler)
