@@ -273,3 +273,44 @@ def test_parts_answers_merge_by_distance_then_id_and_queries_split_on_whole_batc
     assert merge([a], 3) is a  # one part: its answer as it is
     assert chunks(10000, 2, 4096) == [(0, 8192), (8192, 10000)] and chunks(100, 4, 4096) == [(0, 100)]
     assert chunks(60, 2, 16) == [(0, 32), (32, 60)] and chunks(0, 2, 16) == []
+
+
+def test_part_bytes_is_a_setting_the_memory_records_and_checks():
+    """--part-bytes reaches the index settings a memory records; another value is refused, naming it; below 1 is refused."""
+    from pydantic import ValidationError
+
+    from monim.core.config import RunConfig
+    from monim.storage.memory_settings import Settings, SettingsMismatch, refuse_other
+
+    settings = Settings.of(RunConfig(part_bytes=1000))
+    assert settings.index.part_bytes == 1000 and Settings.from_dict(settings.as_dict()) == settings
+    with pytest.raises(SettingsMismatch, match="'index.part_bytes': learned with 1000, not None"):
+        refuse_other({"model": "m", "settings": settings.as_dict()}, "m", Settings())
+    with pytest.raises(SettingsMismatch, match="index.part_bytes"):
+        settings.read_with(part_bytes=5)
+    with pytest.raises(ValidationError, match="part_bytes"):
+        RunConfig(part_bytes=0)
+    with pytest.raises(ValueError, match="part_bytes must be at least 1"):
+        IndexConfig(part_bytes=0)
+
+
+def test_a_worker_lets_go_of_the_parts_a_change_touched(tmp_path):
+    """A worker's open parts of a memory: a part opened again after a forget lets go of every other part
+    the forget changed, and keeps those it did not."""
+    from monim.theta import spread
+
+    ds = random_memory(tmp_path, (300, 300, 300))
+    cfg = IndexConfig(k=8, part_bytes=1)
+    s = searcher(ds, cfg)
+    s.sync()
+    root, keys = str(tmp_path), np.zeros((1, D), np.float32)
+    for name, version in s.parts.versions(ds).items():
+        spread.search_part(spread.SearchPart(root, version, name, keys, 8, None, 0, None, False, None, cfg))
+    assert sorted(p for r, p in spread._opened if r == root) == ["2022-06-01", "2022-06-02", "2022-06-03"]
+    ds.commits.forget(doc_ids=["day0-1", "day1-1"])
+    s.sync()
+    new = s.parts.versions(ds)["2022-06-02"]
+    spread.search_part(spread.SearchPart(root, new, "2022-06-02", keys, 8, None, 0, None, False, None, cfg))
+    assert sorted(p for r, p in spread._opened if r == root) == ["2022-06-02", "2022-06-03"]
+    with pytest.raises(spread.StaleSearch, match="changed since the search was asked"):
+        spread.search_part(spread.SearchPart(root, "0", "2022-06-03", keys, 8, None, 0, None, False, None, cfg))

@@ -52,23 +52,29 @@ _opening = threading.Lock()  # a worker's threads open a memory once
 def opened(root: str, version: int | str, part: str | None, cfg: IndexConfig) -> Searcher:
     """The memory at `root` (one part of it) opened read-only as of `version`, once per process:
     its shards mapped, an exact index built in RAM from their keys, an IVF-PQ one read as the writer
-    saved it. Nothing is written and no lock taken."""
+    saved it. Nothing is written and no lock taken. Opening one lets go of the parts of the same memory
+    that changed since they were opened (a forgotten entry stays in no worker's RAM past the next change)."""
     key, state = (root, part), (version, dataclasses.astuple(cfg))
     with _opening:
         held = _opened.get(key)
         if held is not None and held[0] == state:
             return held[1]
         _opened.pop(key, None)  # an older version's index goes before the new one is read
-        searcher = _open(root, version, part, cfg)
+        ds = Datastore.read(root)
+        parts = Parts(root, ds.manifest["hidden_size"], cfg)
+        now = {None: ds.version} | parts.versions(ds)
+        for stale in [k for k, (s, _) in _opened.items() if k[0] == root and now.get(k[1]) != s[0]]:
+            del _opened[stale]  # a part the memory has changed since (a forgotten entry is held no longer)
+        searcher = _open(ds, parts, version, part)
         _opened[key] = (state, searcher)
         return searcher
 
 
-def _open(root: str, version: int | str, part: str | None, cfg: IndexConfig) -> Searcher:
-    ds = Datastore.read(root)
-    parts = Parts(root, ds.manifest["hidden_size"], cfg)
+def _open(ds: Datastore, parts: Parts, version: int | str, part: str | None) -> Searcher:
+    """Part `part` of the memory `ds` (None: its whole index) read for searches, as of `version`."""
+    root = ds.root
     if part is None:
-        view, index = ds, MemoryIndex(root, ds.manifest["hidden_size"], cfg)
+        view, index = ds, MemoryIndex(root, ds.manifest["hidden_size"], parts.cfg)
     elif part in parts.plan(ds):
         view, index = parts.view(ds, part), parts.index(part)
     else:
