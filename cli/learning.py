@@ -239,7 +239,10 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
           timezone: str = typer.Option("UTC", "--timezone", help="The cron's timezone (an IANA name), and the one "
                                        "'yesterday' is counted in."),
           model: Optional[str] = MODEL,
-          cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address for the LM pass."),
+          cluster: Optional[str] = typer.Option(None, "--cluster", help="A Dask scheduler's address: the LM pass and the "
+                                                "memory's searches run on its workers."),
+          part_bytes: Optional[int] = typer.Option(None, "--part-bytes", help="The most bytes of index one part of the "
+                                                   "memory holds (one worker's budget); empty: one index."),
           max_feed_lag: int = typer.Option(1, "--max-feed-lag", help="The daily run fails (the feed has stalled) when "
                                            "the feed's last article is more than this many days before yesterday."),
           prefect_port: int = typer.Option(4200, "--prefect-port", help="Port of the Prefect server started when none "
@@ -252,7 +255,7 @@ def serve(source: str = typer.Option(..., "--source", help="The news feed the da
     from cli.settings import config_from_options
 
     cfg = config_from_options(policy, source=source, workdir=workdir.resolve(), model=model, cluster=cluster,
-                    max_feed_lag=max_feed_lag)
+                              part_bytes=part_bytes, max_feed_lag=max_feed_lag)
     prefect_home(workdir)
     procs: list[Popen] = []
     if "PREFECT_API_URL" not in os.environ:  # set before Prefect is imported, else it starts a temporary API of its own

@@ -1,6 +1,7 @@
 """A day's LM pass on a Dask cluster: its articles split across the workers, each running the LM
-(loaded once per worker process) and writing its part of the feature store. Everything after it
-(memorize, commit, calibrate, evaluate) stays in the flow's process: one writer per memory."""
+(loaded once per worker process) and writing its part of the feature store. After it, the memory's
+searches run on the workers too (tasks.cluster); the commit stays in the flow's process: one writer
+per memory."""
 
 from __future__ import annotations
 

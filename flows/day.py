@@ -2,7 +2,8 @@
 commits the day and updates the index, then calibrate; or train) → evaluate → register → log →
 record. The day, its statistics, Θ's settings and the row pass from one task to the next; Θ as of
 the day is registered in MLflow's Model Registry and the row logged to its MLflow run where the
-stream is tracked. monim.run.Run.day is the same sequence without Prefect or MLflow."""
+stream is tracked. With the run's cluster, the LM pass (flows.cluster) and the memory's searches
+(tasks.cluster) run on its workers. monim.run.Run.day is the same sequence without Prefect or MLflow."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prefect.runtime import flow_run
 from flows.cluster import featurize_day
 from monim.core.config import RunConfig
 from monim.run import LearnerRun, MemoryRun, open_run
+from tasks.cluster import searching_on_cluster
 from tasks.evaluation import evaluate
 from tasks.feed import say_late, say_skipped
 from tasks.gate import register_day
@@ -41,7 +43,9 @@ def learn_day(cfg: RunConfig, date: str, run_id: str | None = None, tracking_uri
     say_skipped(date, day)
     lm_pass = featurize_day(run, day)
     started = time.perf_counter()  # the day's cost beyond the LM's pass (one per token, shared by every policy)
-    with run.writing():  # learned, evaluated, registered and recorded as one: a forget waits for the whole day
+    # learned, evaluated, registered and recorded as one: a forget waits for the whole day; with a
+    # cluster, the memory's searches run on its workers (the commit stays here)
+    with run.writing(), searching_on_cluster(run):
         if isinstance(run, MemoryRun):
             stats = memorize(run, day)
             theta = calibrate(run, day) if run.calibrates else {}

@@ -11,7 +11,8 @@ from typing import Callable
 from prefect import flow
 
 from monim.core.config import EvalConfig, RunConfig, period_of
-from monim.run import recorded_days
+from monim.run import open_run, recorded_days
+from tasks.cluster import searching_on_cluster
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity
 from tracking.logged import step_of
 from tracking.runs import describe, ended, experiment_name, log_points, metric_steps, mlflow_run
@@ -40,9 +41,10 @@ def evaluate_runs(configs: list[RunConfig], start: str | None = None, end: str |
     source, workdir = configs[0].source, configs[0].workdir
     uri = resolve_tracking_uri(workdir, tracking_uri)
     opened = {c.name: mlflow_run(c, experiment or experiment_name(source), uri) for c in configs}
-    with ExitStack() as stack:  # each run ended with this invocation
+    with ExitStack() as stack:  # each run ended with this invocation; its memory searched on its cluster's workers
         for c in configs:
             stack.enter_context(ended(opened[c.name][0], uri, functools.partial(describe, c)))
+            stack.enter_context(searching_on_cluster(open_run(c)))
         return _measure(configs, days, e, uri, opened)
 
 

@@ -26,6 +26,7 @@ from monim.core.catalogue import BARE, LEARNER, MEMORY
 from monim.core.config import LEARNER_FIELDS, RunConfig
 from monim.core.manifest import read_manifest
 from monim.core.recency import Recency
+from monim.core.workers import Workers
 from monim.data.day import SPLITS, Day
 from monim.data.stream import read_day
 from monim.evaluation.evaluate import evaluate_many
@@ -177,6 +178,7 @@ class MemoryRun(Run):
         super().__init__(cfg)
         self.settings, self._root = settings or Settings.of(cfg), Path(root or workdirs.memory_root(cfg.workdir, cfg.name))
         self._memory: Memory | None = None
+        self._workers: Workers | None = None
 
     @property
     def root(self) -> Path:
@@ -198,7 +200,14 @@ class MemoryRun(Run):
         settings is refused, naming them); opened again where its folder was removed."""
         if self._memory is None or not (self.root / "manifest.json").exists():
             self._memory = Memory(self.root, self.lm, self.settings)
+            self._memory.spread_over(self._workers)
         return self._memory
+
+    def spread_over(self, workers: Workers | None) -> None:
+        """The memory's searches on `workers` (Memory.spread_over), also where it is opened again (a
+        new memory before its first commit); None: in this process."""
+        self._workers = workers
+        self.memory.spread_over(workers)
 
     def open(self) -> None:
         memory = self.memory  # another model, weights or settings: refused here (MemoryMismatch, SettingsMismatch)

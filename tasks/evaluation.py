@@ -28,6 +28,7 @@ from monim.evaluation.suite import (
 )
 from monim.lm.model import resolved_dtype
 from monim.run import Run, open_run
+from tasks.cluster import stage
 from tasks.logs import logger
 
 
@@ -42,7 +43,8 @@ def _evaluation_key(context, parameters: dict) -> str:
 def evaluate(run: Run, day: Day) -> dict:
     """Test PPL and next-word accuracy of the LM alone and of the run as of the day, on the day's test articles."""
     started = time.perf_counter()
-    metrics = run.evaluate(day)
+    with stage("evaluation search"):
+        metrics = run.evaluate(day)
     logger().info("%s %s: test PPL %.2f (LM alone %.2f), accuracy %.3f", run.cfg.name, day.date, metrics["ppl"],
                   metrics["ppl_lm"], metrics["accuracy"])
     return metrics | {"evaluate_seconds": time.perf_counter() - started}
@@ -97,7 +99,8 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
     sets = period_sets(source, dt.date.fromisoformat(start), dt.date.fromisoformat(end), period, cfg.seed,
                        e.period_docs, fields=cfg.fields(), on_error=cfg.on_error)
     later = lambda key, end_of: period_of(dt.date.fromisoformat(key[1]), period) >= end_of  # noqa: E731
-    out = {p: _cells(cells) for p, cells in period_results(_views(configs, days, e), sets, later).items()}
+    with stage("evaluation search"):
+        out = {p: _cells(cells) for p, cells in period_results(_views(configs, days, e), sets, later).items()}
     for p, runs in out.items():
         logger().info("%s: %d test articles, PPL by run and day: %s", p, len(sets[p]),
                       {n: {d: round(r["ppl"], 2) for d, r in days_.items()} for n, days_ in runs.items()})
@@ -108,7 +111,8 @@ def period_perplexity(configs: list[RunConfig], source: str, start: str, end: st
 def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) -> dict:
     """The forgetting probe: PPL of each run on a general-domain text, as of each probe day."""
     doc = text_document(_asked(e, "text"), e.text_chars)
-    results = _cells(text_results(_views(configs, days, e), doc))
+    with stage("evaluation search"):
+        results = _cells(text_results(_views(configs, days, e), doc))
     logger().info("forgetting probe on %s: %s", doc.id, {n: {d: round(m["ppl"], 2) for d, m in r.items()} for n, r in results.items()})
     return results
 
@@ -117,7 +121,9 @@ def text_perplexity(configs: list[RunConfig], days: list[str], e: EvalConfig) ->
 def question_answering(configs: list[RunConfig], first: str, last: str, e: EvalConfig) -> dict:
     """Multiple-choice accuracy of each run's final memory on the questions of its window
     (EvalConfig.qa_window), for each number of shots: {run: {shots: metrics}}."""
-    by_shots = qa_results(_views(configs, [last], e), _asked(e, "qa"), dt.date.fromisoformat(first), dt.date.fromisoformat(last), e)
+    with stage("evaluation search"):
+        by_shots = qa_results(_views(configs, [last], e), _asked(e, "qa"), dt.date.fromisoformat(first),
+                              dt.date.fromisoformat(last), e)
     out: dict[str, dict] = {}
     for k, cells in by_shots.items():
         for (name, _), metrics in cells.items():

@@ -14,6 +14,7 @@ from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features
 from monim.storage import workdirs
 from monim.theta.memory import Memory
+from tasks.cluster import stage
 from tasks.logs import logger
 from tracking.champion import settle
 from tracking.store import here
@@ -45,7 +46,8 @@ def register_day(cfg: RunConfig, day: Day, memory: Memory, run_id: str, uri: str
         logger().info("%s version %s (%s): not promoted; champion v%s is of a later day", name, version, date,
                       champion.version)
         return {"model_version": int(version), "registered": 1, "champion_moved": 0}
-    gate = validation_gate(cfg, day, memory, champion, uri) if champion is not None else {}
+    with stage("validation search"):
+        gate = validation_gate(cfg, day, memory, champion, uri) if champion is not None else {}
     promoted = settle(uri, name, version, None if champion is None else str(champion.version), gate)
     why = ("" if not gate else f"; the day has no validation articles to compare on: champion v{champion.version} stays"
            if not gate["gate_tokens"] else

@@ -25,6 +25,7 @@ from monim.lm.features import Features
 from monim.lm.model import cached_lm
 from monim.run import LearnerRun, MemoryRun, Run
 from monim.theta.knnlm import RULES
+from tasks.cluster import stage
 from tasks.logs import logger
 
 LOG_EVERY = 25  # percent: without a terminal, progress is a log line at every this many percent
@@ -91,7 +92,7 @@ def featurize_part(cfg: RunConfig, docs: list[Document], name: str) -> dict:
 def memorize(run: MemoryRun, day: Day) -> dict:
     """Score the day with Θ, memorize through the policy, commit atomically (idempotent)."""
     cfg = run.cfg
-    with progress(f"{cfg.name}: memorizing {day.date}") as update:
+    with progress(f"{cfg.name}: memorizing {day.date}") as update, stage("decision search"):
         stats = run.memorize(day, update)
     if stats["committed"]:
         logger().info("%s %s: stored %d of %d tokens (MemRate %.1f%%); index: %s", cfg.name, day.date, stats["stored"],
@@ -120,7 +121,8 @@ def calibrate(run: MemoryRun, day: Day) -> dict:
     """Add the day's calibration examples, tune the constant λ, T and train the NN calibrator
     (idempotent per day); say so when tomorrow's Θ falls back to the LM alone."""
     cfg = run.cfg
-    out = run.calibrate(day)
+    with stage("calibration search"):
+        out = run.calibrate(day)
     summary, rule = out["summary"], run.memory.rule
     if summary["trained"]:
         nll = summary.get("nll") or {}

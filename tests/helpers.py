@@ -149,10 +149,11 @@ def chromium() -> Iterator:
 
 def _timeless(obj):
     """A record without what depends on the process that wrote it (timings, rates, tokens the LM ran
-    then rather than before a kill), with Θ's folders named by day, not by their random suffix."""
+    then rather than before a kill, and on how many workers), with Θ's folders named by day, not by
+    their random suffix."""
     if isinstance(obj, dict):
         return {k: _timeless(v) for k, v in obj.items()
-                if "seconds" not in k and not k.endswith("per_s") and k != "tokens_featurized"}
+                if "seconds" not in k and not k.endswith("per_s") and k not in ("tokens_featurized", "featurize_workers")}
     if isinstance(obj, list):
         return [_timeless(v) for v in obj]
     return re.sub(r"(theta/\d{4}-\d{2}-\d{2})-[0-9a-f]{8}", r"\1", obj) if isinstance(obj, str) else obj
