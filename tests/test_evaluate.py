@@ -123,14 +123,19 @@ def test_combine_is_token_weighted():
 
 def test_chunks_searched_at_once_equal_one_by_one_and_overlap(tiny, stream, memories):
     """A spread memory's chunks are searched side by side (with_neighbors' `at_once`): the same
-    neighbours and LM log P as one chunk after another, and the searches do overlap."""
+    neighbours and LM log P as one chunk after another, the searches do overlap, and each runs in the
+    caller's context (where a stage names its searches)."""
     import threading
+    from contextvars import ContextVar
+
+    stage: ContextVar[str] = ContextVar("stage", default="none")
 
     whole, _ = memories
     batch = next(score(tiny, stream[2].test[:4], keep_hidden=True))
     inside, most, lock = [0], [0], threading.Lock()
 
     def counted(part):
+        assert stage.get() == "evaluation search"
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
@@ -142,7 +147,9 @@ def test_chunks_searched_at_once_equal_one_by_one_and_overlap(tiny, stream, memo
                 inside[0] -= 1
 
     alone = with_neighbors(tiny, batch, whole.search, chunk=64)
+    named = stage.set("evaluation search")
     together = with_neighbors(tiny, batch, counted, chunk=64, at_once=3)
+    stage.reset(named)
     assert len(batch) > 3 * 64 and most[0] == 3
     for field in ("knn_dist", "knn_values", "knn_ids", "lm_logp_values"):
         np.testing.assert_array_equal(getattr(together, field), getattr(alone, field), err_msg=field)

@@ -285,7 +285,7 @@ class RunConfig(BaseModel):
     feature_store: bool = Field(True, description="Keep the LM's features in <workdir>/features (every policy reads them).")
     feature_cap_gb: float = Field(50.0, gt=0, description="The feature store's size cap (oldest folders go first).")
     cluster: str | None = Field(None, description="Address of a Dask scheduler (tcp://host:8786) whose workers run the "
-                                "LM over each day's articles into the feature store; empty: this process.")
+                                "LM pass and the memory's searches (the commit stays in this process); empty: this process.")
     lr: float = Field(_LEARNER.lr, gt=0, description="Parametric learners: Adam's learning rate.")
     train_tokens: int | None = Field(_LEARNER.train_tokens, ge=1, description="Parametric learners: training tokens a "
                                      "day, first articles first; empty: all.")

@@ -9,6 +9,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from typing import Callable, Generator, Iterable, Iterator
 
 import numpy as np
@@ -262,5 +263,5 @@ def _searched(neighbors: Neighbors, parts: list[TokenScores], at_once: int) -> l
     """Each chunk's neighbours, `at_once` searched together: a spread memory's workers answer them side by side."""
     if at_once <= 1 or len(parts) <= 1:
         return [neighbors(p) for p in parts]
-    with ThreadPoolExecutor(min(at_once, len(parts))) as pool:
-        return list(pool.map(neighbors, parts))
+    with ThreadPoolExecutor(min(at_once, len(parts))) as pool:  # each call in the caller's context (a stage's name)
+        return list(pool.map(lambda part, context: context.run(neighbors, part), parts, [copy_context() for _ in parts]))
