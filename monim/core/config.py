@@ -99,10 +99,15 @@ class IndexConfig:
     map_above: float = 0.5  # readers map a "pq" index's lists from disk when its file exceeds this share of free RAM
     query_batch: int = 4096
     gpu: bool | None = None  # None: search on a GPU when FAISS sees one
+    # the most bytes of index one part holds (one worker's budget): past it the memory's days are split
+    # by day range into parts searched apart and merged (monim.storage.parts); None: one index
+    part_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+        if self.part_bytes is not None and self.part_bytes < 1:
+            raise ValueError(f"part_bytes must be at least 1 (or None: one index), got {self.part_bytes!r}")
 
 
 @dataclass
@@ -300,6 +305,10 @@ class RunConfig(BaseModel):
     nprobe: int = Field(_INDEX.nprobe, ge=1, description="IVF lists searched once the index is approximate.")
     exact_below: int = Field(_INDEX.exact_below, ge=0, description="Entries below which the index searches exactly "
                              "(fewer for a policy whose decision searches the memory: monim.storage.index.exact_limit).")
+    part_bytes: int | None = Field(_INDEX.part_bytes, ge=1, description="The most bytes of index one part of the "
+                                   "memory holds (one worker's budget: fp32 keys while exact, codes once IVF-PQ): past "
+                                   "it the memory's days are split by day range into parts, searched apart and their "
+                                   "top-k merged (on the cluster's workers with --cluster); empty: one index.")
 
     @model_validator(mode="after")
     def _known_policy(self) -> RunConfig:
@@ -345,7 +354,7 @@ class RunConfig(BaseModel):
                            context_mode=self.context_mode)
 
     def index(self) -> IndexConfig:
-        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below)
+        return IndexConfig(k=self.k, nprobe=self.nprobe, exact_below=self.exact_below, part_bytes=self.part_bytes)
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change results (for cache keys)."""

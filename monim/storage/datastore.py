@@ -15,6 +15,7 @@ Files not named by the manifest (left by a crash) are ignored and removed on the
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import json
@@ -87,6 +88,12 @@ class Datastore:
         """Open (or start) the memory at `root` for an `monim.lm.model.LM`."""
         return cls(root, {"model": lm.name, "hidden_size": lm.hidden_size, "tokenizer": lm.fingerprint,
                           "weights": lm.weights})
+
+    def view(self, dates: list[str], version: int | str) -> Datastore:
+        """These days of the memory as a datastore of their own at `version`, read-only: a part's index reads it (monim.storage.parts)."""
+        view = copy.copy(self)
+        view.shards = self.shards.select(dates, version)
+        return view
 
     @property
     def version(self) -> int:

@@ -159,15 +159,18 @@ class MemoryIndex:
         """Whether the index holds the datastore's committed version."""
         return self.index is not None and self.meta.get("version") == ds.version
 
-    def kind_for(self, ds: Datastore) -> str:
-        """The index the memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat"."""
+    def kind_for(self, ds: Datastore, entries: int | None = None) -> str:
+        """The index the memory calls for: "ivfpq" from its exact limit on (exact_limit), else "flat";
+        with `entries`, the index of a part of it that holds that many (monim.storage.parts)."""
         days = ds.days
-        return "ivfpq" if len(ds) >= exact_limit(self.cfg, days[-1].searched if days else 0) else "flat"
+        n = len(ds) if entries is None else entries
+        return "ivfpq" if n >= exact_limit(self.cfg, days[-1].searched if days else 0) else "flat"
 
-    def sync(self, ds: Datastore, retrain: bool = False, save: bool = True) -> dict:
+    def sync(self, ds: Datastore, retrain: bool = False, save: bool = True, kind: str | None = None) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save).
         An IVF index is rebuilt when the memory has grown `retrain_growth` times since training or
-        when the probe's recall has fallen below `min_recall` of its recall at training."""
+        when the probe's recall has fallen below `min_recall` of its recall at training. `kind`: the
+        index wanted (None: the one `ds` calls for, kind_for)."""
         started = time.perf_counter()
         stats: dict[str, float | bool | None] = {"added": 0, "removed": 0, "rebuilt": False}
         if self.current(ds) and not retrain:
@@ -176,7 +179,7 @@ class MemoryIndex:
         if self.mapped:  # mapped lists cannot change: read them into RAM
             self._load(mappable=False)
         n = len(ds)
-        kind = self.kind_for(ds)
+        kind = kind or self.kind_for(ds)
         stale = (
             retrain
             or self.meta.get("kind") == "flat" and kind == "ivfpq"
@@ -206,6 +209,12 @@ class MemoryIndex:
         if save:
             self._save()
         return stats | {"seconds": time.perf_counter() - started}
+
+    def drop(self) -> None:
+        """Let the index go, its files too: the memory is searched in parts (monim.storage.parts)."""
+        for name in ("index.faiss", "meta.json"):
+            (self.dir / name).unlink(missing_ok=True)
+        self.index, self.meta, self.mapped, self._search_index = None, {}, False, None
 
     def _save(self) -> None:
         """Write an IVF-PQ index (and its meta) aside and rename it into place; an exact one is not

@@ -5,6 +5,7 @@ reader), its documents, titles, articles and the ids it read, and the per-entry 
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 from pathlib import Path
@@ -36,6 +37,13 @@ class Shards:
         self._values = self._weights = None
         if unpin:
             self._pinned = None
+
+    def select(self, dates: list[str], version: int | str) -> Shards:
+        """These days' shards alone, as a manifest at `version` would commit them (read-only; pinned files kept)."""
+        days = [d for d in self.manifest["days"] if d["date"] in dates]
+        selected = copy.copy(self)
+        selected.follow({**self.manifest, "days": days, "entries": sum(d["entries"] for d in days), "version": version})
+        return selected
 
     @property
     def days(self) -> list[CommittedDay]:

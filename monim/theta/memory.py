@@ -17,6 +17,7 @@ import torch
 from monim.core.lock import hold
 from monim.core.manifest import CommittedDay, recorded
 from monim.core.recency import Recency
+from monim.core.workers import Workers
 from monim.data.dedup import TWINS, Signatures, TwinIndex
 from monim.data.feed import Document
 from monim.lm.features import Features
@@ -28,11 +29,13 @@ from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
+from monim.storage.parts import Parts
 from monim.storage.verify import Verified, looked_again, verified
 from monim.theta.calibrator import Calibrator, examples
 from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
+from monim.theta.spread import Spread
 
 
 class Memory:
@@ -60,12 +63,14 @@ class Memory:
         self.ds.manifest["settings"].setdefault("policy", settings.as_dict()["policy"])  # one recorded before them
         self.settings = settings
         self.index = MemoryIndex(root, lm.hidden_size, settings.index)
+        self.parts = Parts(root, lm.hidden_size, settings.index)
+        self._spread = Spread()  # shared with every view: spread_over reaches them all
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
-        self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency)
+        self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency, self.parts)
         self._rule = ThetaRule(self.ds, lm, settings, self.as_of, self.lexical)
 
     @classmethod
@@ -97,7 +102,7 @@ class Memory:
         """This memory as it stood after day `as_of`: a read-only view sharing its datastore, index and loaded calibrators."""
         view = copy.copy(self)
         view.as_of, view._lexical, view._twins = str(as_of), None, None
-        view._searcher = Searcher(self.ds, self.index, view.as_of, self.settings.recency)
+        view._searcher = Searcher(self.ds, self.index, view.as_of, self.settings.recency, self.parts)
         view._rule = self._rule.at(view.as_of, view.lexical)
         return view
 
@@ -105,7 +110,7 @@ class Memory:
         """This memory read with a recency rule (monim.core.recency): a view sharing its datastore and index."""
         view = copy.copy(self)
         view.settings = dataclasses.replace(self.settings, recency=recency)
-        view._searcher = Searcher(self.ds, self.index, self.as_of, recency)
+        view._searcher = Searcher(self.ds, self.index, self.as_of, recency, self.parts)
         return view
 
     def __len__(self) -> int:
@@ -139,15 +144,22 @@ class Memory:
         """Bring the index up to the committed entries (Searcher.sync)."""
         return self._searcher.sync(retrain)
 
+    def spread_over(self, workers: Workers | None) -> None:
+        """From now on search this memory (and every view of it: `at`, `recent`) on `workers`, each
+        search's queries split among them and gathered in order (monim.theta.spread); None: in this
+        process. The answers are the same."""
+        self._spread.workers = workers
+
     def nearest(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                 exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances and ids of each key's k nearest entries (Searcher.nearest)."""
-        return self._searcher.nearest(keys, k, below, exclude, exact)
+        """Squared distances and ids of each key's k nearest entries (Searcher.nearest), searched where `spread_over` says."""
+        return self._spread.nearest(self._searcher, keys, k, below, exclude, exact)
 
     def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
                   exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances and values (-1: none) of each key's k nearest entries (Searcher.nearest)."""
-        return self._searcher.neighbors(keys, k, below, exclude, exact)
+        """Squared distances and values (-1: none) of each key's k nearest entries (`nearest`)."""
+        dist, ids = self.nearest(keys, k, below, exclude, exact)
+        return dist, self._searcher.values_of(ids)
 
     def search(self, batch: TokenScores, skip: bool = True, k: int | None = None,
                wanted: np.ndarray | None = None) -> Found:
@@ -283,4 +295,4 @@ class Memory:
         return self.ds.checksum(self.as_of)
 
     def bytes_on_disk(self) -> int:
-        return self.ds.bytes_on_disk() + self.index.bytes_on_disk()
+        return self.ds.bytes_on_disk() + self.index.bytes_on_disk() + self.parts.bytes_on_disk()

@@ -17,27 +17,52 @@ from monim.core.manifest import CommittedDay
 from monim.core.recency import Recency
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
+from monim.storage.parts import Parts, merge
 
 
 class Searcher:
     """The entries of a memory, searched as Θ reads them."""
 
-    def __init__(self, ds: Datastore, index: MemoryIndex, as_of: str | None, recency: Recency):
+    def __init__(self, ds: Datastore, index: MemoryIndex, as_of: str | None, recency: Recency, parts: Parts | None = None):
         self.ds, self.index, self.as_of, self.recency = ds, index, as_of, recency
+        self.parts = parts or Parts(ds.root, index.d, index.cfg)
+
+    @property
+    def split(self) -> bool:
+        """Whether the memory is searched in parts (monim.storage.parts), not through one index."""
+        return self.parts.split(self.ds)
+
+    def current(self) -> bool:
+        """Whether the index (every part's) holds the committed entries."""
+        return self.parts.current(self.ds) if self.split else self.index.current(self.ds)
 
     def sync(self, retrain: bool = False) -> dict:
         """Bring the index up to the committed entries (detects a stale or missing index). It is
         saved unless another process is writing this memory (a reader never waits). A current
         index takes no lock: readers score with it many times a day."""
-        if self.index.current(self.ds) and not retrain:
-            return self.index.sync(self.ds)
+        if self.current() and not retrain:
+            return self._sync()
         if not os.access(self.ds.root, os.W_OK):  # a read-only mount: search an index synced here, save nothing
-            return self.index.sync(self.ds, retrain, save=False)
+            return self._sync(retrain, save=False)
         try:
             with hold(self.ds.lock, wait=False):
-                return self.index.sync(self.ds, retrain)
+                return self._sync(retrain)
         except Locked:
-            return self.index.sync(self.ds, retrain, save=False)
+            return self._sync(retrain, save=False)
+
+    def _sync(self, retrain: bool = False, save: bool = True) -> dict:
+        """The index (or each part's, the whole memory's then let go) brought up to the committed entries."""
+        if not self.split:
+            return self.index.sync(self.ds, retrain, save)
+        stats = self.parts.sync(self.ds, retrain, save)
+        if save:
+            self.index.drop()
+        return stats
+
+    def part_searchers(self) -> list[Searcher]:
+        """A Searcher of each part's days and index (the search's limits are the whole memory's: `limits`)."""
+        return [Searcher(self.parts.view(self.ds, name), self.parts.index(name), None, Recency(), self.parts)
+                for name in self.parts.plan(self.ds)]
 
     @property
     def days(self) -> list[CommittedDay]:
@@ -93,15 +118,42 @@ class Searcher:
         up to `as_of` (or with id < `below`), within the recency rule's maximum age and not in
         `exclude`. With `exact`, IVF-PQ's candidates are re-ranked with the stored keys (its
         distances are approximate: a memorized context does not sit at 0)."""
-        if not self.index.current(self.ds):  # an exact index is built in RAM on first use
+        self.ready()
+        limits = self.limits(k, below)
+        if not self.split:
+            return self.answer(keys, exclude=exclude, exact=exact, **limits)
+        return merge([part.answer(keys, exclude=exclude, exact=exact, **limits) for part in self.part_searchers()],
+                     limits["k"])
+
+    def ready(self) -> None:
+        """Bring the index up to the committed entries unless it is (an exact index is built in RAM on first use)."""
+        if not self.current():
             self.sync()
+
+    def approximate(self) -> bool:
+        """Whether the index (or a part's) is IVF-PQ."""
+        indexes = [self.parts.index(name) for name in self.parts.plan(self.ds)] if self.split else [self.index]
+        return any(i.meta.get("kind") == "ivfpq" for i in indexes)
+
+    def limits(self, k: int | None = None, below: int | None = None) -> dict:
+        """What a search finds, from the whole memory: `k` neighbours among the ids below `below` and
+        `as_of`'s next day, from the recency rule's first id (`above`); `recent`: the dates of the days
+        within the maximum age, searched exactly from their keys where the window is narrow for
+        IVF-PQ (`_search_recent`), else None (the index)."""
         limits = [b for b in (below, self._below) if b is not None]
-        below = min(limits) if limits else None
         kept = self._recent_days()
         above = self._above(kept)
-        if (kept is not None and above and self.index.meta.get("kind") == "ivfpq"
-                and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below):
-            dist, ids = self._search_recent(kept, keys, k or self.index.cfg.k, below, exclude)
+        narrow = (kept is not None and above and self.approximate()
+                  and self.ds.manifest["next_id"] - above < self.index.cfg.exact_below)
+        return {"k": k or self.index.cfg.k, "below": min(limits) if limits else None, "above": above,
+                "recent": [d.date for d in kept] if narrow and kept is not None else None}
+
+    def answer(self, keys: np.ndarray, k: int, below: int | None, above: int, exclude: np.ndarray | None,
+               exact: bool, recent: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The index's work of a search within its `limits`: the index searched (or the `recent` days'
+        keys), its head re-ranked exactly (`_exact_head`)."""
+        if recent is not None:
+            dist, ids = self._search_recent([d for d in self.ds.days if d.date in recent], keys, k, below, exclude)
         else:
             dist, ids = self.index.search(keys, k, below=below, exclude=exclude, above=above)
         pq = self.index.meta.get("kind") == "ivfpq"
@@ -125,12 +177,6 @@ class Searcher:
     def values_of(self, ids: np.ndarray) -> np.ndarray:
         """The value (next token) of each entry id; -1 for -1."""
         return np.where(ids >= 0, self.ds.shards.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
-
-    def neighbors(self, keys: np.ndarray, k: int | None = None, below: int | None = None,
-                  exclude: np.ndarray | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Squared distances and values (-1: none) of each key's k nearest entries (see `nearest`)."""
-        dist, ids = self.nearest(keys, k, below, exclude, exact)
-        return dist, self.values_of(ids)
 
     def ages(self, ids: np.ndarray) -> np.ndarray:
         """Days between each entry's day and the memory's last day (0 for -1)."""
