@@ -18,9 +18,9 @@ Usage: monim bench cluster-scale [--sizes 100000,300000,1000000,1500000] [--work
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,7 +35,9 @@ from rich.table import Table
 from monim.storage.entries import Entries
 
 STAGES = {"decision": 128, "evaluation": 1024}  # k of each stage's searches (IndexConfig.k_decide, .k)
-CALLS = (1024, 8192)  # queries a search call asks: a day's chunk of <= 1,024 tokens; 4,096 for each of 2 workers
+# how a day asks its searches: (queries a call, calls at once): one call of 1,024 at a time, as memorize and
+# evaluate do now; calls of 8,192 (two query batches of 4,096, one a worker); two calls of 1,024 at once (threads)
+CALLS = ((1024, 1), (8192, 1), (1024, 2))
 NPROBES = (32, 128, 512)
 # a day of NC-20H1 as the model reads it (docs/results/gpu.md's paper-sized day; CalibratorConfig.sample_tokens)
 DAY = {"train_tokens": 2_400_000, "decision_share": 0.7, "calibration_queries": 16_384, "test_tokens": 240_000,
@@ -82,34 +84,36 @@ def grow(memory, keys: Keys, size: int, day: int, days: list[dict]) -> None:
         stats = memory.sync()
         days.append({"day": t, "entries": len(memory.ds), "commit_s": commit_s, "sync_s": stats["seconds"],
                      "rebuilt": bool(stats["rebuilt"]), "added": int(stats["added"]),
-                     "nlist": memory.index.meta.get("nlist", 0), "kind": memory.index.meta.get("kind")})
+                     "nlist": memory.index.meta.get("nlist", 0), "kind": memory.index.meta.get("kind"),
+                     "parts": len(memory.parts.plan(memory.ds))})
         print(json.dumps(days[-1]), flush=True)
 
 
-def timed(memory, queries: np.ndarray, k: int, call: int) -> float:
-    """Seconds to search every query for its k nearest, in calls of `call` queries."""
+def timed(memory, queries: np.ndarray, k: int, call: int, at_once: int = 1) -> float:
+    """Seconds to search every query for its k nearest, in calls of `call` queries, `at_once` calls at a time."""
     started = time.perf_counter()
-    for i in range(0, len(queries), call):
-        memory.nearest(queries[i : i + call], k)
+    with ThreadPoolExecutor(at_once) as pool:
+        list(pool.map(lambda i: memory.nearest(queries[i : i + call], k), range(0, len(queries), call)))
     return time.perf_counter() - started
 
 
 def measure(memory, queries: np.ndarray, workers: list[int], parts: int, base: dict, rows: list[dict], flush) -> None:
     """A day's searches (every stage, every call size) per worker count, rows appended (those done skipped)."""
-    done = {(r["entries"], r["parts"], r["workers"], r["stage"], r["call"]) for r in rows if "nprobe" not in r}
+    done = {(r["entries"], r["parts"], r["workers"], r["stage"], r["call"], r["at_once"]) for r in rows if "nprobe" not in r}
     for n in workers:
-        todo = [(s, k, c) for s, k in STAGES.items() for c in CALLS if (base["entries"], parts, n, s, c) not in done]
+        todo = [(s, k, c, a) for s, k in STAGES.items() for c, a in CALLS
+                if a <= max(n, 1) and (base["entries"], parts, n, s, c, a) not in done]
         if not todo:
             continue
         with cluster(n) as w:
             memory.spread_over(w)
             started = time.perf_counter()
             for _ in range(2):  # every worker opens the memory (a call of 8,192 asks two)
-                memory.nearest(queries[: CALLS[-1]], STAGES["evaluation"])
+                memory.nearest(queries[:8192], STAGES["evaluation"])
             first_s = time.perf_counter() - started
-            for stage, k, call in todo:
-                seconds = timed(memory, queries, k, call)
-                rows.append(base | {"parts": parts, "workers": n, "stage": stage, "k": k, "call": call,
+            for stage, k, call, at_once in todo:
+                seconds = timed(memory, queries, k, call, at_once)
+                rows.append(base | {"parts": parts, "workers": n, "stage": stage, "k": k, "call": call, "at_once": at_once,
                                     "queries": len(queries), "seconds": seconds, "queries_per_s": len(queries) / seconds,
                                     "open_s": first_s})
                 print(json.dumps(rows[-1]), flush=True)
@@ -127,8 +131,8 @@ def sweep(root: Path, lm, queries: np.ndarray, base: dict, rows: list[dict], flu
         for stage, k in STAGES.items():
             if (nprobe, stage) in done:
                 continue
-            seconds = timed(memory, queries, k, CALLS[0])
-            rows.append(base | {"parts": 1, "workers": 0, "nprobe": nprobe, "stage": stage, "k": k, "call": CALLS[0],
+            seconds = timed(memory, queries, k, 1024)
+            rows.append(base | {"parts": 1, "workers": 0, "nprobe": nprobe, "stage": stage, "k": k, "call": 1024, "at_once": 1,
                                 "queries": len(queries), "seconds": seconds, "queries_per_s": len(queries) / seconds})
             print(json.dumps(rows[-1]), flush=True)
             flush()
@@ -146,11 +150,30 @@ def nlist_at(entries: float, cap: int = 4096) -> int:
     return scaled_nlist(int(entries), cap)
 
 
+def merged(result: dict, flush) -> None:
+    """The flow's merge of the parts' answers (monim.storage.parts.merge), per query, by parts and k."""
+    from monim.storage.parts import merge
+
+    rng = np.random.default_rng(0)
+    for k in STAGES.values():
+        for parts in (2, 8, 32):
+            if any(m["parts"] == parts and m["k"] == k for m in result["merge"]):
+                continue
+            found = [(np.sort(rng.random((1024, k), np.float32), 1), rng.integers(0, 1 << 40, (1024, k))) for _ in range(parts)]
+            started = time.perf_counter()
+            merge(found, k)
+            result["merge"].append({"parts": parts, "k": k, "seconds_per_query": (time.perf_counter() - started) / 1024})
+            flush()
+
+
 def model(result: dict) -> dict:
-    """A day's wall time against memory size and workers, from the rows: per stage, a query's seconds on one
-    thread a + b x codes scanned (least squares over this process's rows), spread over W workers at the
-    efficiency measured at 2; the LM's pass over W workers; the writer's commit, index adds and the
-    calibrator's training on one process."""
+    """A day's wall time against memory size N and workers W (one thread each), from the rows. A query's seconds
+    on one thread: a + b x codes scanned (least squares per stage over this process's rows; codes = nprobe x
+    entries / lists). Two layouts: "replicated", every worker holds the whole index and W calls run at once
+    (at the speed-up measured for two calls at once on 2 workers); "parts", the memory split in W parts, one a
+    worker, one call at a time (as the day asks now): a query waits for a part of N/W entries, then the flow
+    merges W answers (m x W a query, measured). Beside the searches: the LM's pass over the W workers and, on
+    the flow's one process, the commit, the index's adds and the calibrator's training."""
     rows = [r for r in result["rows"] if r["workers"] == 0 and r["parts"] == 1]
     fit = {}
     for stage in STAGES:
@@ -160,27 +183,37 @@ def model(result: dict) -> dict:
         (b, a), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
         fit[stage] = {"a_s": float(a), "b_s_per_code": float(b), "points": len(mine),
                       "max_rel_error": float(np.max(np.abs(a + b * x - y) / y))}
-    largest = max(r["entries"] for r in result["rows"])
+        m = [(r["parts"], r["seconds_per_query"]) for r in result["merge"] if r["k"] == STAGES[stage]]
+        fit[stage]["merge_s_per_part"] = float(np.polyfit(*zip(*m), 1)[0])
+    largest = max(r["entries"] for r in result["rows"] if r["parts"] == 1 and r["workers"])
     spread = {}
     for stage in STAGES:
-        at = {(r["workers"], r["call"]): r for r in result["rows"]
+        at = {(r["workers"], r["call"], r["at_once"]): r["seconds"] / r["queries"] for r in result["rows"]
               if r["entries"] == largest and r["parts"] == 1 and r["stage"] == stage and "nprobe" not in r}
-        if {(0, CALLS[0]), (1, CALLS[0]), (1, CALLS[-1]), (2, CALLS[-1])} <= at.keys():
-            per_query = {key: r["seconds"] / r["queries"] for key, r in at.items()}
-            spread[stage] = {"efficiency_2": per_query[(1, CALLS[-1])] / per_query[(2, CALLS[-1])] / 2,
-                             "dask_s_per_call": (per_query[(1, CALLS[0])] - per_query[(0, CALLS[0])]) * CALLS[0]}
+        spread[stage] = {"speedup_2_calls_of_1024": at[(1, 1024, 1)] / at[(2, 1024, 1)],
+                         "speedup_2_two_calls_at_once": at[(1, 1024, 1)] / at[(2, 1024, 2)],
+                         "speedup_2_calls_of_8192": at[(1, 1024, 1)] / at[(2, 8192, 1)],
+                         "dask_s_per_call": max(0.0, (at[(1, 1024, 1)] - at[(0, 1024, 1)]) * 1024)}
     steady = [d for d in result["days"] if not d["rebuilt"] and d["added"]]
     add_rate = float(np.median([d["added"] / d["sync_s"] for d in steady[-3:]]))
     commit_rate = float(np.median([d["added"] / d["commit_s"] for d in steady[-3:]]))
     per_day = DAY["entries_per_day"]
     queries = {"decision": DAY["train_tokens"] * DAY["decision_share"],
                "evaluation": DAY["calibration_queries"] + DAY["test_tokens"]}  # calibration searches at k = 1,024 too
-    efficiency = min((s["efficiency_2"] for s in spread.values()), default=1.0)
+    efficiency = min(s["speedup_2_two_calls_at_once"] / 2 for s in spread.values())
 
-    def day(entries: float, workers: int) -> dict:
+    def day(entries: float, workers: int, layout: str) -> dict:
         lm = (DAY["train_tokens"] + DAY["test_tokens"]) / (LM_TOK_S_CORE * workers)
-        search = {s: queries[s] * (fit[s]["a_s"] + fit[s]["b_s_per_code"] * codes(entries, nlist_at(entries)))
-                  / (workers * (efficiency if workers > 1 else 1)) for s in STAGES}
+        search = {}
+        for s, f in fit.items():
+            calls = queries[s] / 1024 * spread[s]["dask_s_per_call"] * (workers > 1)
+            if layout == "replicated":
+                per_query = (f["a_s"] + f["b_s_per_code"] * codes(entries, nlist_at(entries))) / (workers * (efficiency if workers > 1 else 1))
+                search[s] = queries[s] * per_query + calls / workers
+            else:
+                part = entries / workers
+                merge = f["merge_s_per_part"] * workers * (workers > 1)
+                search[s] = queries[s] * (f["a_s"] + f["b_s_per_code"] * codes(part, nlist_at(part)) + merge) + calls
         one = per_day / commit_rate + per_day / add_rate + CALIBRATOR_S
         return {"lm_s": lm, **{f"{s}_s": v for s, v in search.items()}, "one_process_s": one,
                 "wall_s": lm + sum(search.values()) + one}
@@ -188,32 +221,36 @@ def model(result: dict) -> dict:
     sizes = {"measured": largest, "six months (NC-20H1)": 220e6, "a year": 440e6}
     projection = {}
     for name, n in sizes.items():
-        needed = {goal: next((w for w in range(1, 4097) if day(n, w)["wall_s"] <= s), None) for goal, s in GOALS.items()}
-        projection[name] = {"entries": n, "nlist": nlist_at(n), "codes_per_query": codes(n, nlist_at(n)),
-                            "index_gb": n * result["index_bytes_per_entry"] / 1e9,
-                            "one_core": day(n, 1), "workers_for": needed,
-                            "at_workers": {g: day(n, w) for g, w in needed.items() if w}}
+        p = {"entries": n, "nlist": nlist_at(n), "codes_per_query": codes(n, nlist_at(n)),
+             "index_gb": n * result["index_bytes_per_entry"] / 1e9, "one_core": day(n, 1, "replicated")}
+        for layout in ("replicated", "parts"):
+            walls = {w: day(n, w, layout) for w in range(1, 4097)}
+            needed = {g: next((w for w, d in walls.items() if d["wall_s"] <= s), None) for g, s in GOALS.items()}
+            best = min(walls, key=lambda w: walls[w]["wall_s"])
+            p[layout] = {"workers_for": needed, "at": {g: walls[w] for g, w in needed.items() if w},
+                         "fastest": {"workers": best, **walls[best]}}
+        projection[name] = p
     return {"fit": fit, "spread": spread, "efficiency": efficiency, "add_keys_per_s": add_rate,
-            "commit_keys_per_s": commit_rate, "day": DAY, "lm_tok_s_core": LM_TOK_S_CORE,
-            "calibrator_s": CALIBRATOR_S, "projection": projection}
+            "commit_keys_per_s": commit_rate, "retrain_readd_hours": {name: n / add_rate / 3600 for name, n in sizes.items()},
+            "day": DAY, "lm_tok_s_core": LM_TOK_S_CORE, "calibrator_s": CALIBRATOR_S, "projection": projection}
 
 
 def report(result: dict) -> None:
     """The measured rows and the projection as tables."""
     table = Table(title="A day's searches, queries/s (one thread a worker)")
-    for col in ("entries", "lists", "parts", "workers", "stage (k)", "call", "queries/s"):
+    for col in ("entries", "lists", "parts", "workers", "stage (k)", "call x at once", "queries/s"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
         if "nprobe" not in r:
-            table.add_row(f"{r['entries']:,}", f"{r['nlist']:,}", str(r["parts"]), str(r["workers"] or "this process"),
-                          f"{r['stage']} ({r['k']})", f"{r['call']:,}", f"{r['queries_per_s']:,.0f}")
+            table.add_row(f"{r['entries']:,}", str(r["nlist"]), str(r["parts"]), str(r["workers"] or "this process"),
+                          f"{r['stage']} ({r['k']})", f"{r['call']:,} x {r['at_once']}", f"{r['queries_per_s']:,.0f}")
     Console(width=130).print(table)
-    table = Table(title="A day of NC-20H1 (projected past the measured size)")
-    for col in ("memory", "entries", "index GB", "one core: day h", "workers for 1 h", "workers for 10 min"):
+    table = Table(title="A day of NC-20H1 (projected past the measured size): workers (one core each) for a day under")
+    for col in ("memory", "entries", "index GB", "one core: day h", *(f"{g}, {lay}" for g in GOALS for lay in ("replicated", "parts"))):
         table.add_column(col, justify="right")
     for name, p in result["model"]["projection"].items():
         table.add_row(name, f"{p['entries']:,.0f}", f"{p['index_gb']:.1f}", f"{p['one_core']['wall_s'] / 3600:.1f}",
-                      *(str(p["workers_for"][g] or "none") for g in GOALS))
+                      *(str(p[lay]["workers_for"][g] or "none") for g in GOALS for lay in ("replicated", "parts")))
     Console(width=130).print(table)
 
 
@@ -235,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     from monim.theta.memory import Memory
 
     started = time.perf_counter()
-    result = resume(args.out, {"days": [], "split_days": [], "rows": []})
+    result = resume(args.out, {"days": [], "split_days": [], "rows": [], "merge": []})
     lm = cached_lm()
     memories = [(False, Memory(args.work / "memory", lm, Settings()), result["days"])]
     if args.part_bytes:
@@ -265,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     result["index_bytes_per_entry"] = whole.index.bytes_on_disk() / len(whole.ds)
     sweep(whole.ds.root, lm, queries[: args.queries // 4], {"entries": len(whole.ds), "nlist": whole.index.meta.get("nlist", 0)},
           result["rows"], flush)
+    merged(result, flush)
     result["model"] = model(result)
     save(args.out, result, args)
     report(result)
