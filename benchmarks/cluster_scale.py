@@ -279,7 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--queries", type=int, default=4096, help="queries per stage and setting (a day's, scaled down)")
     ap.add_argument("--minutes", type=float, default=25, help="stop before a size past this many minutes (rerun resumes)")
     ap.add_argument("--work", type=Path, default=WORK / "cluster-scale")
+    ap.add_argument("--model", action="store_true", help="print the tables and the model from the result JSON (nothing run)")
     args = ap.parse_args(argv)
+    if args.model:
+        result = resume(args.out, {})
+        return report(result | {"model": model(result)})
     os.environ["OMP_NUM_THREADS"] = "1"  # this process and every worker: one thread each
     faiss.omp_set_num_threads(1)
     from monim.core.config import IndexConfig
