@@ -260,14 +260,14 @@ def report(result: dict) -> None:
         if "nprobe" not in r:
             table.add_row(f"{r['entries']:,}", str(r["nlist"]), str(r["parts"]), str(r["workers"] or "this process"),
                           f"{r['stage']} ({r['k']})", f"{r['call']:,} x {r['at_once']}", f"{r['queries_per_s']:,.0f}")
-    Console(width=130).print(table)
+    Console(width=170).print(table)
     table = Table(title="A day of NC-20H1 (projected past the measured size): workers (one core each) for a day under")
     for col in ("memory", "entries", "index GB", "one core: day h", *(f"{g}, {lay}" for g in GOALS for lay in LAYOUTS)):
         table.add_column(col, justify="right")
     for name, p in result["model"]["projection"].items():
         table.add_row(name, f"{p['entries']:,.0f}", f"{p['index_gb']:.1f}", f"{p['one_core']['wall_s'] / 3600:.1f}",
                       *(str(p[lay]["workers_for"][g] or "none") for g in GOALS for lay in LAYOUTS))
-    Console(width=130).print(table)
+    Console(width=170).print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
