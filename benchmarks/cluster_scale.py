@@ -9,7 +9,7 @@ this process, then on a `distributed.LocalCluster` of 1 and 2 worker processes o
 (`--part-bytes`: a second memory of the same days): MoNIM's decision searches (k = k_decide = 128)
 and the evaluation's (k = 1,024), in calls of 1,024 queries as a day asks them and in calls of
 8,192. At the largest size, in this process, nprobe 32..512 gives the cost of a query against the
-codes it scans. Every row is saved as it comes (a rerun resumes from the result JSON and the work
+codes it scans, and both memories' answers are checked against an exact scan (recall). Every row is saved as it comes (a rerun resumes from the result JSON and the work
 folder). From the rows, a stated model of a day's wall time against memory size and workers,
 projected to NC-20H1's six months (220M entries) and a year (440M).
 Usage: monim bench cluster-scale [--sizes 100000,300000,600000,1000000] [--workers 0,1,2] [--part-bytes 21600000]
@@ -143,6 +143,26 @@ def sweep(root: Path, lm, queries: np.ndarray, base: dict, rows: list[dict], flu
                                 "queries": len(queries), "seconds": seconds, "queries_per_s": len(queries) / seconds,
                                 "load": os.getloadavg()[0]})
             print(json.dumps(rows[-1]), flush=True)
+            flush()
+
+
+def recall(memories: list, queries: np.ndarray, result: dict, flush) -> None:
+    """Each memory's answers (one index; parts) against an exact scan of every key, per stage: the share of
+    the true k nearest found (recall@k) and of the true 10 nearest found in the k."""
+    from benchmarks.index_scale import exact_search
+
+    for stage, k in STAGES.items():
+        if any(r["stage"] == stage for r in result["recall"]):
+            continue
+        _, truth = exact_search(memories[0][0].ds, queries, k)
+        for memory, _ in memories:
+            found = memory.nearest(queries, k)[1]
+            hits = [np.isin(t, f) for t, f in zip(truth, found)]
+            result["recall"].append({"entries": len(memory.ds), "parts": max(1, len(memory.parts.plan(memory.ds))),
+                                     "stage": stage, "k": k, "queries": len(queries),
+                                     "recall_at_k": float(np.mean([h.mean() for h in hits])),
+                                     "top10_in_k": float(np.mean([h[:10].mean() for h in hits]))})
+            print(json.dumps(result["recall"][-1]), flush=True)
             flush()
 
 
@@ -324,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     sweep(whole.ds.root, lm, queries[: args.queries // 4], {"entries": len(whole.ds), "nlist": whole.index.meta.get("nlist", 0)},
           result["rows"], flush)
     merged(result, flush)
+    result.setdefault("recall", [])
+    recall([(m, d) for m, d in memories if len(m.ds) == len(whole.ds)], queries[: args.queries // 4], result, flush)
     result["model"] = model(result)
     save(args.out, result, args)
     report(result)
