@@ -20,6 +20,7 @@ class Bench(NamedTuple):
 BENCHES: dict[str, Bench] = {
     "calibration": Bench("calibration", ("shared data",), 40),
     "claims": Bench("claims", (), 0.5),
+    "cluster-scale": Bench("cluster_scale", (), 25),
     "cli": Bench("cli", (), 3),
     "day": Bench("day", (), 15),
     "decision": Bench("decision", ("shared data",), 30),
