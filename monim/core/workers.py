@@ -8,7 +8,9 @@ from typing import Any, Callable, Protocol
 class Workers(Protocol):
     """Runs a module-level function of monim over picklable items, the results in the items' order."""
 
-    size: int  # parts that run at once (worker threads in all)
+    @property
+    def size(self) -> int:
+        """Parts that run at once (worker threads in all)."""
 
     def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]: ...
 
