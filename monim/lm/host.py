@@ -117,7 +117,7 @@ def reads() -> Iterator[Counter]:
             yield counter
     finally:
         with _lock:
-            _counters.remove(counter)
+            del _counters[next(i for i, c in enumerate(_counters) if c is counter)]
             if not _counters:
                 for name in READERS:
                     setattr(torch.Tensor, name, _methods[name])

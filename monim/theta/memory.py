@@ -26,12 +26,13 @@ from monim.lm.scoring import score
 from monim.lm.token_scores import Found, TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
-from monim.storage.index import MemoryIndex
+from monim.storage.index import MemoryIndex, backend
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.storage.parts import Parts
 from monim.storage.verify import Verified, looked_again, verified
 from monim.theta.calibrator import Calibrator, examples
+from monim.theta.device import DeviceTheta
 from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
@@ -68,6 +69,7 @@ class Memory:
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
+        self._device: tuple[tuple, DeviceTheta] | None = None  # the memory on the LM's device (on_device), by state
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
         self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency, self.parts)
@@ -222,9 +224,9 @@ class Memory:
         """Whether Θ searches this memory (it holds entries and Θ has not fallen back to the LM)."""
         return len(self) > 0 and not self.fallback
 
-    def lam(self, batch: TokenScores) -> np.ndarray | float:
-        """Θ's λ for each token of a searched batch (ThetaRule.lam)."""
-        return self._rule.lam(batch)
+    def lam(self, batch: TokenScores, rule: str | None = None) -> np.ndarray | float:
+        """Θ's λ for each token of a searched batch, by its rule or `rule` (ThetaRule.lam)."""
+        return self._rule.lam(batch, rule)
 
     @property
     def lam_max(self) -> float:
@@ -249,12 +251,26 @@ class Memory:
                 self._rule.reloaded()
             yield
 
-    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None) -> list[TokenScores]:
+    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None,
+              on_device: bool | None = None) -> list[TokenScores]:
         """Score documents with the LM (the memory's window) and, where Θ searches the memory (or
-        `retrieve`), their neighbours, searched while the LM scores."""
+        `retrieve`), their neighbours, searched while the LM scores: `on_device`, on the LM's device
+        (DeviceTheta: Θ's scores too; None: where the memory's searches run in torch, a GPU without
+        FAISS's GPU build, and it is searched here), else by `search`."""
         self.sync()
         retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
-        return list(score(self.lm, docs, self.settings.window, functools.partial(self.search, skip=skip) if retrieve else None))
+        if on_device is None:
+            on_device = self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
+        hook = (self.on_device(skip) if on_device else functools.partial(self.search, skip=skip)) if retrieve else None
+        return list(score(self.lm, docs, self.settings.window, hook))
+
+    def on_device(self, skip: bool = True) -> DeviceTheta:
+        """This memory as Θ reads it, held on the LM's device (DeviceTheta), made once per state of the memory."""
+        state = (self.checksum(), skip, dataclasses.astuple(self.settings.recency))
+        held = self._device
+        if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
+            held = self._device = (state, DeviceTheta(self, self.lm.device, skip))
+        return held[1]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""

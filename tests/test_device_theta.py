@@ -1,0 +1,113 @@
+"""Θ on the LM's device (monim.theta.device.DeviceTheta), proven on the CPU: the same neighbours and
+Θ's scores as the host path for each rule, with and without the skip, and the host reads it plans."""
+
+import dataclasses
+import datetime as dt
+
+import numpy as np
+import pytest
+import torch
+
+from monim.core.config import DEMO_STREAM
+from monim.data.feed import open_feed
+from monim.data.stream import iter_days
+from monim.lm.host import reads, to_host
+from monim.lm.scoring import score, score_tokens
+from monim.lm.token_scores import TokenScores
+from monim.theta.calibrator import examples
+from monim.theta.device import DeviceTheta
+from monim.theta.knnlm import theta_scores
+from monim.theta.memory import Memory
+
+
+@pytest.fixture(scope="module")
+def docs(theta):
+    """Two new articles and one the memory learned (its tokens' nearest entries are copies: never skipped)."""
+    new = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 4), dt.date(1987, 3, 4))).train[:2]
+    learned = next(iter_days(open_feed(DEMO_STREAM), dt.date(1987, 3, 2), dt.date(1987, 3, 2))).train[:1]
+    return [*new, *learned]
+
+
+@pytest.fixture(scope="module")
+def threshold(theta, docs):
+    """A skip threshold θ at the median of the calibrator's λ over the docs: the skip both skips and searches."""
+    batch = TokenScores.concat(theta.score(docs, skip=False, on_device=False))
+    return float(np.median(theta.calibrator().lam(examples(batch, theta.lexical()))))
+
+
+def by_row(batch: TokenScores, field: str) -> np.ndarray:
+    """A neighbour field with each row's neighbours in id order (the order among equal distances is free)."""
+    order = np.argsort(batch.knn_ids, axis=1, kind="stable")
+    return np.take_along_axis(getattr(batch, field), order, 1)
+
+
+@pytest.mark.parametrize("rule", ["constant", "prior", "calibrator"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_device_path_returns_the_host_paths_neighbours_and_theta(theta, docs, threshold, rule, skip):
+    memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=threshold)
+    host = TokenScores.concat(memory.score(docs, skip=skip, on_device=False))
+    device = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window,
+                                           DeviceTheta(memory, memory.lm.device, skip, rule))))
+    assert host.knn_skipped is not None and device.knn_skipped is not None
+    if skip:
+        assert 0 < host.knn_skipped.sum() < len(host) - 1
+    assert (device.doc_id == host.doc_id).all() and (device.position == host.position).all()
+    assert (device.knn_skipped == host.knn_skipped).all()
+    for field in ("logp", "max_logp", "entropy", "argmax", "key"):
+        assert (getattr(device, field) == getattr(host, field)).all(), field
+    assert (by_row(device, "knn_ids") == by_row(host, "knn_ids")).all()
+    assert (by_row(device, "knn_values") == by_row(host, "knn_values")).all()
+    np.testing.assert_allclose(by_row(device, "knn_dist"), by_row(host, "knn_dist"), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(by_row(device, "lm_logp_values"), by_row(host, "lm_logp_values"), rtol=0, atol=1e-5)
+    assert (device.knn_prior is None) == (host.knn_prior is None)
+    want = theta_scores(host, memory.interpolation, memory.lam(host, rule))
+    np.testing.assert_allclose(device.theta_logp, want.logp, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(device.theta_max_logp, want.max_logp, rtol=0, atol=1e-4)
+    assert (device.theta_argmax == want.argmax).mean() > 0.99  # a near tie between candidates may go either way
+    if rule == memory.rule:  # Memory.score's own device path
+        same = TokenScores.concat(memory.score(docs, skip=skip, on_device=True))
+        assert (same.theta_logp == device.theta_logp).all()
+
+
+class Syncing(DeviceTheta):
+    """DeviceTheta with one host read added to each chunk's search (what the counting test must catch)."""
+
+    def search(self, chunk):
+        found = super().search(chunk)
+        if bool(found["knn_skipped"].any()):  # a device-waiting `if`
+            found["knn_dist"] = found["knn_dist"] + 0
+        return found
+
+
+def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, docs):
+    lm = theta.lm
+    memory = Memory.open(theta.ds.root, lm, skip_threshold=0.5)
+    toks = [t for d in docs for t in lm.tokenizer(d.text)["input_ids"]][:200]
+    cfg = dataclasses.replace(memory.settings.window, stride=256, batch_size=1, head_chunk=32)  # one pass, 7 chunks
+    assert len(toks) == 200
+    on_device, syncing = DeviceTheta(memory, lm.device, skip=True), Syncing(memory, lm.device, skip=True)
+    with reads() as bare:  # the LM's forward pass alone, as scoring runs it (one packed row)
+        lm.forward(torch.tensor([toks]), position_ids=torch.arange(len(toks))[None])
+    for hook, per_chunk in ((on_device, 0), (syncing, 1)):
+        passes = score_tokens(lm, [("a", toks, 1)], cfg, hook)
+        with reads() as counted:
+            scores = next(passes)  # the pass queued, then read once
+        assert len(scores) == len(toks) - 1 and next(passes, None) is None
+        assert sum(counted.values()) == sum(bare.values()) + 1 + 7 * per_chunk, counted
+    host = score_tokens(lm, [("a", toks, 1)], cfg, memory.search)
+    with reads() as counted:  # today's host path: each chunk read, searched on the host and its values' log P read
+        next(host)
+    assert counted["to_host"] == 2 * 7
+
+
+def test_the_counter_sees_hidden_reads_under_inference_mode():
+    t = torch.arange(4.0)
+    with torch.inference_mode(), reads() as counted:
+        to_host(t), to_host({"a": t, "b": t})
+        t.sum().item(), bool(t[0] > 0), int(t[1]), float(t[2]), t.tolist(), t.numpy(), t.cpu()
+        t[t > 1], t.nonzero(), torch.unique(t)
+    assert counted == {"to_host": 2, "item": 1, "__bool__": 1, "__int__": 1, "__float__": 1, "tolist": 1, "numpy": 1,
+                       "cpu": 1, "index": 1, "nonzero": 1, "_unique2": 1}
+    with reads() as counted:  # on the device's side: nothing read
+        torch.where(t > 1, t, 0).cumsum(0).topk(2)
+    assert not counted
