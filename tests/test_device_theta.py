@@ -12,7 +12,7 @@ from monim.core.config import DEMO_STREAM
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.lm.host import reads, to_host
-from monim.lm.scoring import score, score_tokens
+from monim.lm.scoring import score, score_tokens, with_neighbors
 from monim.lm.token_scores import TokenScores
 from monim.theta.calibrator import examples
 from monim.theta.device import DeviceTheta
@@ -48,9 +48,18 @@ def test_the_device_path_returns_the_host_paths_neighbours_and_theta(theta, docs
     host = TokenScores.concat(memory.score(docs, skip=skip, on_device=False))
     device = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window,
                                            DeviceTheta(memory, memory.lm.device, skip, rule))))
-    assert host.knn_skipped is not None and device.knn_skipped is not None
+    assert host.knn_skipped is not None
     if skip:
         assert 0 < host.knn_skipped.sum() < len(host) - 1
+    assert_same(device, host, memory, rule)
+    if rule == memory.rule:  # Memory.score's own device path
+        same = TokenScores.concat(memory.score(docs, skip=skip, on_device=True))
+        assert (same.theta_logp == device.theta_logp).all()
+
+
+def assert_same(device: TokenScores, host: TokenScores, memory: Memory, rule: str) -> None:
+    """The device path's tokens, neighbours and Θ's scores are the host path's (Θ's: by `rule`)."""
+    assert device.knn_skipped is not None and host.knn_skipped is not None
     assert (device.doc_id == host.doc_id).all() and (device.position == host.position).all()
     assert (device.knn_skipped == host.knn_skipped).all()
     for field in ("logp", "max_logp", "entropy", "argmax", "key"):
@@ -64,9 +73,17 @@ def test_the_device_path_returns_the_host_paths_neighbours_and_theta(theta, docs
     np.testing.assert_allclose(device.theta_logp, want.logp, rtol=0, atol=1e-4)
     np.testing.assert_allclose(device.theta_max_logp, want.max_logp, rtol=0, atol=1e-4)
     assert (device.theta_argmax == want.argmax).mean() > 0.99  # a near tie between candidates may go either way
-    if rule == memory.rule:  # Memory.score's own device path
-        same = TokenScores.concat(memory.score(docs, skip=skip, on_device=True))
-        assert (same.theta_logp == device.theta_logp).all()
+
+
+@pytest.mark.parametrize("rule", ["constant", "calibrator"])
+def test_a_batch_searched_on_the_device_later_is_the_hosts_and_read_once(theta, docs, threshold, rule):
+    memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=threshold)
+    batch = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window, keep_hidden=True)))
+    on_device = DeviceTheta(memory, memory.lm.device, True, rule)
+    with reads() as counted:
+        device = with_neighbors(memory.lm, batch, on_device, chunk=64)
+    assert len(batch) > 3 * 64 and counted == {"to_host": 1}
+    assert_same(device, with_neighbors(memory.lm, batch, memory.search), memory, rule)
 
 
 class Syncing(DeviceTheta):

@@ -8,6 +8,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from typing import Callable, Generator, Iterable, Iterator
@@ -238,15 +239,19 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
 
 
 @torch.inference_mode()
-def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 1024, at_once: int = 1) -> TokenScores:
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors | OnDevice, chunk: int = 1024,
+                   at_once: int = 1) -> TokenScores:
     """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run);
-    `at_once`: chunks searched together (a memory spread over that many workers).
+    `at_once`: chunks searched together (a memory spread over that many workers); a memory on the
+    LM's device (OnDevice): `_on_device`.
 
     The LM's log P of each neighbour's value needs the logits of those values only: the hidden
     states against the output layer's rows of the values met in the chunk, less the log
     normalizer, which the stored log P of the target gives (logit(target) - log P(target))."""
     if batch.hidden is None:
         raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
+    if isinstance(neighbors, OnDevice):
+        return _on_device(lm, batch, neighbors, chunk)
     parts = [batch.select(slice(i, i + chunk)) for i in range(0, len(batch), chunk)]
     for part, found in zip(parts, _searched(neighbors, parts, at_once)):
         part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = found
@@ -257,6 +262,25 @@ def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int 
         lse = logits[:, 0] - torch.from_numpy(part.logp).to(lm.device)
         part.lm_logp_values = (logits[:, 1:] - lse[:, None]).cpu().numpy()
     return TokenScores.concat(parts)
+
+
+def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> TokenScores:
+    """with_neighbors with the memory on the LM's device: each chunk's neighbours, the LM's log P of
+    their values (from the chunk's full logits: the values met are not known to the host) and Θ's
+    scores computed there, and the whole batch's read at once."""
+    assert batch.hidden is not None
+    out = []
+    for i in range(0, len(batch), chunk):
+        sl = slice(i, i + chunk)
+        inputs = {f: torch.from_numpy(getattr(batch, f)[sl]).to(lm.device) for f in ("key", "argmax", "target", "prev")}
+        inputs["stats"] = torch.from_numpy(np.stack([batch.logp[sl], batch.max_logp[sl], batch.entropy[sl]], 1)).to(lm.device)
+        found = neighbors.search(inputs)
+        logits = lm.logits(torch.from_numpy(batch.hidden[sl]).to(lm.device, lm.model.dtype))
+        lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
+        found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
+        out.append(found | neighbors.theta(inputs | found))
+    read = to_host({f: torch.cat([o[f] for o in out]) for f in out[0]}) if out else {}
+    return dataclasses.replace(batch, **read)
 
 
 def _searched(neighbors: Neighbors, parts: list[TokenScores], at_once: int) -> list[Found]:

@@ -254,15 +254,19 @@ class Memory:
     def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None,
               on_device: bool | None = None) -> list[TokenScores]:
         """Score documents with the LM (the memory's window) and, where Θ searches the memory (or
-        `retrieve`), their neighbours, searched while the LM scores: `on_device`, on the LM's device
-        (DeviceTheta: Θ's scores too; None: where the memory's searches run in torch, a GPU without
-        FAISS's GPU build, and it is searched here), else by `search`."""
+        `retrieve`), their neighbours, searched while the LM scores: `on_device` (None:
+        `searched_on_device`), on the LM's device (DeviceTheta: Θ's scores too), else by `search`."""
         self.sync()
         retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
-        if on_device is None:
-            on_device = self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
+        on_device = self.searched_on_device if on_device is None else on_device
         hook = (self.on_device(skip) if on_device else functools.partial(self.search, skip=skip)) if retrieve else None
         return list(score(self.lm, docs, self.settings.window, hook))
+
+    @property
+    def searched_on_device(self) -> bool:
+        """Whether Θ reads this memory on the LM's device by default (`on_device`): where its searches run
+        in torch (a GPU without FAISS's GPU build) and in this process."""
+        return self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
 
     def on_device(self, skip: bool = True) -> DeviceTheta:
         """This memory as Θ reads it, held on the LM's device (DeviceTheta), made once per state of the memory."""
