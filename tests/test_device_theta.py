@@ -13,9 +13,8 @@ from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.lm.host import reads, to_host
 from monim.lm.scoring import score, score_tokens, with_neighbors
-from monim.lm.token_scores import TokenScores
+from monim.lm.token_scores import OnDevice, TokenScores
 from monim.theta.calibrator import examples
-from monim.theta.device import DeviceTheta
 from monim.theta.knnlm import theta_scores
 from monim.theta.memory import Memory
 
@@ -47,7 +46,7 @@ def test_the_device_path_returns_the_host_paths_neighbours_and_theta(theta, docs
     memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=threshold)
     host = TokenScores.concat(memory.score(docs, skip=skip, on_device=False))
     device = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window,
-                                           DeviceTheta(memory, memory.lm.device, skip, rule))))
+                                           memory.on_device(skip, rule))))
     assert host.knn_skipped is not None
     if skip:
         assert 0 < host.knn_skipped.sum() < len(host) - 1
@@ -79,21 +78,27 @@ def assert_same(device: TokenScores, host: TokenScores, memory: Memory, rule: st
 def test_a_batch_searched_on_the_device_later_is_the_hosts_and_read_once(theta, docs, threshold, rule):
     memory = Memory.open(theta.ds.root, theta.lm, skip_threshold=threshold)
     batch = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window, keep_hidden=True)))
-    on_device = DeviceTheta(memory, memory.lm.device, True, rule)
+    on_device = memory.on_device(True, rule)
     with reads() as counted:
         device = with_neighbors(memory.lm, batch, on_device, chunk=64)
     assert len(batch) > 3 * 64 and counted == {"to_host": 1}
     assert_same(device, with_neighbors(memory.lm, batch, memory.search), memory, rule)
 
 
-class Syncing(DeviceTheta):
-    """DeviceTheta with one host read added to each chunk's search (what the counting test must catch)."""
+class Syncing(OnDevice):
+    """A memory on the device with one host read added to each chunk's search (what the counting test must catch)."""
+
+    def __init__(self, inner: OnDevice):
+        self.inner = inner
 
     def search(self, chunk):
-        found = super().search(chunk)
+        found = self.inner.search(chunk)
         if bool(found["knn_skipped"].any()):  # a device-waiting `if`
             found["knn_dist"] = found["knn_dist"] + 0
         return found
+
+    def theta(self, chunk):
+        return self.inner.theta(chunk)
 
 
 def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, docs):
@@ -102,7 +107,8 @@ def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, d
     toks = [t for d in docs for t in lm.tokenizer(d.text)["input_ids"]][:200]
     cfg = dataclasses.replace(memory.settings.window, stride=256, batch_size=1, head_chunk=32)  # one pass, 7 chunks
     assert len(toks) == 200
-    on_device, syncing = DeviceTheta(memory, lm.device, skip=True), Syncing(memory, lm.device, skip=True)
+    on_device = memory.on_device()
+    syncing = Syncing(on_device)
     with reads() as bare:  # the LM's forward pass alone, as scoring runs it (one packed row)
         lm.forward(torch.tensor([toks]), position_ids=torch.arange(len(toks))[None])
     for hook, per_chunk in ((on_device, 0), (syncing, 1)):

@@ -269,13 +269,14 @@ def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> T
     their values (from the chunk's full logits: the values met are not known to the host) and Θ's
     scores computed there, and the whole batch's read at once."""
     assert batch.hidden is not None
+    every = {f: torch.from_numpy(getattr(batch, f)).to(lm.device) for f in ("key", "argmax", "target", "prev")}
+    every["stats"] = torch.from_numpy(np.stack([batch.logp, batch.max_logp, batch.entropy], 1)).to(lm.device)
+    hidden = torch.from_numpy(batch.hidden).to(lm.device, lm.model.dtype)  # all copied up before any work is queued
     out = []
     for i in range(0, len(batch), chunk):
-        sl = slice(i, i + chunk)
-        inputs = {f: torch.from_numpy(getattr(batch, f)[sl]).to(lm.device) for f in ("key", "argmax", "target", "prev")}
-        inputs["stats"] = torch.from_numpy(np.stack([batch.logp[sl], batch.max_logp[sl], batch.entropy[sl]], 1)).to(lm.device)
+        inputs = {f: t[i : i + chunk] for f, t in every.items()}
         found = neighbors.search(inputs)
-        logits = lm.logits(torch.from_numpy(batch.hidden[sl]).to(lm.device, lm.model.dtype))
+        logits = lm.logits(hidden[i : i + chunk])
         lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
         found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
         out.append(found | neighbors.theta(inputs | found))

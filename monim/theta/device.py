@@ -5,47 +5,37 @@ scoring reads nothing from the device but each pass's results (monim.lm.scoring)
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from monim.core.config import CalibratorConfig
 from monim.lm.token_scores import OnDevice
-from monim.storage.index import MemoryIndex
+from monim.storage.lexical import LexicalCounts
 from monim.storage.torch_search import TorchExact
-from monim.theta.calibrator import density_on
-from monim.theta.knnlm import row_lam, theta_of
-
-if TYPE_CHECKING:
-    from monim.theta.memory import Memory
+from monim.theta.calibrator import Calibrator, density_on
+from monim.theta.knnlm import Interpolation, row_lam, theta_of
 
 
 class DeviceTheta(OnDevice):
-    """A memory as Θ reads it (Memory.search, Memory.theta_scores; by its rule, or `rule`), on `device`:
-    the entries a search may find (as of its day, within the recency rule's age) searched exactly,
-    each neighbour's value and prior by table, the lexical counts and the calibrator there too."""
+    """A memory as Θ reads it (Memory.search, Memory.theta_scores) on the LM's device (Memory.on_device):
+    the entries a search may find in `index`, each entry's value and log prior by id (`values`, `prior`),
+    the skip (`skip`, by `calibrator`), and Θ's `rule` (constant `interpolation`, `lam_copy`,
+    `calibrator` with the `lexical` counts)."""
 
-    def __init__(self, memory: Memory, device: torch.device | str, skip: bool = True, rule: str | None = None):
-        device = torch.device(device)
-        searcher, ds = memory._searcher, memory.ds
-        searcher.ready()
-        limits = searcher.limits()
-        next_id = int(ds.manifest["next_id"])
-        ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
-        self.index = TorchExact.from_parts(MemoryIndex.key_parts(ds, ids), len(ids), memory.lm.hidden_size, device)
-        self.values = torch.from_numpy(ds.shards.values_by_id()).to(device)
-        prior = searcher.prior(np.arange(next_id))
+    def __init__(self, index: TorchExact, values: np.ndarray, prior: np.ndarray | None, k: int, cfg: CalibratorConfig,
+                 rule: str, interpolation: Interpolation, lam_copy: float, calibrator: Calibrator | None,
+                 lexical: LexicalCounts | None, skip: bool):
+        device = index.device
+        self.index, self.k, self.cfg, self.rule, self.interpolation = index, k, cfg, rule, interpolation
+        self.values = torch.from_numpy(values).to(device)
         self.prior = None if prior is None else torch.from_numpy(prior).to(device)
-        self.k, self.cfg, self.rule = memory.index.cfg.k, memory.calibrator_cfg, rule or memory.rule
-        self.interpolation = memory.interpolation
-        self.lam_copy = torch.tensor(memory.theta().get("lam_copy", self.interpolation.lam), dtype=torch.float64, device=device)
-        skip = skip and memory.settings.calibrated and self.cfg.skip_threshold is not None
-        calibrator = memory.calibrator() if skip or self.rule == "calibrator" else None
+        self.lam_constant, self.lam_copy = (torch.tensor(lam, dtype=torch.float64, device=device)
+                                            for lam in (interpolation.lam, lam_copy))
         self.net = None if calibrator is None else copy.deepcopy(calibrator.net).to(device).eval()
-        self.skip = skip and self.net is not None
+        self.skip = skip and self.net is not None and cfg.skip_threshold is not None
         self.count = self.distinct = None
-        if self.net is not None:
-            lexical = memory.lexical()
+        if self.net is not None and lexical is not None:
             self.count, self.distinct = (torch.from_numpy(a).to(device) for a in (lexical.count, lexical.distinct))
 
     def _values(self, ids: torch.Tensor) -> torch.Tensor:
@@ -91,14 +81,14 @@ class DeviceTheta(OnDevice):
             out["knn_prior"] = torch.where(ids >= 0, self.prior[ids.clamp(min=0)], 0.0)
         return out
 
-    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        """ThetaRule.lam of a searched chunk, on the device."""
-        lam = self.interpolation.lam
+    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor:
+        """ThetaRule.lam of a searched chunk, on the device (numbers made there once: a number copied to
+        a GPU per chunk would wait for it)."""
         if self.rule == "calibrator" and self.net is not None:
             return self._calibrated(chunk, chunk["knn_dist"], chunk["knn_values"])
         if self.rule == "prior":
-            return torch.where(self._copied(chunk, chunk["knn_dist"][:, 0]), self.lam_copy, lam)
-        return lam
+            return torch.where(self._copied(chunk, chunk["knn_dist"][:, 0]), self.lam_copy, self.lam_constant)
+        return self.lam_constant
 
     def theta(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Θ's scores of a searched chunk (ThetaRule.theta_scores), on the device."""

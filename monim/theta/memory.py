@@ -30,6 +30,7 @@ from monim.storage.index import MemoryIndex, backend
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.storage.parts import Parts
+from monim.storage.torch_search import TorchExact
 from monim.storage.verify import Verified, looked_again, verified
 from monim.theta.calibrator import Calibrator, examples
 from monim.theta.device import DeviceTheta
@@ -268,12 +269,24 @@ class Memory:
         in torch (a GPU without FAISS's GPU build) and in this process."""
         return self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
 
-    def on_device(self, skip: bool = True) -> DeviceTheta:
-        """This memory as Θ reads it, held on the LM's device (DeviceTheta), made once per state of the memory."""
-        state = (self.checksum(), skip, dataclasses.astuple(self.settings.recency))
+    def on_device(self, skip: bool = True, rule: str | None = None) -> DeviceTheta:
+        """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
+        entries a search may find (as of its day, within the recency rule's age), searched exactly;
+        made once per state of the memory."""
+        state = (self.checksum(), skip, rule, dataclasses.astuple(self.settings.recency))
         held = self._device
         if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
-            held = self._device = (state, DeviceTheta(self, self.lm.device, skip))
+            searcher, cfg, rule = self._searcher, self.calibrator_cfg, rule or self.rule
+            searcher.ready()
+            limits, next_id = searcher.limits(), int(self.ds.manifest["next_id"])
+            ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
+            index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
+            skip = skip and self.settings.calibrated and cfg.skip_threshold is not None
+            calibrator = self.calibrator() if skip or rule == "calibrator" else None
+            theta = DeviceTheta(index, self.ds.shards.values_by_id(), searcher.prior(np.arange(next_id)), self.index.cfg.k,
+                                cfg, rule, self.interpolation, self.theta().get("lam_copy", self.interpolation.lam),
+                                calibrator, self.lexical() if calibrator is not None else None, skip)
+            held = self._device = (state, theta)
         return held[1]
 
     def writable(self) -> None:
