@@ -80,7 +80,7 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
             inputs = chunk | dict(target=target[sl], prev=prev_t[sl])
             found = neighbors.search(inputs)
             found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
-            chunks.append(chunk | found | neighbors.theta(inputs | found))
+            chunks.append(chunk | _kept(neighbors, found) | neighbors.theta(inputs | found))
         elif neighbors is not None:
             part = _scores({f: v[sl] for f, v in host.items()}, to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
@@ -101,6 +101,11 @@ def _scores(host: dict[str, np.ndarray], found: dict[str, np.ndarray]) -> TokenS
     floats = found["stats"]
     return TokenScores(**host, logp=floats[:, 0].copy(), max_logp=floats[:, 1].copy(), entropy=floats[:, 2].copy(),
                        **{f: v for f, v in found.items() if f != "stats"})
+
+
+def _kept(on_device: OnDevice, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the host reads of a chunk's neighbours: all of them, or (`neighbors` off) which tokens were skipped."""
+    return found if on_device.neighbors else {"knn_skipped": found["knn_skipped"]}
 
 
 def _values_logp(logits: torch.Tensor, lse: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -279,7 +284,7 @@ def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> T
         logits = lm.logits(hidden[i : i + chunk])
         lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
         found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
-        out.append(found | neighbors.theta(inputs | found))
+        out.append(_kept(neighbors, found) | neighbors.theta(inputs | found))
     read = to_host({f: torch.cat([o[f] for o in out]) for f in out[0]}) if out else {}
     return dataclasses.replace(batch, **read)
 

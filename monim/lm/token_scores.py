@@ -71,7 +71,10 @@ Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighb
 
 class OnDevice:
     """A memory searched, and Θ applied, on the LM's device (monim.theta.device.DeviceTheta): a chunk's
-    tensors in (key, stats, argmax, target, prev), tensors out, nothing read by the host."""
+    tensors in (key, stats, argmax, target, prev), tensors out, nothing read by the host. With
+    `neighbors` off, the host reads Θ's scores and `knn_skipped` back, not the neighbours ([n, k] each)."""
+
+    neighbors: bool = True
 
     def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The chunk's neighbours: knn_dist, knn_values, knn_ids, knn_skipped (and knn_prior where any)."""

@@ -21,12 +21,13 @@ class DeviceTheta(OnDevice):
     """A memory as Θ reads it (Memory.search, Memory.theta_scores) on the LM's device (Memory.on_device):
     the entries a search may find in `index`, each entry's value and log prior by id (`values`, `prior`),
     the skip (`skip`, by `calibrator`), and Θ's `rule` (constant `interpolation`, `lam_copy`,
-    `calibrator` with the `lexical` counts)."""
+    `calibrator` with the `lexical` counts); `neighbors`: whether the host reads them back (OnDevice)."""
 
     def __init__(self, index: TorchExact, values: np.ndarray, prior: np.ndarray | None, k: int, cfg: CalibratorConfig,
                  rule: str, interpolation: Interpolation, lam_copy: float, calibrator: Calibrator | None,
-                 lexical: LexicalCounts | None, skip: bool):
+                 lexical: LexicalCounts | None, skip: bool, neighbors: bool = True):
         device = index.device
+        self.neighbors = neighbors
         self.index, self.k, self.cfg, self.rule, self.interpolation = index, k, cfg, rule, interpolation
         self.values = torch.from_numpy(values).to(device)
         self.prior = None if prior is None else torch.from_numpy(prior).to(device)

@@ -269,11 +269,11 @@ class Memory:
         in torch (a GPU without FAISS's GPU build) and in this process."""
         return self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
 
-    def on_device(self, skip: bool = True, rule: str | None = None) -> DeviceTheta:
+    def on_device(self, skip: bool = True, rule: str | None = None, neighbors: bool = True) -> DeviceTheta:
         """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
         entries a search may find (as of its day, within the recency rule's age), searched exactly;
-        made once per state of the memory."""
-        state = (self.checksum(), skip, rule, dataclasses.astuple(self.settings.recency))
+        made once per state of the memory. `neighbors` off: the host reads Θ's scores, not the neighbours."""
+        state = (self.checksum(), skip, rule, neighbors, dataclasses.astuple(self.settings.recency))
         held = self._device
         if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
             searcher, cfg, rule = self._searcher, self.calibrator_cfg, rule or self.rule
@@ -285,7 +285,7 @@ class Memory:
             calibrator = self.calibrator() if skip or rule == "calibrator" else None
             theta = DeviceTheta(index, self.ds.shards.values_by_id(), searcher.prior(np.arange(next_id)), self.index.cfg.k,
                                 cfg, rule, self.interpolation, self.theta().get("lam_copy", self.interpolation.lam),
-                                calibrator, self.lexical() if calibrator is not None else None, skip)
+                                calibrator, self.lexical() if calibrator is not None else None, skip, neighbors)
             held = self._device = (state, theta)
         return held[1]
 
