@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import nearest_by_numpy
 from monim.core.config import DEMO_STREAM
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.lm.host import reads, to_host
 from monim.lm.scoring import score, score_tokens, with_neighbors
 from monim.lm.token_scores import OnDevice, TokenScores
+from monim.storage.torch_search import TorchExact
 from monim.theta.calibrator import examples
 from monim.theta.knnlm import theta_scores
 from monim.theta.memory import Memory
@@ -150,3 +152,22 @@ def test_the_counter_sees_hidden_reads_under_inference_mode():
     with reads() as counted:  # on the device's side: nothing read
         torch.where(t > 1, t, 0).cumsum(0).topk(2)
     assert not counted
+
+
+def test_a_search_on_the_device_is_exact_with_ties_by_id_and_reads_nothing():
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((3000, 16)).astype(np.float16)
+    keys[2000:2100] = keys[:100]  # equal keys: equal distances, ordered by id
+    ids = np.arange(3000) * 3 + 7
+    queries = keys[rng.integers(0, 3000, 50)].astype(np.float32) + rng.standard_normal((50, 16)).astype(np.float32) * 0.1
+    index = TorchExact.from_parts([(keys, ids)], len(keys), 16, "cpu")
+    with reads() as counted:
+        dist, found = index.search_on(torch.from_numpy(queries), 40, block=16)
+    assert not counted
+    want_d, want_rows = nearest_by_numpy(queries, keys.astype(np.float32), 40)
+    np.testing.assert_allclose(dist.numpy(), want_d, rtol=1e-5, atol=1e-5)
+    d64 = ((queries[:, None].astype(np.float64) - keys[None].astype(np.float64)) ** 2).sum(-1)
+    by_id = np.lexsort((np.broadcast_to(ids, d64.shape), d64), axis=1)[:, :30]  # distance, then id
+    assert (found.numpy()[:, :30] == ids[by_id]).all()  # (which of two equal keys is the k-th is free)
+    assert sum(len(np.intersect1d(f, ids[2000:2100])) > 0 for f in found.numpy()[:, :30]) > 5  # ties were met
+    assert (index.search(queries, 40)[1].shape == (50, 40)) and (index.search_on(torch.from_numpy(queries), 3001)[1][:, 3000] == -1).all()
