@@ -99,6 +99,8 @@ def test_a_batch_searched_on_the_device_later_is_the_hosts_and_read_once(theta, 
     assert len(batch) > 3 * 64 and counted == {"to_host": 1}
     assert_same(device, with_neighbors(memory.lm, batch, memory.search), memory, rule)
     scores = with_neighbors(memory.lm, batch, memory.on_device(True, rule, neighbors=False), chunk=64)
+    assert memory.on_device(True, rule) is on_device  # made once; its variants share the keys copied up
+    assert memory.on_device(True, rule, neighbors=False).index is on_device.index
     assert scores.knn_values is None and scores.knn_dist is None and scores.lm_logp_values is None
     assert (scores.knn_skipped == device.knn_skipped).all() and (scores.theta_logp == device.theta_logp).all()
 

@@ -70,7 +70,8 @@ class Memory:
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
-        self._device: tuple[tuple, DeviceTheta] | None = None  # the memory on the LM's device (on_device), by state
+        # the memory on the LM's device (on_device): its state, its keys' index, its DeviceThetas by (skip, rule, neighbors)
+        self._device: tuple[tuple, TorchExact, dict[tuple, DeviceTheta]] | None = None
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
         self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency, self.parts)
@@ -272,22 +273,26 @@ class Memory:
     def on_device(self, skip: bool = True, rule: str | None = None, neighbors: bool = True) -> DeviceTheta:
         """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
         entries a search may find (as of its day, within the recency rule's age), searched exactly;
-        made once per state of the memory. `neighbors` off: the host reads Θ's scores, not the neighbours."""
-        state = (self.checksum(), skip, rule, neighbors, dataclasses.astuple(self.settings.recency))
+        their keys copied there once per state of the memory. `neighbors` off: the host reads Θ's
+        scores, not the neighbours."""
+        state = (self.checksum(), dataclasses.astuple(self.settings.recency))
         held = self._device
         if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
-            searcher, cfg, rule = self._searcher, self.calibrator_cfg, rule or self.rule
-            searcher.ready()
-            limits, next_id = searcher.limits(), int(self.ds.manifest["next_id"])
+            self._searcher.ready()
+            limits, next_id = self._searcher.limits(), int(self.ds.manifest["next_id"])
             ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
             index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
-            skip = skip and self.settings.calibrated and cfg.skip_threshold is not None
-            calibrator = self.calibrator() if skip or rule == "calibrator" else None
-            theta = DeviceTheta(index, self.ds.shards.values_by_id(), searcher.prior(np.arange(next_id)), self.index.cfg.k,
-                                cfg, rule, self.interpolation, self.theta().get("lam_copy", self.interpolation.lam),
-                                calibrator, self.lexical() if calibrator is not None else None, skip, neighbors)
-            held = self._device = (state, theta)
-        return held[1]
+            held = self._device = (state, index, {})
+        if (skip, rule, neighbors) not in held[2]:
+            cfg, by = self.calibrator_cfg, rule or self.rule
+            skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
+            calibrator = self.calibrator() if skips or by == "calibrator" else None
+            next_id = int(self.ds.manifest["next_id"])
+            held[2][skip, rule, neighbors] = DeviceTheta(
+                held[1], self.ds.shards.values_by_id(), self._searcher.prior(np.arange(next_id)), self.index.cfg.k, cfg, by,
+                self.interpolation, self.theta().get("lam_copy", self.interpolation.lam), calibrator,
+                self.lexical() if calibrator is not None else None, skips, neighbors)
+        return held[2][skip, rule, neighbors]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""
