@@ -121,13 +121,15 @@ class Syncing(OnDevice):
         return self.inner.theta(chunk)
 
 
-def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, docs):
+@pytest.mark.parametrize("rule", ["constant", "prior", "calibrator"])
+def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, docs, rule):
     lm = theta.lm
     memory = Memory.open(theta.ds.root, lm, skip_threshold=0.5)
     toks = [t for d in docs for t in lm.tokenizer(d.text)["input_ids"]][:200]
     cfg = dataclasses.replace(memory.settings.window, stride=256, batch_size=1, head_chunk=32)  # one pass, 7 chunks
     assert len(toks) == 200
-    on_device = memory.on_device()
+    on_device = memory.on_device(True, rule)
+    assert on_device.skip
     syncing = Syncing(on_device)
     with reads() as bare:  # the LM's forward pass alone, as scoring runs it (one packed row)
         lm.forward(torch.tensor([toks]), position_ids=torch.arange(len(toks))[None])
