@@ -72,6 +72,7 @@ class Memory:
         self._twins: tuple[list[str], TwinIndex] | None = None
         # the memory on the LM's device (on_device): its state, its keys' index, its DeviceThetas by (skip, rule, neighbors)
         self._device: tuple[tuple, TorchExact, dict[tuple, DeviceTheta]] | None = None
+        self._device_choice: tuple[int, bool] | None = None  # searched_on_device, by the memory's size
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
         self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency, self.parts)
@@ -267,8 +268,12 @@ class Memory:
     @property
     def searched_on_device(self) -> bool:
         """Whether Θ reads this memory on the LM's device by default (`on_device`): where its searches run
-        in torch (a GPU without FAISS's GPU build) and in this process."""
-        return self._spread.workers is None and backend(self.index.cfg, len(self), self.lm.hidden_size) == "torch"
+        in torch (a GPU without FAISS's GPU build) and in this process. Chosen once for a memory's size:
+        the keys it copies to the GPU then take from the free memory the choice reads."""
+        size = len(self)
+        if self._device_choice is None or self._device_choice[0] != size:
+            self._device_choice = (size, backend(self.index.cfg, size, self.lm.hidden_size) == "torch")
+        return self._spread.workers is None and self._device_choice[1]
 
     def on_device(self, skip: bool = True, rule: str | None = None, neighbors: bool = True) -> DeviceTheta:
         """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
