@@ -12,6 +12,7 @@ from helpers import nearest_by_numpy
 from monim.core.config import DEMO_STREAM
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
+from monim.evaluation.evaluate import evaluate
 from monim.lm.host import reads, to_host
 from monim.lm.scoring import score, score_tokens, with_neighbors
 from monim.lm.token_scores import OnDevice, TokenScores
@@ -175,3 +176,17 @@ def test_a_search_on_the_device_is_exact_with_ties_by_id_and_reads_nothing():
     assert (found.numpy()[:, :30] == ids[by_id]).all()  # (which of two equal keys is the k-th is free)
     assert sum(len(np.intersect1d(f, ids[2000:2100])) > 0 for f in found.numpy()[:, :30]) > 5  # ties were met
     assert (index.search(queries, 40)[1].shape == (50, 40)) and (index.search_on(torch.from_numpy(queries), 3001)[1][:, 3000] == -1).all()
+
+
+@pytest.mark.parametrize("skip", [None, "median"])
+def test_an_evaluation_on_the_device_is_the_hosts(theta, docs, threshold, skip):
+    reading = {"skip_threshold": threshold} if skip else {}
+    host, device = (Memory.open(theta.ds.root, theta.lm, **reading) for _ in range(2))
+    device._device_choice = (len(device), True)  # as on a GPU whose searches run in torch
+    assert device.searched_on_device and not host.searched_on_device
+    want, got = evaluate(theta.lm, docs, host), evaluate(theta.lm, docs, device)
+    assert device._device is not None and host._device is None  # each searched where it says
+    assert set(got) == set(want) and got["tokens"] == want["tokens"] and got["skipped"] == want["skipped"]
+    assert (got["skipped"] > 0) == bool(skip)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-6, nan_ok=True), key
