@@ -28,11 +28,15 @@ def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
     """A batch scored with keep_hidden, with the memory's neighbours (unchanged without a memory)."""
     if memory is None or not memory.retrieves:
         return batch
+    if memory.searched_on_device:  # Θ's scores computed there, the neighbours left there
+        return with_neighbors(lm, batch, memory.on_device(neighbors=False))
     return with_neighbors(lm, batch, memory.search, at_once=memory.at_once)
 
 
 def theta_of(batch: TokenScores, memory: Memory | None) -> ThetaScores:
-    """Scores under Θ: the memory's interpolation, or the LM's own without a memory."""
+    """Scores under Θ: those computed on the device, the memory's interpolation, or the LM's own without a memory."""
+    if batch.theta_logp is not None and batch.theta_max_logp is not None and batch.theta_argmax is not None:
+        return ThetaScores(batch.theta_logp, batch.theta_max_logp, batch.theta_argmax)
     if memory is None or batch.knn_values is None:
         return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
     return memory.theta_scores(batch)

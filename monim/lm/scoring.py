@@ -8,6 +8,7 @@ twice), the whole document before them ("document"), or the paper's windows reco
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from typing import Callable, Generator, Iterable, Iterator
@@ -18,8 +19,9 @@ from transformers import DynamicCache
 
 from monim.core.config import ScoreConfig
 from monim.data.feed import Document
+from monim.lm.host import queued, to_host
 from monim.lm.model import LM, kv_layers
-from monim.lm.token_scores import Found, Neighbors, TokenScores
+from monim.lm.token_scores import Found, Neighbors, OnDevice, TokenScores
 from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
@@ -27,14 +29,15 @@ Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from t
 
 @torch.inference_mode()
 def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tuple[int, int, Span]],
-                cfg: ScoreConfig, neighbors: Neighbors | None, keep_hidden: bool) -> Pending:
+                cfg: ScoreConfig, neighbors: Neighbors | OnDevice | None, keep_hidden: bool) -> Pending:
     """The kept outputs of a forward pass (`picks`: row, column of input `a`, span) as TokenScores.
 
-    The vocabulary projection runs `cfg.head_chunk` rows at a time. Without `neighbors` the whole
-    pass's statistics stay on the device and are copied to the host at once, queued behind the pass:
-    the caller queues the next pass before reading them, so the GPU never waits for the host. With
-    `neighbors`, each chunk's LM statistics are read before its neighbours are searched (so a
-    retriever can decide to skip rows)."""
+    The vocabulary projection runs `cfg.head_chunk` rows at a time. Without `neighbors`, or with a
+    memory searched on the device (OnDevice: each chunk's neighbours, the LM's log P of their values
+    and Θ's scores computed there too), the whole pass's results stay on the device and are copied
+    to the host at once, queued behind the pass (one read): the caller queues the next pass before
+    reading them, so the GPU never waits for the host. With host `neighbors`, each chunk's LM
+    statistics are read before its neighbours are searched (so a retriever can decide to skip rows)."""
     rows: list[int] = []
     cols: list[int] = []
     doc_ids: list[str] = []
@@ -52,11 +55,12 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     at = (torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device))
     hidden, keys = hidden[at], keys[at]
     target = torch.tensor(targets, device=lm.device)
+    prev_t = torch.tensor(prev, device=lm.device) if isinstance(neighbors, OnDevice) else None  # the calibrator reads them
     host = dict(doc_id=np.array(doc_ids, dtype=object), position=np.array(positions, np.int32),
                 prev=np.array(prev, np.int32), target=np.array(targets, np.int32))
     _, head_chunk = batching(cfg)
-    parts: list[TokenScores] = []  # with neighbours: each chunk read to the host
-    chunks: list[dict[str, torch.Tensor]] = []  # without: each chunk's statistics, still on the device
+    parts: list[TokenScores] = []  # with host neighbours: each chunk read to the host
+    chunks: list[dict[str, torch.Tensor]] = []  # else: each chunk's results, still on the device
     for i in range(0, len(targets), head_chunk):
         sl = slice(i, i + head_chunk)
         logits = lm.logits(hidden[sl])
@@ -71,8 +75,14 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16))
         if keep_hidden:
             chunk["hidden"] = hidden[sl].float()
-        if neighbors is not None:
-            part = _scores({f: v[sl] for f, v in host.items()}, _to_host(chunk))
+        if isinstance(neighbors, OnDevice):
+            assert prev_t is not None
+            inputs = chunk | dict(target=target[sl], prev=prev_t[sl])
+            found = neighbors.search(inputs)
+            found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
+            chunks.append(chunk | _kept(neighbors, found) | neighbors.theta(inputs | found))
+        elif neighbors is not None:
+            part = _scores({f: v[sl] for f, v in host.items()}, to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
             parts.append(part)
         else:
@@ -81,37 +91,32 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         return lambda: TokenScores.concat(parts)
     if not chunks:
         return lambda: None
-    whole = _to_host({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]}, wait=False)
-    done = torch.cuda.Event() if lm.device.type == "cuda" else None
-    if done is not None:
-        done.record()
-
-    def read() -> TokenScores:
-        if done is not None:
-            done.synchronize()
-        return _scores(host, whole)
-
-    return read
+    whole = queued({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]})
+    return lambda: _scores(host, whole())
 
 
-def _to_host(tensors: dict[str, torch.Tensor], wait: bool = True) -> dict[str, torch.Tensor]:
-    """Device tensors copied to the host (`wait=False`: queued into pinned memory, not yet safe to read)."""
-    return {f: t.to("cpu", non_blocking=not wait) for f, t in tensors.items()}
-
-
-def _scores(host: dict[str, np.ndarray], stats: dict[str, torch.Tensor]) -> TokenScores:
-    """TokenScores from a pass's host-side fields and its statistics copied from the device (`hidden` where kept)."""
-    floats = stats["stats"].numpy()
+def _scores(host: dict[str, np.ndarray], found: dict[str, np.ndarray]) -> TokenScores:
+    """TokenScores from a pass's host-side fields and what it read from the device (`stats`, `argmax`,
+    `key`; `hidden` where kept; the neighbours' and Θ's fields where searched on the device)."""
+    floats = found["stats"]
     return TokenScores(**host, logp=floats[:, 0].copy(), max_logp=floats[:, 1].copy(), entropy=floats[:, 2].copy(),
-                       argmax=stats["argmax"].numpy(), key=stats["key"].numpy(),
-                       hidden=stats["hidden"].numpy() if "hidden" in stats else None)
+                       **{f: v for f, v in found.items() if f != "stats"})
+
+
+def _kept(on_device: OnDevice, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the host reads of a chunk's neighbours: all of them, or (`neighbors` off) which tokens were skipped."""
+    return found if on_device.neighbors else {"knn_skipped": found["knn_skipped"]}
+
+
+def _values_logp(logits: torch.Tensor, lse: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The LM's log P of each neighbour's value [n, k] (a missing neighbour's: token 0's), from a chunk's logits."""
+    return logits.gather(1, values.long().clamp(min=0)) - lse[:, None]
 
 
 def _search(lm: LM, part: TokenScores, logits: torch.Tensor, lse: torch.Tensor, neighbors: Neighbors) -> None:
     """Fill a chunk's neighbours and the LM's log P of each neighbour's value (logits: the chunk's)."""
     part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = neighbors(part)
-    at = torch.from_numpy(part.knn_values).long().clamp(min=0).to(lm.device)
-    part.lm_logp_values = (logits.gather(1, at) - lse[:, None]).cpu().numpy()
+    part.lm_logp_values = to_host(_values_logp(logits, lse, torch.from_numpy(part.knn_values).to(lm.device)))
 
 
 def _nothing() -> None:
@@ -130,7 +135,7 @@ def _pad_id(lm: LM) -> int:
 
 
 @torch.inference_mode()
-def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | None,
+def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | OnDevice | None,
             keep_hidden: bool) -> Iterator[TokenScores]:
     """Independent spans packed into rows (monim.lm.windows.pack), `batch_size` rows per forward pass;
     positions restart at each span, so each sees only itself."""
@@ -156,7 +161,7 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
 
 
 @torch.inference_mode()
-def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighbors | None,
+def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighbors | OnDevice | None,
              keep_hidden: bool) -> Iterator[TokenScores]:
     """Sequences with the same first step in lockstep, longest first (later steps are `stride` long,
     a last one shorter: a sequence that ends leaves the batch), the previous steps' keys and values
@@ -194,7 +199,7 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
     yield from _ready(queued, _nothing)
 
 
-def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | None,
+def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors | OnDevice | None,
           keep_hidden: bool) -> Iterator[TokenScores]:
     """Score a buffer of sequences: one-step spans packed, longer sequences stepped in lockstep
     batches of equal first steps."""
@@ -207,7 +212,7 @@ def _plan(lm: LM, seqs: list[Sequence], cfg: ScoreConfig, neighbors: Neighbors |
 
 
 def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None = None,
-                 neighbors: Neighbors | None = None, keep_hidden: bool = False,
+                 neighbors: Neighbors | OnDevice | None = None, keep_hidden: bool = False,
                  buffer_tokens: int | None = None) -> Iterator[TokenScores]:
     """Score token sequences (id, token ids, first target position) like `score`; sequences are
     planned `buffer_tokens` at a time (None: the device's; memory stays bounded), so batches need not
@@ -227,10 +232,11 @@ def score_tokens(lm: LM, sequences: Iterable[Sequence], cfg: ScoreConfig | None 
 
 
 def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
-          neighbors: Neighbors | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
+          neighbors: Neighbors | OnDevice | None = None, keep_hidden: bool = False) -> Iterator[TokenScores]:
     """Score documents, batched; memory stays bounded by one buffer.
 
-    With `neighbors` (a memory's search), each token also carries its nearest entries; with
+    With `neighbors` (a memory's search, or a memory on the LM's device: OnDevice), each token also
+    carries its nearest entries (on the device: and its scores under Θ); with
     `keep_hidden`, its final hidden state (to search other memories later: `with_neighbors`).
     """
     sequences = ((doc.id, lm.tokenizer(doc.text)["input_ids"], 1) for doc in docs)
@@ -238,15 +244,19 @@ def score(lm: LM, docs: Iterable[Document], cfg: ScoreConfig | None = None,
 
 
 @torch.inference_mode()
-def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int = 1024, at_once: int = 1) -> TokenScores:
+def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors | OnDevice, chunk: int = 1024,
+                   at_once: int = 1) -> TokenScores:
     """A copy of a batch scored with keep_hidden, searched in another memory (the LM is not re-run);
-    `at_once`: chunks searched together (a memory spread over that many workers).
+    `at_once`: chunks searched together (a memory spread over that many workers); a memory on the
+    LM's device (OnDevice): `_on_device`.
 
     The LM's log P of each neighbour's value needs the logits of those values only: the hidden
     states against the output layer's rows of the values met in the chunk, less the log
     normalizer, which the stored log P of the target gives (logit(target) - log P(target))."""
     if batch.hidden is None:
         raise ValueError("with_neighbors needs batches scored with keep_hidden=True")
+    if isinstance(neighbors, OnDevice):
+        return _on_device(lm, batch, neighbors, chunk)
     parts = [batch.select(slice(i, i + chunk)) for i in range(0, len(batch), chunk)]
     for part, found in zip(parts, _searched(neighbors, parts, at_once)):
         part.knn_dist, part.knn_values, part.knn_ids, part.knn_prior, part.knn_skipped = found
@@ -257,6 +267,26 @@ def with_neighbors(lm: LM, batch: TokenScores, neighbors: Neighbors, chunk: int 
         lse = logits[:, 0] - torch.from_numpy(part.logp).to(lm.device)
         part.lm_logp_values = (logits[:, 1:] - lse[:, None]).cpu().numpy()
     return TokenScores.concat(parts)
+
+
+def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> TokenScores:
+    """with_neighbors with the memory on the LM's device: each chunk's neighbours, the LM's log P of
+    their values (from the chunk's full logits: the values met are not known to the host) and Θ's
+    scores computed there, and the whole batch's read at once."""
+    assert batch.hidden is not None
+    every = {f: torch.from_numpy(getattr(batch, f)).to(lm.device) for f in ("key", "argmax", "target", "prev")}
+    every["stats"] = torch.from_numpy(np.stack([batch.logp, batch.max_logp, batch.entropy], 1)).to(lm.device)
+    hidden = torch.from_numpy(batch.hidden).to(lm.device, lm.model.dtype)  # all copied up before any work is queued
+    out = []
+    for i in range(0, len(batch), chunk):
+        inputs = {f: t[i : i + chunk] for f, t in every.items()}
+        found = neighbors.search(inputs)
+        logits = lm.logits(hidden[i : i + chunk])
+        lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
+        found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
+        out.append(_kept(neighbors, found) | neighbors.theta(inputs | found))
+    read = to_host({f: torch.cat([o[f] for o in out]) for f in out[0]}) if out else {}
+    return dataclasses.replace(batch, **read)
 
 
 def _searched(neighbors: Neighbors, parts: list[TokenScores], at_once: int) -> list[Found]:

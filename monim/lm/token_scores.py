@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -29,6 +32,10 @@ class TokenScores:
     knn_prior: np.ndarray | None = None  # float32 log prior weight of each neighbour (monim.core.recency), None: 0
     knn_skipped: np.ndarray | None = None  # bool: the skip rule left the token's full search out (the LM alone)
     hidden: np.ndarray | None = None  # float32 [n, hidden] final hidden states (score(..., keep_hidden=True))
+    # scored with the memory on the LM's device (OnDevice), per token under Θ: float64 log P(target), max log P, int32 top-1
+    theta_logp: np.ndarray | None = None
+    theta_max_logp: np.ndarray | None = None
+    theta_argmax: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.target)
@@ -41,8 +48,8 @@ class TokenScores:
         return cls(**columns)
 
     def select(self, rows: np.ndarray | slice) -> TokenScores:
-        """Some of the tokens, with their LM statistics and key (neighbours dropped)."""
-        dropped = ("knn", "lm_logp")
+        """Some of the tokens, with their LM statistics and key (neighbours and Θ's scores dropped)."""
+        dropped = ("knn", "lm_logp", "theta")
         columns: dict[str, Any] = {f.name: None if getattr(self, f.name) is None or f.name.startswith(dropped)
                                    else getattr(self, f.name)[rows] for f in fields(TokenScores)}
         return TokenScores(**columns)
@@ -60,3 +67,19 @@ class Found(NamedTuple):
 
 
 Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighbours yet) -> their neighbours
+
+
+class OnDevice:
+    """A memory searched, and Θ applied, on the LM's device (monim.theta.device.DeviceTheta): a chunk's
+    tensors in (key, stats, argmax, target, prev), tensors out, nothing read by the host. With
+    `neighbors` off, the host reads Θ's scores and `knn_skipped` back, not the neighbours ([n, k] each)."""
+
+    neighbors: bool = True
+
+    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The chunk's neighbours: knn_dist, knn_values, knn_ids, knn_skipped (and knn_prior where any)."""
+        raise NotImplementedError
+
+    def theta(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Θ's theta_logp, theta_max_logp and theta_argmax of a searched chunk (with lm_logp_values)."""
+        raise NotImplementedError

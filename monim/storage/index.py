@@ -275,12 +275,12 @@ class MemoryIndex:
     def _add_ids(self, ds: Datastore, ids: np.ndarray) -> None:
         """Add the entries with these ids, reading their keys shard by shard."""
         assert self.index is not None  # built or read before entries are added (sync, _build)
-        for keys, part_ids in self._key_parts(ds, ids):
+        for keys, part_ids in self.key_parts(ds, ids):
             self.index.add_with_ids(np.asarray(keys, dtype=np.float32), part_ids)
         self._search_index = None
 
     @staticmethod
-    def _key_parts(ds: Datastore, ids: np.ndarray, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def key_parts(ds: Datastore, ids: np.ndarray, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The keys (fp16, as stored) and ids of these entries, shard by shard, `rows` at a time."""
         for day in ds.days if len(ids) else ():
             shard_ids = np.asarray(ds.shards.shard(day.shard, "ids"))
@@ -298,7 +298,7 @@ class MemoryIndex:
             if where == "torch" and self._ds is not None:
                 from monim.storage.torch_search import TorchExact
 
-                self._search_index = TorchExact.from_parts(self._key_parts(self._ds, self._ds.shards.array("ids")),
+                self._search_index = TorchExact.from_parts(self.key_parts(self._ds, self._ds.shards.array("ids")),
                                                            self.ntotal, self.d, "cuda")
                 return self._search_index
             searched = index

@@ -92,6 +92,24 @@ class TorchExact:
             torch.cuda.synchronize(self.device)
         return out_d.numpy(), out_i.numpy()
 
+    @torch.inference_mode()
+    def search_on(self, queries: torch.Tensor, k: int, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`search` of queries already on the device, its answers left there (nothing read by the host):
+        ascending distances, ties by id (as MemoryIndex's exact head), inf and -1 where fewer exist."""
+        if block is None:
+            block = max(1, min(512, BLOCK_BYTES // (4 * max(1, min(self.chunk, self.ntotal)))))
+        kk = min(k, self.ntotal)
+        out_d = torch.full((len(queries), k), torch.inf, dtype=torch.float32, device=self.device)
+        out_i = torch.full((len(queries), k), -1, dtype=torch.long, device=self.device)
+        for j in range(0, len(queries) if kk else 0, block):
+            dist, found = self._nearest(queries[j : j + block].float() / self.scale, kk)
+            ids = self.ids[found]
+            by_id = ids.argsort(dim=1, stable=True)
+            order = dist.gather(1, by_id).argsort(dim=1, stable=True)
+            at = by_id.gather(1, order)
+            out_d[j : j + len(dist), :kk], out_i[j : j + len(dist), :kk] = dist.gather(1, at), ids.gather(1, at)
+        return out_d, out_i
+
     @staticmethod
     def _scores(q: torch.Tensor, keys: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
         """q.k - |k|^2 / 2 as fp32 scores, the norms taken off in place (a bias in torch.addmm was a

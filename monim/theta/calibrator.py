@@ -88,6 +88,19 @@ def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.concatenate([logd, distinct_prefix_counts(values)], axis=1).astype(np.float32)
 
 
+def density_on(dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`density_features` of tensors, computed on their device."""
+    n, k = values.shape
+    if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
+        dist = torch.cat([dist, dist.new_full((n, TOP - k), torch.inf)], dim=1)
+        values = torch.cat([values, values.new_full((n, TOP - k), -1)], dim=1)
+    dist, values = dist[:, :TOP], values[:, :TOP]
+    logd = torch.log1p(torch.where(values >= 0, dist, torch.inf).clamp(max=1e6))
+    earlier = torch.ones((TOP, TOP), dtype=torch.bool, device=values.device).tril(-1).T  # [i, j]: i < j
+    first = ~((values[:, :, None] == values[:, None, :]) & earlier).any(dim=1) & (values >= 0)
+    return torch.cat([logd, first.cumsum(dim=1)], dim=1).float()
+
+
 def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None,
              seen: np.ndarray | None = None) -> Examples:
     """The features of a scored batch (monim.lm.token_scores.TokenScores with neighbours) as Examples.
@@ -147,12 +160,15 @@ class CalibratorNet(nn.Module):
 
     def inputs(self, ex: Examples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The feature groups this net reads, as float32 tensors (key, scalars, density)."""
-        n = len(ex)
-        key = torch.from_numpy(ex.key).float() if self.key_dim else torch.zeros(n, 0)
-        read = [ex.distribution] * ("distribution" in self.groups) + [ex.lexical] * ("lexical" in self.groups)
-        scalars = torch.from_numpy(np.concatenate(read, axis=1)) if read else torch.zeros(n, 0)
-        density = torch.from_numpy(ex.density) if self.use_density else torch.zeros(n, 0)
-        return key, scalars, density
+        return self.inputs_of(*(torch.from_numpy(a) for a in (ex.key, ex.distribution, ex.lexical, ex.density)))
+
+    def inputs_of(self, key: torch.Tensor, distribution: torch.Tensor, lexical: torch.Tensor,
+                  density: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`inputs` from Examples' fields as tensors, on their device."""
+        none = torch.zeros(len(key), 0, device=key.device)
+        read = [distribution] * ("distribution" in self.groups) + [lexical] * ("lexical" in self.groups)
+        return (key.float() if self.key_dim else none, torch.cat(read, dim=1) if read else none,
+                density if self.use_density else none)
 
     def fit_standardization(self, ex: Examples, lam: float) -> None:
         """Set the input standardization from training data, and the output bias to the constant λ."""

@@ -73,10 +73,29 @@ class ThetaScores:
     argmax: np.ndarray
 
 
-def row_lam(knn_values: np.ndarray, lam: float | np.ndarray) -> torch.Tensor:
-    """λ per row: `lam` (a number or one per row), 0 for rows without any neighbour (LM alone)."""
-    has = torch.from_numpy(knn_values[:, 0] >= 0)
-    return torch.where(has, torch.as_tensor(lam, dtype=torch.float64), 0.0).double()
+def row_lam(knn_values: np.ndarray | torch.Tensor, lam: float | np.ndarray | torch.Tensor) -> torch.Tensor:
+    """λ per row: `lam` (a number or one per row), 0 for rows without any neighbour (LM alone); on
+    the device of `knn_values` where they are a tensor."""
+    has = torch.as_tensor(knn_values[:, 0] >= 0)
+    return torch.where(has, torch.as_tensor(lam, dtype=torch.float64, device=has.device), 0.0).double()
+
+
+def theta_of(logp: torch.Tensor, max_logp: torch.Tensor, top: torch.Tensor, target: torch.Tensor, dist: torch.Tensor,
+             values: torch.Tensor, lm_logp_values: torch.Tensor, prior: torch.Tensor | None, lams: torch.Tensor,
+             temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Θ's log P(target), max log P and top-1 of rows of a searched batch (tensors on one device; λ
+    per row: `row_lam`): the maximum lies at the LM's top token or at a neighbour's value, so only
+    those candidates are evaluated (exactly, from the full kNN distribution)."""
+    values, target, top = values.long(), target.long(), top.long()
+    logw = knn_log_weights(dist, values, temperature, prior)
+    target_logp = interpolate(logp, knn_target_logprob(logw, values, target), lams)
+    cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
+    cand_lm = torch.cat([max_logp[:, None], lm_logp_values], 1)
+    cand_knn = torch.cat([knn_target_logprob(logw, values, top)[:, None], knn_value_probs(logw, values).log()], 1)
+    cand = interpolate(cand_lm, cand_knn, lams)
+    cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
+    best = cand.argmax(dim=1)
+    return target_logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]
 
 
 def theta_scores(batch, interp: Interpolation, lam: np.ndarray | float | None = None,
@@ -84,10 +103,8 @@ def theta_scores(batch, interp: Interpolation, lam: np.ndarray | float | None = 
     """Score a batch (monim.lm.token_scores.TokenScores with neighbours) under the interpolated model.
 
     λ is the constant `interp.lam` or, given, `lam` (a number, or one per token: a calibrator's);
-    rows without neighbours (retrieval skipped) use the LM alone. The maximum of the interpolated
-    distribution lies at the LM's top token or at one of the neighbours' values, so only those candidates are
-    evaluated (exactly, from the full kNN distribution of `chunk` rows at a time, on `device`; None:
-    256 rows on a CPU, 4,096 on a GPU, whose [chunk, V] float64 buffers take 1.6 GB at V = 49k).
+    rows without neighbours (retrieval skipped) use the LM alone. `chunk` rows at a time (`theta_of`),
+    on `device` (None: 256 rows on a CPU, 4,096 on a GPU).
     """
     device = torch.device(device)
     chunk = chunk or (4096 if device.type == "cuda" else 256)
@@ -101,18 +118,10 @@ def theta_scores(batch, interp: Interpolation, lam: np.ndarray | float | None = 
     out = []
     for i in range(0, len(batch), chunk):
         sl = slice(i, i + chunk)
-        values = on(batch.knn_values[sl]).long()
         prior = _prior(batch, sl)
-        logw = knn_log_weights(on(batch.knn_dist[sl]), values, interp.temperature, None if prior is None else prior.to(device))
-        target, top = on(batch.target[sl]).long(), on(batch.argmax[sl]).long()
-        target_logp = interpolate(on(batch.logp[sl]), knn_target_logprob(logw, values, target), lams[sl])
-        cand_ids = torch.cat([top[:, None], values.clamp(min=0)], dim=1)
-        cand_lm = torch.cat([on(batch.max_logp[sl])[:, None], on(batch.lm_logp_values[sl])], 1)
-        cand_knn = torch.cat([knn_target_logprob(logw, values, top)[:, None], knn_value_probs(logw, values).log()], 1)
-        cand = interpolate(cand_lm, cand_knn, lams[sl])
-        cand[:, 1:] = cand[:, 1:].masked_fill(values < 0, -math.inf)
-        best = cand.argmax(dim=1)
-        out.append((target_logp, cand.gather(1, best[:, None])[:, 0], cand_ids.gather(1, best[:, None])[:, 0]))
+        out.append(theta_of(on(batch.logp[sl]), on(batch.max_logp[sl]), on(batch.argmax[sl]), on(batch.target[sl]),
+                            on(batch.knn_dist[sl]), on(batch.knn_values[sl]), on(batch.lm_logp_values[sl]),
+                            None if prior is None else prior.to(device), lams[sl], interp.temperature))
     logp, max_logp, argmax = (torch.cat(p).cpu().numpy() for p in zip(*out))
     return ThetaScores(logp, max_logp, argmax.astype(np.int32))
 

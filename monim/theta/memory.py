@@ -26,12 +26,14 @@ from monim.lm.scoring import score
 from monim.lm.token_scores import Found, TokenScores
 from monim.storage import articles
 from monim.storage.datastore import Datastore
-from monim.storage.index import MemoryIndex
+from monim.storage.index import MemoryIndex, backend
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.storage.parts import Parts
+from monim.storage.torch_search import TorchExact
 from monim.storage.verify import Verified, looked_again, verified
 from monim.theta.calibrator import Calibrator, examples
+from monim.theta.device import DeviceTheta
 from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
@@ -68,6 +70,9 @@ class Memory:
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
+        # the memory on the LM's device (on_device): its state, its keys' index, its DeviceThetas by (skip, rule, neighbors)
+        self._device: tuple[tuple, TorchExact, dict[tuple, DeviceTheta]] | None = None
+        self._device_choice: tuple[int, bool] | None = None  # searched_on_device, by the memory's size
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
         self._searcher = Searcher(self.ds, self.index, self.as_of, settings.recency, self.parts)
@@ -222,9 +227,9 @@ class Memory:
         """Whether Θ searches this memory (it holds entries and Θ has not fallen back to the LM)."""
         return len(self) > 0 and not self.fallback
 
-    def lam(self, batch: TokenScores) -> np.ndarray | float:
-        """Θ's λ for each token of a searched batch (ThetaRule.lam)."""
-        return self._rule.lam(batch)
+    def lam(self, batch: TokenScores, rule: str | None = None) -> np.ndarray | float:
+        """Θ's λ for each token of a searched batch, by its rule or `rule` (ThetaRule.lam)."""
+        return self._rule.lam(batch, rule)
 
     @property
     def lam_max(self) -> float:
@@ -249,12 +254,50 @@ class Memory:
                 self._rule.reloaded()
             yield
 
-    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None) -> list[TokenScores]:
+    def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None,
+              on_device: bool | None = None) -> list[TokenScores]:
         """Score documents with the LM (the memory's window) and, where Θ searches the memory (or
-        `retrieve`), their neighbours, searched while the LM scores."""
+        `retrieve`), their neighbours, searched while the LM scores: `on_device` (None:
+        `searched_on_device`), on the LM's device (DeviceTheta: Θ's scores too), else by `search`."""
         self.sync()
         retrieve = self.retrieves if retrieve is None else retrieve and len(self) > 0
-        return list(score(self.lm, docs, self.settings.window, functools.partial(self.search, skip=skip) if retrieve else None))
+        on_device = self.searched_on_device if on_device is None else on_device
+        hook = (self.on_device(skip) if on_device else functools.partial(self.search, skip=skip)) if retrieve else None
+        return list(score(self.lm, docs, self.settings.window, hook))
+
+    @property
+    def searched_on_device(self) -> bool:
+        """Whether Θ reads this memory on the LM's device by default (`on_device`): where its searches run
+        in torch (a GPU without FAISS's GPU build) and in this process. Chosen once for a memory's size:
+        the keys it copies to the GPU then take from the free memory the choice reads."""
+        size = len(self)
+        if self._device_choice is None or self._device_choice[0] != size:
+            self._device_choice = (size, backend(self.index.cfg, size, self.lm.hidden_size) == "torch")
+        return self._spread.workers is None and self._device_choice[1]
+
+    def on_device(self, skip: bool = True, rule: str | None = None, neighbors: bool = True) -> DeviceTheta:
+        """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
+        entries a search may find (as of its day, within the recency rule's age), searched exactly;
+        their keys copied there once per state of the memory. `neighbors` off: the host reads Θ's
+        scores, not the neighbours."""
+        state = (self.checksum(), dataclasses.astuple(self.settings.recency))
+        held = self._device
+        if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
+            self._searcher.ready()
+            limits, next_id = self._searcher.limits(), int(self.ds.manifest["next_id"])
+            ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
+            index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
+            held = self._device = (state, index, {})
+        if (skip, rule, neighbors) not in held[2]:
+            cfg, by = self.calibrator_cfg, rule or self.rule
+            skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
+            calibrator = self.calibrator() if skips or by == "calibrator" else None
+            next_id = int(self.ds.manifest["next_id"])
+            held[2][skip, rule, neighbors] = DeviceTheta(
+                held[1], self.ds.shards.values_by_id(), self._searcher.prior(np.arange(next_id)), self.index.cfg.k, cfg, by,
+                self.interpolation, self.theta().get("lam_copy", self.interpolation.lam), calibrator,
+                self.lexical() if calibrator is not None else None, skips, neighbors)
+        return held[2][skip, rule, neighbors]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""

@@ -103,10 +103,11 @@ class ThetaRule:
         folder = self.theta_dir()
         return json.loads((folder / "meta.json").read_text())["examples"] if folder else []
 
-    def lam(self, batch: TokenScores) -> np.ndarray | float:
-        """Θ's λ for each token of a searched batch, by the rule: the calibrator's, the prior's (λ_copy
-        where the nearest entry is a copy of the token's context), or the constant one."""
-        rule, lam = self.name, self.interpolation.lam
+    def lam(self, batch: TokenScores, rule: str | None = None) -> np.ndarray | float:
+        """Θ's λ for each token of a searched batch, by the rule (or `rule`, another of RULES): the
+        calibrator's, the prior's (λ_copy where the nearest entry is a copy of the token's context), or
+        the constant one."""
+        rule, lam = rule or self.name, self.interpolation.lam
         if batch.knn_values is None or batch.knn_dist is None:  # searched: both, or neither
             return lam
         if rule == "calibrator" and (calibrator := self.calibrator()) is not None:
