@@ -38,7 +38,7 @@ def test_a_pass_reads_once_and_scores_as_transformers_masks_do(arch, attention, 
     cfg = ScoreConfig(stride=8, context=8, batch_size=3, head_chunk=5, sink=2, context_mode=mode)
     mine, passes, counted = scored(lm, seqs, cfg)
     assert passes > 2 and counted == {"to_host": passes}
-    monkeypatch.setattr(scoring, "_own_masks", lambda lm: False)
+    monkeypatch.setattr(scoring, "own_masks", lambda lm: False)
     theirs, their_passes, their_reads = scored(lm, seqs, cfg)
     assert their_passes == passes
     if arch == "llama":  # the counter sees the reads transformers' mask preparation makes

@@ -18,10 +18,11 @@ from transformers import DynamicCache
 
 from monim.core.config import ScoreConfig
 from monim.data.feed import Document
+from monim.lm.device import attention_mask, own_masks, upload
 from monim.lm.host import queued, to_host
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import Found, Neighbors, TokenScores
-from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan, stepwise
+from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
 
@@ -37,9 +38,9 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     `neighbors`, each chunk's LM statistics are read before its neighbours are searched (so a
     retriever can decide to skip rows)."""
     host, at = _provenance(picks)
-    rows, cols = (_upload(a, lm.device) for a in at)
+    rows, cols = (upload(a, lm.device) for a in at)
     hidden, keys = hidden[rows, cols], keys[rows, cols]
-    target = _upload(host["target"].astype(np.int64), lm.device)
+    target = upload(host["target"].astype(np.int64), lm.device)
     _, head_chunk = batching(cfg)
     parts: list[TokenScores] = []  # with neighbours: each chunk read to the host
     chunks: list[dict[str, torch.Tensor]] = []  # without: each chunk's statistics, still on the device
@@ -85,36 +86,6 @@ def _provenance(picks: list[tuple[int, int, Span]]) -> tuple[dict[str, np.ndarra
                 position=(np.repeat(np.array([sp.keep + 1 for _, _, sp in picks], np.int64), n) + within).astype(np.int32),
                 prev=np.concatenate([t[:-1] for t in toks] or [empty]), target=np.concatenate([t[1:] for t in toks] or [empty]))
     return host, (row, col)
-
-
-def _upload(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on the device, queued (on a GPU through pinned memory: the host does not wait for the device's work)."""
-    t = torch.from_numpy(np.ascontiguousarray(x))
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
-def _own_masks(lm: LM) -> bool:
-    """Whether monim builds the model's attention masks itself (`_masked`): plain full-attention layers
-    under sdpa or eager attention (else transformers builds them, testing a 2-D mask or the positions
-    for packed sequences in Python each pass: a read of the device)."""
-    return lm.model.config._attn_implementation in ("sdpa", "eager") and stepwise(lm)
-
-
-def _masked(lm: LM, held: torch.Tensor, q: int, segment: torch.Tensor | None = None) -> torch.Tensor:
-    """The attention mask [rows, 1, q, columns] of a pass whose q new tokens are each row's last columns
-    (`_own_masks`): a token sees the columns `held` [rows, columns] (its row's tokens, not padding) up
-    to itself and, given `segment` [rows, q] (a packed row's spans), only its own span's."""
-    columns = held.shape[1]
-    i = torch.arange(columns - q, columns, device=held.device)[:, None]
-    j = torch.arange(columns, device=held.device)[None, :]
-    allowed = held[:, None, :] & (j <= i)
-    if segment is not None:
-        allowed &= segment[:, :, None] == segment[:, None, :]
-    allowed |= j == i  # a padding token sees itself: no row of the mask is empty (its outputs are dropped)
-    if lm.model.config._attn_implementation == "sdpa":
-        return allowed[:, None]
-    return torch.zeros(allowed[:, None].shape, dtype=lm.model.dtype, device=held.device).masked_fill_(
-        ~allowed[:, None], torch.finfo(lm.model.dtype).min)
 
 
 def _scores(host: dict[str, np.ndarray], stats: dict[str, np.ndarray]) -> TokenScores:
@@ -171,14 +142,14 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             pos[b, c:] = np.arange(width - c)  # padding: a sequence of its own
             segment[b, c:] = len(row)
         mask, cache = None, None  # without monim's masks, transformers finds the spans from the positions
-        if _own_masks(lm) and all(len(row) == 1 and row[0].e - row[0].a == width for row in batch):
+        if own_masks(lm) and all(len(row) == 1 and row[0].e - row[0].a == width for row in batch):
             # one span a row, no padding: plain causal attention (a GPU's flash kernel); an empty cache
             # keeps transformers from testing the positions for packed sequences
             cache = DynamicCache(config=lm.model.config)
-        elif _own_masks(lm):
-            mask = _masked(lm, torch.ones((len(batch), width), dtype=torch.bool, device=lm.device), width,
-                           _upload(segment, lm.device))
-        hidden, keys = lm.forward(_upload(ids, lm.device), mask, _upload(pos, lm.device), cache)
+        elif own_masks(lm):
+            mask = attention_mask(lm, torch.ones((len(batch), width), dtype=torch.bool, device=lm.device), width,
+                           upload(segment, lm.device))
+        hidden, keys = lm.forward(upload(ids, lm.device), mask, upload(pos, lm.device), cache)
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden))
     yield from _ready(queued, _nothing)
 
@@ -208,15 +179,15 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
         past = np.concatenate([past, np.arange(width) < lengths[:, None]], axis=1)
         mask = None  # no padding held: transformers' causal mask, which needs no read
         if not past.all():
-            held = _upload(past, lm.device)
-            mask = _masked(lm, held, width) if _own_masks(lm) else held.long()
-        hidden, keys = lm.forward(_upload(ids, lm.device), mask, _upload(pos, lm.device), cache)
+            held = upload(past, lm.device)
+            mask = attention_mask(lm, held, width) if own_masks(lm) else held.long()
+        hidden, keys = lm.forward(upload(ids, lm.device), mask, upload(pos, lm.device), cache)
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)],
                                                         cfg, neighbors, keep_hidden))
         live = [b for b, steps in enumerate(docs) if len(steps) > j + 1]
         if len(live) < len(docs):
             docs, origin, past = [docs[b] for b in live], origin[live], past[live]
-            cache.batch_select_indices(_upload(np.array(live, np.int64), lm.device))
+            cache.batch_select_indices(upload(np.array(live, np.int64), lm.device))
         if past.shape[1] > sink + keep:
             for layer, held_keys, held_values in kv_layers(cache):
                 layer.keys = torch.cat([held_keys[:, :, :sink], held_keys[:, :, -keep:]], dim=2)
