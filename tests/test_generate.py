@@ -17,6 +17,7 @@ from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
+from monim.lm.host import reads
 from monim.lm.model import load_lm
 from monim.serving.generate import Decoder, _choose, generate
 from monim.serving.generation import GenerateConfig
@@ -101,10 +102,10 @@ def test_nucleus_sampling_draws_from_the_smallest_prefix_reaching_top_p():
     """P = (0.5, 0.3, 0.15, 0.05), top_p 0.7: only the first two, in proportion 5:3."""
     logp = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64).log()
     rng = torch.Generator().manual_seed(0)
-    counts = np.bincount([_choose(logp, GenerateConfig(temperature=1.0, top_p=0.7), rng) for _ in range(2000)],
+    counts = np.bincount([int(_choose(logp, GenerateConfig(temperature=1.0, top_p=0.7), rng)) for _ in range(2000)],
                          minlength=4)
     assert counts[0] == counts[2] == 0 and abs(counts[1] / 2000 - 0.625) < 0.04
-    assert _choose(logp, GenerateConfig(), rng) == 1  # greedy
+    assert int(_choose(logp, GenerateConfig(), rng)) == 1  # greedy
 
 
 def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
@@ -206,6 +207,38 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
         batches.append([rows.index(r) for r in decoder.active])
     assert batches == [[0, 1]] * 2 + [[1]] * 5 + [[]] + [[2]] * 3 + [[]] + [[3]] * 2 + [[]]
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
+
+
+def test_a_decoding_step_reads_the_chosen_tokens_only(tiny, monkeypatch):
+    """Rows of other lengths (a padded cache: the mask monim builds), greedy and sampled, joining and
+    leaving: each step reads the chosen tokens once, and once more the records of the rows that end;
+    greedy rows write the top token of the HF model run on the whole prefix, sampled ones what they
+    write alone. An `.item()` added to a step is counted."""
+    prompts = ["The bank said on", " ".join(["shares"] * 12), "Tokyo", "Oil prices rose sharply on"]
+    cfgs = [GenerateConfig(max_new_tokens=5), GenerateConfig(max_new_tokens=4, temperature=0.8, top_p=0.9, seed=2),
+            GenerateConfig(max_new_tokens=6), GenerateConfig(max_new_tokens=3, temperature=1.2, seed=5)]
+    decoder = Decoder(tiny, None, max_rows=3)
+    rows, counts = [decoder.add(p, c) for p, c in zip(prompts, cfgs)], []
+    while decoder:
+        with reads() as counted:
+            ended = decoder.advance()
+        counts.append((dict(counted), len(ended)))
+    assert all(c == {"to_host": 1 + (n > 0)} for c, n in counts) and sum(n for _, n in counts) == 4
+    for row, cfg in zip(rows, cfgs):
+        if cfg.temperature == 0:
+            prefix = tiny.tokenizer(row.prompt)["input_ids"]
+            for token in row.result.tokens:
+                with torch.no_grad():
+                    assert token == int(tiny.model(torch.tensor([prefix])).logits[0, -1].argmax())
+                prefix = prefix + [token]
+        else:
+            assert row.result.tokens == generate(tiny, row.prompt, None, cfg).tokens
+    logits = tiny.logits
+    monkeypatch.setattr(tiny, "logits", lambda h: (logits(h).max().item(), logits(h))[1])
+    decoder.add("The bank said on")
+    with reads() as counted:
+        decoder.advance()
+    assert counted == {"to_host": 1, "item": 1}
 
 
 def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):
