@@ -85,6 +85,60 @@ def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp
     assert "".join(s["text"] for s in gen.sentences) == gen.text
 
 
+class ExactOnDevice:
+    """A memory held on the device as tensors and searched there by an exact scan, Θ's constant λ:
+    what monim.theta.device.DeviceTheta gives a Decoder (tensors in and out)."""
+
+    def __init__(self, memory: Memory):
+        self.keys, self.values, self.ids = (torch.from_numpy(memory.ds.shards.array(a)) for a in ("keys", "values", "ids"))
+        self.interpolation = memory.interpolation
+
+    def search(self, chunk):
+        dist, at = ((chunk["key"].float()[:, None] - self.keys.float()[None]) ** 2).sum(-1).topk(K, largest=False)
+        return dict(knn_dist=dist, knn_values=self.values[at], knn_ids=self.ids[at])
+
+    def lam(self, chunk):
+        return self.interpolation.lam
+
+
+def test_with_the_memory_on_the_device_a_step_reads_the_chosen_tokens_only(tiny, stream, tmp_path):
+    """A memory searched on the device: each step reads the chosen tokens once (and the records of the
+    rows that end); rows greedy and sampled write what they write with the memory searched on the
+    host (the same tokens, λ, distributions and sources), Θ's step the independent reference's."""
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=K)))
+    memorize_day(memory, stream[0].capped(2), make_policy("fullmem"))
+    constant_theta(memory, LAM, T)
+    prompts = [stream[0].train[0].text[:80], "The bank said on", stream[0].train[1].text[:50]]
+    cfgs = [GenerateConfig(max_new_tokens=6, keep_distributions=True), GenerateConfig(max_new_tokens=4),
+            GenerateConfig(max_new_tokens=5, temperature=0.9, top_p=0.8, seed=3, keep_distributions=True)]
+    on_device, on_host = Decoder(tiny, memory, on_device=ExactOnDevice(memory)), Decoder(tiny, memory)
+    rows, counts = [on_device.add(p, c) for p, c in zip(prompts, cfgs)], []
+    alone = [on_host.add(p, c) for p, c in zip(prompts, cfgs)]
+    while on_device:
+        with reads() as counted:
+            ended = on_device.advance()
+        counts.append((dict(counted), len(ended)))
+    while on_host:
+        on_host.advance()
+    assert all(c == {"to_host": 1 + (n > 0)} for c, n in counts)
+    for row, there in zip(rows, alone):
+        mine, theirs = row.result, there.result
+        assert mine.tokens == theirs.tokens and len(mine.sentences) == len(theirs.sentences)
+        for a, b in zip(mine.sentences, theirs.sentences):  # the kNN weights carried: distances to float32's precision
+            assert a["text"] == b["text"] and [s["doc_id"] for s in a["sources"]] == [s["doc_id"] for s in b["sources"]]
+            np.testing.assert_allclose([s["weight"] for s in a["sources"]], [s["weight"] for s in b["sources"]], rtol=1e-6)
+        np.testing.assert_allclose(mine.lams, theirs.lams)
+        for a, b in zip(mine.logprobs or [], theirs.logprobs or []):
+            np.testing.assert_allclose(np.exp(a), np.exp(b), atol=1e-6)
+    keys, values = memory.ds.shards.array("keys").astype(np.float64), memory.ds.shards.array("values")
+    prefix = tiny.tokenizer(prompts[0])["input_ids"]
+    for token, logp in zip(rows[0].result.tokens, rows[0].result.logprobs):
+        want = reference_step(tiny, prefix, keys, values, len(logp))
+        np.testing.assert_allclose(np.exp(logp), np.exp(want), atol=2e-5)
+        assert token == int(np.argmax(want))
+        prefix = prefix + [token]
+
+
 def test_bad_generation_requests_are_refused(tiny):
     with pytest.raises(ValueError, match="empty"):
         generate(tiny, "")

@@ -9,7 +9,7 @@ a step for all of them; `generate` is a Decoder of one.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
+from monim.theta.knnlm import Interpolation, interpolate, knn_full_logprobs, knn_log_weights
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
 
@@ -49,6 +50,21 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> to
     keep = sorted_p.cumsum(0) - sorted_p < cfg.top_p  # the smallest prefix reaching top_p
     choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
     return order[choice][0]
+
+
+class SearchedOnDevice(Protocol):
+    """A memory held on the LM's device as Θ reads it (monim.theta.device.DeviceTheta): a step's rows
+    searched there and their λ by Θ's rule, tensors in and out, nothing read by the host."""
+
+    interpolation: Interpolation
+
+    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """knn_dist, knn_values, knn_ids (and knn_prior) of the rows' keys (chunk: key, stats, argmax, target, prev)."""
+        ...
+
+    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """Θ's λ of each row of a searched chunk, by the rule."""
+        ...
 
 
 class Row:
@@ -109,12 +125,14 @@ class Decoder:
     float32's precision: an LM in bfloat16 or float16 decodes one row at a time, their rounding would
     make a row's tokens depend on its batch)."""
 
-    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768):
+    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768,
+                 on_device: SearchedOnDevice | None = None):
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
         self.searched = memory if memory is not None and memory.retrieves else None  # Θ's memory, searched each step
         if self.searched is not None:
             self.searched.sync()
+        self.on_device = on_device if self.searched is not None else None  # the memory on the LM's device, if held there
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
         self.cache, self.columns = self._empty()  # columns: the cache's; row r holds its last (r.length - 1)
@@ -163,7 +181,9 @@ class Decoder:
         lm_logp = torch.log_softmax(self.lm.logits(torch.cat(hidden)), dim=-1)
         logp = lm_logp.double()
         lam, credit = torch.zeros(len(rows), dtype=torch.float64, device=self.lm.device), None
-        if self.searched is not None:
+        if self.on_device is not None:
+            logp, lam, credit = self._theta_on_device(self.on_device, rows, torch.cat(keys), lm_logp)
+        elif self.searched is not None:
             logp, lam, credit = self._theta(self.searched, rows, torch.cat(keys), lm_logp)
         tokens = logp.argmax(dim=-1)
         for i, row in enumerate(rows):
@@ -202,6 +222,24 @@ class Decoder:
         lam_t = torch.from_numpy(lam).to(device)
         return logp.to(device), lam_t, {"ids": upload(found.ids, device), "values": upload(found.values.astype(np.int64), device),
                                         "weight": lam_t[:, None] * upload(knn_w, device)}
+
+    def _theta_on_device(self, on: SearchedOnDevice, rows: list[Row], keys: torch.Tensor,
+                         lm_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """`_theta` with the memory on the LM's device: each row's key searched there, λ by the rule and
+        Θ's full distribution mixed there (as ThetaRule.theta_logprobs), nothing read."""
+        top = lm_logp.max(dim=-1)
+        entropy = -(lm_logp.exp() * lm_logp).sum(-1)
+        argmax = top.indices.to(torch.int32)
+        chunk = dict(key=keys.to(torch.float16), stats=torch.stack([top.values, top.values, entropy], 1).float(),
+                     argmax=argmax, target=argmax,
+                     prev=upload(np.array([r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]), self.lm.device))
+        chunk.update(on.search(chunk))
+        values = chunk["knn_values"].long()
+        lam = torch.as_tensor(on.lam(chunk), dtype=torch.float64, device=values.device)
+        lam = torch.where(values[:, 0] >= 0, lam, 0.0)  # a row without neighbours: the LM alone (knnlm.row_lam)
+        logw = knn_log_weights(chunk["knn_dist"], values, on.interpolation.temperature, chunk.get("knn_prior"))
+        logp = interpolate(lm_logp.double(), knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
+        return logp, lam, {"ids": chunk["knn_ids"], "values": values, "weight": lam[:, None] * logw.exp()}
 
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
