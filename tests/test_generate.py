@@ -160,6 +160,14 @@ def test_nucleus_sampling_draws_from_the_smallest_prefix_reaching_top_p():
                          minlength=4)
     assert counts[0] == counts[2] == 0 and abs(counts[1] / 2000 - 0.625) < 0.04
     assert int(_choose(logp, GenerateConfig(), rng)) == 1  # greedy
+    # the draw torch.multinomial makes from the same generator (without its check that reads the device)
+    wide, cfg = torch.log_softmax(torch.linspace(-3, 3, 500, dtype=torch.float64).sin() * 4, -1), GenerateConfig(temperature=0.8, top_p=0.9)
+    probs = torch.softmax(wide / cfg.temperature, -1)
+    order = probs.argsort(descending=True)
+    nucleus = probs[order] * (probs[order].cumsum(0) - probs[order] < cfg.top_p)
+    for seed in range(50):
+        drawn = torch.multinomial(nucleus / nucleus.sum(), 1, generator=torch.Generator().manual_seed(seed))
+        assert int(_choose(wide, cfg, torch.Generator().manual_seed(seed))) == int(order[drawn])
 
 
 def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):

@@ -48,8 +48,10 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> to
     order = probs.argsort(descending=True)
     sorted_p = probs[order]
     keep = sorted_p.cumsum(0) - sorted_p < cfg.top_p  # the smallest prefix reaching top_p
-    choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
-    return order[choice][0]
+    nucleus = sorted_p * keep / (sorted_p * keep).sum()
+    # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1)) without its check of
+    # the probabilities, an `.item()` that would make the host wait for the device each row and step
+    return order[(nucleus / torch.empty_like(nucleus).exponential_(1, generator=rng)).argmax()]
 
 
 class SearchedOnDevice(Protocol):
@@ -219,7 +221,7 @@ class Decoder:
         batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
         logp, lam, knn_w = memory.theta_logprobs(batch, torch.from_numpy(to_host(lm_logp)).double())
         device = self.lm.device
-        lam_t = torch.from_numpy(lam).to(device)
+        lam_t = upload(lam, device)
         return logp.to(device), lam_t, {"ids": upload(found.ids, device), "values": upload(found.values.astype(np.int64), device),
                                         "weight": lam_t[:, None] * upload(knn_w, device)}
 
