@@ -271,11 +271,13 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
 
 
-def test_a_decoding_step_reads_the_chosen_tokens_only(tiny, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox"])
+def test_a_decoding_step_reads_the_chosen_tokens_only(arch, tiny_model_dir, monkeypatch):
     """Rows of other lengths (a padded cache: the mask monim builds), greedy and sampled, joining and
     leaving: each step reads the chosen tokens once, and once more the records of the rows that end;
     greedy rows write the top token of the HF model run on the whole prefix, sampled ones what they
     write alone. An `.item()` added to a step is counted."""
+    tiny = load_lm(str(tiny_model_dir(arch)))
     prompts = ["The bank said on", " ".join(["shares"] * 12), "Tokyo", "Oil prices rose sharply on"]
     cfgs = [GenerateConfig(max_new_tokens=5), GenerateConfig(max_new_tokens=4, temperature=0.8, top_p=0.9, seed=2),
             GenerateConfig(max_new_tokens=6), GenerateConfig(max_new_tokens=3, temperature=1.2, seed=5)]
