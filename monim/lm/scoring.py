@@ -147,8 +147,8 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             # keeps transformers from testing the positions for packed sequences
             cache = DynamicCache(config=lm.model.config)
         elif own_masks(lm):
-            mask = attention_mask(lm, torch.ones((len(batch), width), dtype=torch.bool, device=lm.device), width,
-                           upload(segment, lm.device))
+            held = torch.ones((len(batch), width), dtype=torch.bool, device=lm.device)
+            mask = attention_mask(lm, held, width, upload(segment, lm.device))
         hidden, keys = lm.forward(upload(ids, lm.device), mask, upload(pos, lm.device), cache)
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden))
     yield from _ready(queued, _nothing)
