@@ -17,6 +17,7 @@ from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
+from monim.lm.host import reads
 from monim.lm.model import load_lm
 from monim.serving.generate import Decoder, _choose, generate
 from monim.serving.generation import GenerateConfig
@@ -84,6 +85,60 @@ def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp
     assert "".join(s["text"] for s in gen.sentences) == gen.text
 
 
+class ExactOnDevice:
+    """A memory held on the device as tensors and searched there by an exact scan, Θ's constant λ:
+    what monim.theta.device.DeviceTheta gives a Decoder (tensors in and out)."""
+
+    def __init__(self, memory: Memory):
+        self.keys, self.values, self.ids = (torch.from_numpy(memory.ds.shards.array(a)) for a in ("keys", "values", "ids"))
+        self.interpolation = memory.interpolation
+
+    def search(self, chunk):
+        dist, at = ((chunk["key"].float()[:, None] - self.keys.float()[None]) ** 2).sum(-1).topk(K, largest=False)
+        return dict(knn_dist=dist, knn_values=self.values[at], knn_ids=self.ids[at])
+
+    def lam(self, chunk):
+        return self.interpolation.lam
+
+
+def test_with_the_memory_on_the_device_a_step_reads_the_chosen_tokens_only(tiny, stream, tmp_path):
+    """A memory searched on the device: each step reads the chosen tokens once (and the records of the
+    rows that end); rows greedy and sampled write what they write with the memory searched on the
+    host (the same tokens, λ, distributions and sources), Θ's step the independent reference's."""
+    memory = Memory(tmp_path, tiny, Settings(calibrated=False, index=IndexConfig(k=K)))
+    memorize_day(memory, stream[0].capped(2), make_policy("fullmem"))
+    constant_theta(memory, LAM, T)
+    prompts = [stream[0].train[0].text[:80], "The bank said on", stream[0].train[1].text[:50]]
+    cfgs = [GenerateConfig(max_new_tokens=6, keep_distributions=True), GenerateConfig(max_new_tokens=4),
+            GenerateConfig(max_new_tokens=5, temperature=0.9, top_p=0.8, seed=3, keep_distributions=True)]
+    on_device, on_host = Decoder(tiny, memory, on_device=ExactOnDevice(memory)), Decoder(tiny, memory)
+    rows, counts = [on_device.add(p, c) for p, c in zip(prompts, cfgs)], []
+    alone = [on_host.add(p, c) for p, c in zip(prompts, cfgs)]
+    while on_device:
+        with reads() as counted:
+            ended = on_device.advance()
+        counts.append((dict(counted), len(ended)))
+    while on_host:
+        on_host.advance()
+    assert all(c == {"to_host": 1 + (n > 0)} for c, n in counts)
+    for row, there in zip(rows, alone):
+        mine, theirs = row.result, there.result
+        assert mine.tokens == theirs.tokens and len(mine.sentences) == len(theirs.sentences)
+        for a, b in zip(mine.sentences, theirs.sentences):  # the kNN weights carried: distances to float32's precision
+            assert a["text"] == b["text"] and [s["doc_id"] for s in a["sources"]] == [s["doc_id"] for s in b["sources"]]
+            np.testing.assert_allclose([s["weight"] for s in a["sources"]], [s["weight"] for s in b["sources"]], rtol=1e-6)
+        np.testing.assert_allclose(mine.lams, theirs.lams)
+        for a, b in zip(mine.logprobs or [], theirs.logprobs or []):
+            np.testing.assert_allclose(np.exp(a), np.exp(b), atol=1e-6)
+    keys, values = memory.ds.shards.array("keys").astype(np.float64), memory.ds.shards.array("values")
+    prefix = tiny.tokenizer(prompts[0])["input_ids"]
+    for token, logp in zip(rows[0].result.tokens, rows[0].result.logprobs):
+        want = reference_step(tiny, prefix, keys, values, len(logp))
+        np.testing.assert_allclose(np.exp(logp), np.exp(want), atol=2e-5)
+        assert token == int(np.argmax(want))
+        prefix = prefix + [token]
+
+
 def test_bad_generation_requests_are_refused(tiny):
     with pytest.raises(ValueError, match="empty"):
         generate(tiny, "")
@@ -101,10 +156,18 @@ def test_nucleus_sampling_draws_from_the_smallest_prefix_reaching_top_p():
     """P = (0.5, 0.3, 0.15, 0.05), top_p 0.7: only the first two, in proportion 5:3."""
     logp = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64).log()
     rng = torch.Generator().manual_seed(0)
-    counts = np.bincount([_choose(logp, GenerateConfig(temperature=1.0, top_p=0.7), rng) for _ in range(2000)],
+    counts = np.bincount([int(_choose(logp, GenerateConfig(temperature=1.0, top_p=0.7), rng)) for _ in range(2000)],
                          minlength=4)
     assert counts[0] == counts[2] == 0 and abs(counts[1] / 2000 - 0.625) < 0.04
-    assert _choose(logp, GenerateConfig(), rng) == 1  # greedy
+    assert int(_choose(logp, GenerateConfig(), rng)) == 1  # greedy
+    # the draw torch.multinomial makes from the same generator (without its check that reads the device)
+    wide, cfg = torch.log_softmax(torch.linspace(-3, 3, 500, dtype=torch.float64).sin() * 4, -1), GenerateConfig(temperature=0.8, top_p=0.9)
+    probs = torch.softmax(wide / cfg.temperature, -1)
+    order = probs.argsort(descending=True)
+    nucleus = probs[order] * (probs[order].cumsum(0) - probs[order] < cfg.top_p)
+    for seed in range(50):
+        drawn = torch.multinomial(nucleus / nucleus.sum(), 1, generator=torch.Generator().manual_seed(seed))
+        assert int(_choose(wide, cfg, torch.Generator().manual_seed(seed))) == int(order[drawn])
 
 
 def test_recency_weights_neighbours_by_age_and_drops_old_days(tiny, tmp_path):
@@ -206,6 +269,40 @@ def test_a_full_batch_lets_waiting_prompts_in_first_come_first_in(tiny):
         batches.append([rows.index(r) for r in decoder.active])
     assert batches == [[0, 1]] * 2 + [[1]] * 5 + [[]] + [[2]] * 3 + [[]] + [[3]] * 2 + [[]]
     assert [r.result.tokens for r in rows] == [generate(tiny, p, None, c).tokens for p, c in zip(prompts, cfgs)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox"])
+def test_a_decoding_step_reads_the_chosen_tokens_only(arch, tiny_model_dir, monkeypatch):
+    """Rows of other lengths (a padded cache: the mask monim builds), greedy and sampled, joining and
+    leaving: each step reads the chosen tokens once, and once more the records of the rows that end;
+    greedy rows write the top token of the HF model run on the whole prefix, sampled ones what they
+    write alone. An `.item()` added to a step is counted."""
+    tiny = load_lm(str(tiny_model_dir(arch)))
+    prompts = ["The bank said on", " ".join(["shares"] * 12), "Tokyo", "Oil prices rose sharply on"]
+    cfgs = [GenerateConfig(max_new_tokens=5), GenerateConfig(max_new_tokens=4, temperature=0.8, top_p=0.9, seed=2),
+            GenerateConfig(max_new_tokens=6), GenerateConfig(max_new_tokens=3, temperature=1.2, seed=5)]
+    decoder = Decoder(tiny, None, max_rows=3)
+    rows, counts = [decoder.add(p, c) for p, c in zip(prompts, cfgs)], []
+    while decoder:
+        with reads() as counted:
+            ended = decoder.advance()
+        counts.append((dict(counted), len(ended)))
+    assert all(c == {"to_host": 1 + (n > 0)} for c, n in counts) and sum(n for _, n in counts) == 4
+    for row, cfg in zip(rows, cfgs):
+        if cfg.temperature == 0:
+            prefix = tiny.tokenizer(row.prompt)["input_ids"]
+            for token in row.result.tokens:
+                with torch.no_grad():
+                    assert token == int(tiny.model(torch.tensor([prefix])).logits[0, -1].argmax())
+                prefix = prefix + [token]
+        else:
+            assert row.result.tokens == generate(tiny, row.prompt, None, cfg).tokens
+    logits = tiny.logits
+    monkeypatch.setattr(tiny, "logits", lambda h: (logits(h).max().item(), logits(h))[1])
+    decoder.add("The bank said on")
+    with reads() as counted:
+        decoder.advance()
+    assert counted == {"to_host": 1, "item": 1}
 
 
 def test_in_bfloat16_prompts_are_decoded_one_after_another(tiny_model_dir):

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from monim.core.config import ScoreConfig
 from monim.data.feed import Document
+from monim.lm.device import attention_mask, own_masks, upload
 from monim.lm.host import queued, to_host
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import Found, Neighbors, OnDevice, TokenScores
@@ -38,30 +39,15 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     to the host at once, queued behind the pass (one read): the caller queues the next pass before
     reading them, so the GPU never waits for the host. With host `neighbors`, each chunk's LM
     statistics are read before its neighbours are searched (so a retriever can decide to skip rows)."""
-    rows: list[int] = []
-    cols: list[int] = []
-    doc_ids: list[str] = []
-    positions: list[int] = []
-    prev: list[int] = []
-    targets: list[int] = []
-    for b, c, sp in picks:
-        n = sp.e - sp.keep
-        rows += [b] * n
-        cols += range(c + sp.keep - sp.a, c + sp.e - sp.a)
-        doc_ids += [sp.seq_id] * n
-        positions += range(sp.keep + 1, sp.e + 1)
-        prev += sp.toks[sp.keep : sp.e]
-        targets += sp.toks[sp.keep + 1 : sp.e + 1]
-    at = (torch.tensor(rows, device=lm.device), torch.tensor(cols, device=lm.device))
-    hidden, keys = hidden[at], keys[at]
-    target = torch.tensor(targets, device=lm.device)
-    prev_t = torch.tensor(prev, device=lm.device) if isinstance(neighbors, OnDevice) else None  # the calibrator reads them
-    host = dict(doc_id=np.array(doc_ids, dtype=object), position=np.array(positions, np.int32),
-                prev=np.array(prev, np.int32), target=np.array(targets, np.int32))
+    host, at = _provenance(picks)
+    rows, cols = (upload(a, lm.device) for a in at)
+    hidden, keys = hidden[rows, cols], keys[rows, cols]
+    target = upload(host["target"].astype(np.int64), lm.device)
+    prev = upload(host["prev"].astype(np.int64), lm.device) if isinstance(neighbors, OnDevice) else None  # the calibrator reads them
     _, head_chunk = batching(cfg)
     parts: list[TokenScores] = []  # with host neighbours: each chunk read to the host
     chunks: list[dict[str, torch.Tensor]] = []  # else: each chunk's results, still on the device
-    for i in range(0, len(targets), head_chunk):
+    for i in range(0, len(host["target"]), head_chunk):
         sl = slice(i, i + head_chunk)
         logits = lm.logits(hidden[sl])
         top = logits.max(dim=-1)
@@ -76,8 +62,8 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         if keep_hidden:
             chunk["hidden"] = hidden[sl].float()
         if isinstance(neighbors, OnDevice):
-            assert prev_t is not None
-            inputs = chunk | dict(target=target[sl], prev=prev_t[sl])
+            assert prev is not None
+            inputs = chunk | dict(target=target[sl], prev=prev[sl])
             found = neighbors.search(inputs)
             found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
             chunks.append(chunk | _kept(neighbors, found) | neighbors.theta(inputs | found))
@@ -91,8 +77,24 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         return lambda: TokenScores.concat(parts)
     if not chunks:
         return lambda: None
-    whole = queued({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]})
-    return lambda: _scores(host, whole())
+    read = queued({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]})
+    return lambda: _scores(host, read())
+
+
+def _provenance(picks: list[tuple[int, int, Span]]) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The host-side fields of a pass's kept outputs (doc_id, position, prev, target) and where they sit
+    in its outputs (row, column), built with array operations (one step per span, none per token)."""
+    n = np.array([sp.e - sp.keep for _, _, sp in picks], np.int64)
+    first = np.cumsum(n) - n
+    within = np.arange(n.sum()) - np.repeat(first, n)  # each kept output's place in its span
+    row = np.repeat(np.array([b for b, _, _ in picks], np.int64), n)
+    col = np.repeat(np.array([c + sp.keep - sp.a for _, c, sp in picks], np.int64), n) + within
+    toks = [np.asarray(sp.toks[sp.keep : sp.e + 1], np.int32) for _, _, sp in picks]
+    empty = np.zeros(0, np.int32)
+    host = dict(doc_id=np.repeat(np.array([sp.seq_id for _, _, sp in picks], dtype=object), n),
+                position=(np.repeat(np.array([sp.keep + 1 for _, _, sp in picks], np.int64), n) + within).astype(np.int32),
+                prev=np.concatenate([t[:-1] for t in toks] or [empty]), target=np.concatenate([t[1:] for t in toks] or [empty]))
+    return host, (row, col)
 
 
 def _scores(host: dict[str, np.ndarray], found: dict[str, np.ndarray]) -> TokenScores:
@@ -144,18 +146,29 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
     for i in range(0, len(rows), per_pass):
         batch = rows[i : i + per_pass]
         width = max(sum(s.e - s.a for s in row) for row in batch)
-        ids = torch.full((len(batch), width), _pad_id(lm), dtype=torch.long)
-        pos = torch.zeros((len(batch), width), dtype=torch.long)
+        ids = np.full((len(batch), width), _pad_id(lm), dtype=np.int64)
+        pos = np.zeros((len(batch), width), dtype=np.int64)
+        segment = np.zeros((len(batch), width), dtype=np.int64)  # each span's own number in its row; padding another
         picks = []
         for b, row in enumerate(batch):
             c = 0
-            for sp in row:
-                ids[b, c : c + sp.e - sp.a] = torch.tensor(sp.toks[sp.a : sp.e])
-                pos[b, c : c + sp.e - sp.a] = torch.arange(sp.e - sp.a)
+            for n, sp in enumerate(row):
+                ids[b, c : c + sp.e - sp.a] = sp.toks[sp.a : sp.e]
+                pos[b, c : c + sp.e - sp.a] = np.arange(sp.e - sp.a)
+                segment[b, c : c + sp.e - sp.a] = n
                 picks.append((b, c, sp))
                 c += sp.e - sp.a
-            pos[b, c:] = torch.arange(width - c)  # padding: a sequence of its own
-        hidden, keys = lm.forward(ids.to(lm.device), position_ids=pos.to(lm.device))
+            pos[b, c:] = np.arange(width - c)  # padding: a sequence of its own
+            segment[b, c:] = len(row)
+        mask, cache = None, None  # without monim's masks, transformers finds the spans from the positions
+        if own_masks(lm) and all(len(row) == 1 and row[0].e - row[0].a == width for row in batch):
+            # one span a row, no padding: plain causal attention (a GPU's flash kernel); an empty cache
+            # keeps transformers from testing the positions for packed sequences
+            cache = DynamicCache(config=lm.model.config)
+        elif own_masks(lm):
+            held = torch.ones((len(batch), width), dtype=torch.bool, device=lm.device)
+            mask = attention_mask(lm, held, width, upload(segment, lm.device))
+        hidden, keys = lm.forward(upload(ids, lm.device), mask, upload(pos, lm.device), cache)
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, picks, cfg, neighbors, keep_hidden))
     yield from _ready(queued, _nothing)
 
@@ -171,31 +184,34 @@ def _stepped(lm: LM, docs: list[list[Span]], cfg: ScoreConfig, neighbors: Neighb
     limit = getattr(lm.model.config, "max_position_embeddings", None) or 1 << 30
     sink = min(cfg.sink, cfg.stride)
     keep = cfg.context if cfg.context_mode == "carry" else limit - cfg.stride - sink
-    cache, past = DynamicCache(config=lm.model.config), torch.zeros((len(docs), 0), dtype=torch.long)
-    origin = [steps[0].a for steps in docs]
+    cache, past = DynamicCache(config=lm.model.config), np.zeros((len(docs), 0), dtype=bool)
+    origin = np.array([steps[0].a for steps in docs])
     queued: Pending = _nothing
     for j in range(len(docs[0])):
         step = [steps[j] for steps in docs]
-        width = max(sp.e - sp.a for sp in step)
-        ids = torch.full((len(docs), width), _pad_id(lm), dtype=torch.long)
-        mask = torch.zeros((len(docs), width), dtype=torch.long)
+        lengths = np.array([sp.e - sp.a for sp in step])
+        width = int(lengths.max())
+        ids = np.full((len(docs), width), _pad_id(lm), dtype=np.int64)
         for b, sp in enumerate(step):
-            ids[b, : sp.e - sp.a] = torch.tensor(sp.toks[sp.a : sp.e])
-            mask[b, : sp.e - sp.a] = 1
-        pos = torch.tensor([sp.a - o for sp, o in zip(step, origin)])[:, None] + torch.arange(width)
-        past = torch.cat([past, mask], dim=1)
-        hidden, keys = lm.forward(ids.to(lm.device), past.to(lm.device), pos.to(lm.device), cache)
+            ids[b, : sp.e - sp.a] = sp.toks[sp.a : sp.e]
+        pos = (np.array([sp.a for sp in step]) - origin)[:, None] + np.arange(width)
+        past = np.concatenate([past, np.arange(width) < lengths[:, None]], axis=1)
+        mask = None  # no padding held: transformers' causal mask, which needs no read
+        if not past.all():
+            held = upload(past, lm.device)
+            mask = attention_mask(lm, held, width) if own_masks(lm) else held.long()
+        hidden, keys = lm.forward(upload(ids, lm.device), mask, upload(pos, lm.device), cache)
         queued = yield from _ready(queued, _statistics(lm, hidden, keys, [(b, 0, sp) for b, sp in enumerate(step)],
                                                         cfg, neighbors, keep_hidden))
         live = [b for b, steps in enumerate(docs) if len(steps) > j + 1]
         if len(live) < len(docs):
-            docs, origin, past = [docs[b] for b in live], [origin[b] for b in live], past[live]
-            cache.batch_select_indices(torch.tensor(live, dtype=torch.long, device=lm.device))
+            docs, origin, past = [docs[b] for b in live], origin[live], past[live]
+            cache.batch_select_indices(upload(np.array(live, np.int64), lm.device))
         if past.shape[1] > sink + keep:
             for layer, held_keys, held_values in kv_layers(cache):
                 layer.keys = torch.cat([held_keys[:, :, :sink], held_keys[:, :, -keep:]], dim=2)
                 layer.values = torch.cat([held_values[:, :, :sink], held_values[:, :, -keep:]], dim=2)
-            past = torch.cat([past[:, :sink], past[:, -keep:]], dim=1)
+            past = np.concatenate([past[:, :sink], past[:, -keep:]], axis=1)
     yield from _ready(queued, _nothing)
 
 

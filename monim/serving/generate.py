@@ -9,57 +9,75 @@ a step for all of them; `generate` is a Decoder of one.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
 from monim.data.feed import short_title
+from monim.lm.device import attention_mask, own_masks, upload
+from monim.lm.host import to_host
 from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
+from monim.theta.knnlm import Interpolation, interpolate, knn_full_logprobs, knn_log_weights, row_lam
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
 
 
-def _step_scores(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, prev: list[int], position: list[int]) -> tuple[TokenScores, torch.Tensor]:
-    """The LM's statistics for the next token after each of n final hidden states [n, d], and its log P [n, V]."""
-    logp = torch.log_softmax(lm.logits(hidden), dim=-1)
+def _step_scores(keys: torch.Tensor, logp: torch.Tensor, prev: list[int], position: list[int]) -> TokenScores:
+    """The LM's statistics for the next token of n rows (their keys [n, d] and log P [n, V]), read to
+    the host at once: what a memory searched on the host takes."""
     top = logp.max(dim=-1)
-    best, argmax = top.values.float().cpu().numpy(), top.indices.cpu().numpy().astype(np.int32)
-    batch = TokenScores(
+    stats = to_host({"best": top.values.float(), "argmax": top.indices.to(torch.int32), "key": keys.to(torch.float16),
+                     "entropy": (-(logp.exp() * logp).sum(-1)).float()})
+    return TokenScores(
         doc_id=np.array(["generation"] * len(prev), dtype=object), position=np.array(position, np.int32),
-        prev=np.array(prev, np.int32), target=argmax, logp=best, max_logp=best.copy(),
-        entropy=(-(logp.exp() * logp).sum(-1)).float().cpu().numpy(), argmax=argmax.copy(),
-        key=keys.to(torch.float16).cpu().numpy(),
-    )
-    return batch, logp.double().cpu()
+        prev=np.array(prev, np.int32), target=stats["argmax"], logp=stats["best"], max_logp=stats["best"].copy(),
+        entropy=stats["entropy"], argmax=stats["argmax"].copy(), key=stats["key"])
 
 
-def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> int:
-    """The top token at temperature 0; else a sample from the nucleus of the tempered distribution."""
+def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> torch.Tensor:
+    """The top token at temperature 0; else a sample from the nucleus of the tempered distribution
+    (a 0-d tensor on logp's device: nothing read)."""
     if cfg.temperature == 0:
-        return int(logp.argmax())
+        return logp.argmax()
     probs = torch.softmax(logp / cfg.temperature, dim=-1)
     order = probs.argsort(descending=True)
     sorted_p = probs[order]
     keep = sorted_p.cumsum(0) - sorted_p < cfg.top_p  # the smallest prefix reaching top_p
-    choice = torch.multinomial(sorted_p * keep / (sorted_p * keep).sum(), 1, generator=rng)
-    return int(order[choice])
+    nucleus = sorted_p * keep / (sorted_p * keep).sum()
+    # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1)) without its check of
+    # the probabilities, an `.item()` that would make the host wait for the device each row and step
+    return order[(nucleus / torch.empty_like(nucleus).exponential_(1, generator=rng)).argmax()]
+
+
+class SearchedOnDevice(Protocol):
+    """A memory held on the LM's device as Θ reads it (monim.theta.device.DeviceTheta): a step's rows
+    searched there and their λ by Θ's rule, tensors in and out, nothing read by the host."""
+
+    interpolation: Interpolation
+
+    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """knn_dist, knn_values, knn_ids (and knn_prior) of the rows' keys (chunk: key, stats, argmax, target, prev)."""
+        ...
+
+    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """Θ's λ of each row of a searched chunk, by the rule."""
+        ...
 
 
 class Row:
     """One prompt's continuation in a Decoder: its tokens so far, and its Generation once it ended."""
 
-    def __init__(self, prompt: str, ids: list[int], cfg: GenerateConfig, should_stop: Callable[[], str | None] | None):
+    def __init__(self, prompt: str, ids: list[int], cfg: GenerateConfig, should_stop: Callable[[], str | None] | None,
+                 device: torch.device):
         self.prompt, self.ids, self.cfg, self.should_stop = prompt, ids, cfg, should_stop
-        self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.rng = torch.Generator(device).manual_seed(cfg.seed)
         self.tokens: list[int] = []
-        self.lams: list[float] = []
-        self.logprobs: list[np.ndarray] = []
-        self.credit: list[dict] = []  # per token: {memory entry id: the kNN weight it carried}
+        self.written: list[dict[str, torch.Tensor]] = []  # per token, on the device until the row ends: λ, credit, log P
         self.sources: list[dict] = []  # the article retrieved into its context
         self.result: Generation | None = None
 
@@ -88,23 +106,41 @@ def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
 
 
-class Decoder:
-    """Continuations decoded together: each step runs ONE LM forward (a left-padded KV cache, a 2-D
-    attention mask, each row's own positions) and ONE memory search for every active row. A row
-    added joins at the next step the batch has room for it (its prompt prefilled with those of its
-    length joining then, its cache merged in) and leaves the batch when it ends; each row writes
-    what it would write alone (to float32's precision: an LM in bfloat16 or float16 decodes one row
-    at a time, their rounding would make a row's tokens depend on its batch)."""
+def _held(lm: LM, lengths: list[int], columns: int, q: int) -> torch.Tensor | None:
+    """The attention mask of a pass over left-padded rows whose last `lengths` of `columns` cache
+    columns are theirs (the q new tokens last): None without padding (causal attention), else the
+    mask monim builds (`monim.lm.device`: nothing read), or the 2-D one transformers prepares."""
+    if min(lengths) == columns:
+        return None
+    held = upload(np.arange(columns)[None, :] >= columns - np.array(lengths)[:, None], lm.device)
+    return attention_mask(lm, held, q) if own_masks(lm) else held.long()
 
-    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768):
+
+class Decoder:
+    """Continuations decoded together: each step runs ONE LM forward (a left-padded KV cache, each
+    row's own positions, the attention mask built by monim: `monim.lm.device`) and ONE memory search
+    for every active row; Θ is mixed and the next tokens chosen on the LM's device, so the host reads
+    the chosen tokens only (a memory searched on the host reads the step's statistics and log P too),
+    and a row's λ, credit and distributions once, when it ends. A row added joins at the next step the
+    batch has room for it (its prompt prefilled with those of its length joining then, its cache
+    merged in) and leaves the batch when it ends; each row writes what it would write alone (to
+    float32's precision: an LM in bfloat16 or float16 decodes one row at a time, their rounding would
+    make a row's tokens depend on its batch)."""
+
+    def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768,
+                 on_device: SearchedOnDevice | None = None):
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
         self.searched = memory if memory is not None and memory.retrieves else None  # Θ's memory, searched each step
         if self.searched is not None:
             self.searched.sync()
+        if on_device is None and self.searched is not None and self.searched.searched_on_device:
+            on_device = self.searched.on_device()  # where its searches run in torch, as Memory.score does
+        self.on_device = on_device if self.searched is not None else None  # the memory on the LM's device, if held there
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
-        self.cache, self.mask = self._empty()  # mask [rows, columns]: 1 where the cache holds a token, 0 padding
+        self.cache, self.columns = self._empty()  # columns: the cache's; row r holds its last (r.length - 1)
+        self.last = torch.zeros((0, 1), dtype=torch.long, device=lm.device)  # each active row's last token, on the device
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.active)
@@ -126,7 +162,7 @@ class Decoder:
             if self.memory is None:
                 raise ValueError("retrieve needs a memory: its articles are what is retrieved")
             ids, article = with_article(self.lm, self.memory, prompt, ids, reach(self.memory) - cfg.max_new_tokens)
-        row = Row(prompt, ids, cfg, should_stop)
+        row = Row(prompt, ids, cfg, should_stop, self.lm.device)
         row.sources = [] if article is None else [{"date": article.date, "doc_id": article.id,
                                                     "title": short_title(article.title)}]
         self.waiting.append(row)
@@ -146,37 +182,72 @@ class Decoder:
         if not self.active:
             return ended
         rows = self.active
-        prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
-        batch, logp = _step_scores(self.lm, torch.cat(hidden), torch.cat(keys), prev, [r.length for r in rows])
-        lam, knn = np.zeros(len(rows)), None  # knn: the neighbours found and their kNN weights
-        if self.searched is not None:
-            found = self.searched.search(batch)
-            batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
-            logp, lam, knn_w = self.searched.theta_logprobs(batch, logp)
-            knn = (found, knn_w)
-        eos = self.lm.tokenizer.eos_token_id
+        lm_logp = torch.log_softmax(self.lm.logits(torch.cat(hidden)), dim=-1)
+        logp = lm_logp.double()
+        lam, credit = torch.zeros(len(rows), dtype=torch.float64, device=self.lm.device), None
+        if self.on_device is not None:
+            logp, lam, credit = self._theta_on_device(self.on_device, rows, torch.cat(keys), lm_logp)
+        elif self.searched is not None:
+            logp, lam, credit = self._theta(self.searched, rows, torch.cat(keys), lm_logp)
+        tokens = logp.argmax(dim=-1)
         for i, row in enumerate(rows):
-            token = _choose(logp[i], row.cfg, row.rng)
-            weights = {}
-            if knn is not None and lam[i] > 0:  # the entries whose value is the chosen token carried its kNN weight
-                found, knn_w = knn
-                for j in np.flatnonzero(found.values[i] == token):
-                    weights[int(found.ids[i, j])] = float(lam[i]) * float(knn_w[i, j])
+            if row.cfg.temperature != 0:
+                tokens[i] = _choose(logp[i], row.cfg, row.rng)
+        chosen = to_host(tokens)  # the step's one read
+        self.last = tokens[:, None]
+        match = None if credit is None else (credit["values"] == tokens[:, None]) & (lam[:, None] > 0)
+        eos, ending = self.lm.tokenizer.eos_token_id, []
+        for i, (row, token) in enumerate(zip(rows, chosen.tolist())):
+            written = {"lam": lam[i]}
+            if credit is not None and match is not None:  # the entries whose value is the chosen token carried its kNN weight
+                written.update(ids=credit["ids"][i], weight=credit["weight"][i], match=match[i])
             if row.cfg.keep_distributions:
-                row.logprobs.append(logp[i].numpy())
+                written["logp"] = logp[i]
+            row.written.append(written)
             row.tokens.append(token)
-            row.lams.append(float(lam[i]))
-            row.credit.append(weights)
             if token == eos or len(row.tokens) == row.cfg.max_new_tokens:
-                self._end(row, "eos" if token == eos else "max_new_tokens")
-                ended.append(row)
+                ending.append((row, "eos" if token == eos else "max_new_tokens"))
+        self._end(ending)
+        ended += [row for row, _ in ending]
         self._keep([r.result is None for r in rows])
         return ended
+
+    def _theta(self, memory: Memory, rows: list[Row], keys: torch.Tensor,
+               lm_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Θ's log P [n, V] of a step, each row's λ [n] and its neighbours (ids, values, the kNN weight each
+        carried: λ times its weight), on the LM's device; the memory searched on the host: the step's
+        statistics and the LM's log P read for it."""
+        prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
+        batch = _step_scores(keys, lm_logp, prev, [r.length for r in rows])
+        found = memory.search(batch)
+        batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
+        logp, lam, knn_w = memory.theta_logprobs(batch, torch.from_numpy(to_host(lm_logp)).double())
+        device = self.lm.device
+        lam_t = upload(lam, device)
+        return logp.to(device), lam_t, {"ids": upload(found.ids, device), "values": upload(found.values.astype(np.int64), device),
+                                        "weight": lam_t[:, None] * upload(knn_w, device)}
+
+    def _theta_on_device(self, on: SearchedOnDevice, rows: list[Row], keys: torch.Tensor,
+                         lm_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """`_theta` with the memory on the LM's device: each row's key searched there, λ by the rule and
+        Θ's full distribution mixed there (as ThetaRule.theta_logprobs), nothing read."""
+        top = lm_logp.max(dim=-1)
+        entropy = -(lm_logp.exp() * lm_logp).sum(-1)
+        argmax = top.indices.to(torch.int32)
+        chunk = dict(key=keys.to(torch.float16), stats=torch.stack([top.values, top.values, entropy], 1).float(),
+                     argmax=argmax, target=argmax,
+                     prev=upload(np.array([r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]), self.lm.device))
+        chunk.update(on.search(chunk))
+        values = chunk["knn_values"].long()
+        lam = row_lam(values, on.lam(chunk))
+        logw = knn_log_weights(chunk["knn_dist"], values, on.interpolation.temperature, chunk.get("knn_prior"))
+        logp = interpolate(lm_logp.double(), knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
+        return logp, lam, {"ids": chunk["knn_ids"], "values": values, "weight": lam[:, None] * logw.exp()}
 
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
         tokens in its padded cache (rows × the longest context; a first row always fits)."""
-        rows, columns = len(self.active), self.mask.shape[1]
+        rows, columns = len(self.active), self.columns
         for n, row in enumerate(self.waiting):
             rows, columns = rows + 1, max(columns, len(row.ids))
             if rows > 1 and (rows > self.max_rows or rows * columns > self.max_cells):
@@ -187,45 +258,43 @@ class Decoder:
         """Whether the row's `should_stop` ends it before its next token (then it has its result)."""
         reason = row.should_stop() if row.should_stop is not None else None
         if reason:
-            self._end(row, reason)
+            self._end([(row, reason)])
         return bool(reason)
 
     def _forward(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The batch's last tokens through the LM in one pass: final hidden states and keys, [1, d] per row."""
-        rows, device = self.active, self.lm.device
-        self.mask = torch.cat([self.mask, torch.ones(len(rows), 1, dtype=self.mask.dtype, device=device)], 1)
-        ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
-        pos = torch.tensor([[r.length - 1] for r in rows], device=device)
-        mask = None if bool(self.mask.all()) else self.mask  # no padding: the path a row alone takes
-        hidden, keys = self.lm.forward(ids, attention_mask=mask, position_ids=pos, past=self.cache)
+        """The batch's last tokens (on the device) through the LM in one pass: final hidden states and keys, [1, d] per row."""
+        lengths = [r.length for r in self.active]
+        self.columns += 1
+        hidden, keys = self.lm.forward(self.last, attention_mask=_held(self.lm, lengths, self.columns, 1),
+                                       position_ids=upload(np.array(lengths)[:, None] - 1, self.lm.device), past=self.cache)
         return list(hidden[:, -1:].unbind(0)), list(keys[:, -1:].unbind(0))
 
     def _prefill(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """New prompts through the LM in one pass (left-padded to the longest; a prompt alone as it is),
         their cache joined to the batch's: final hidden states and keys of their last tokens, [1, d] per row."""
-        longest, device = max(len(r.ids) for r in rows), self.lm.device
-        ids = torch.tensor([[0] * (longest - len(r.ids)) + r.ids for r in rows], device=device)
-        mask = torch.tensor([[0] * (longest - len(r.ids)) + [1] * len(r.ids) for r in rows], device=device)
+        lengths = np.array([len(r.ids) for r in rows])
+        longest, device = int(lengths.max()), self.lm.device
+        ids = np.array([[0] * (longest - len(r.ids)) + r.ids for r in rows], np.int64)
+        pos = np.maximum(np.arange(longest)[None, :] - (longest - lengths)[:, None], 0)
         cache = DynamicCache(config=self.lm.model.config)
-        hidden, keys = self.lm.forward(ids, attention_mask=None if bool(mask.all()) else mask,
-                                       position_ids=(mask.cumsum(1) - 1).clamp(min=0), past=cache)
-        self._join(cache, mask)
+        hidden, keys = self.lm.forward(upload(ids, device), attention_mask=_held(self.lm, lengths.tolist(), longest, longest),
+                                       position_ids=upload(pos, device), past=cache)
+        self._join(cache, longest)
         return list(hidden[:, -1:].unbind(0)), list(keys[:, -1:].unbind(0))
 
-    def _join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
-        """Prefilled rows' cache (and its mask) after the batch's rows: both left-padded to the longer."""
+    def _join(self, cache: DynamicCache, columns: int) -> None:
+        """Prefilled rows' cache (of `columns` columns) after the batch's rows: both left-padded to the longer."""
         if not self.active:
-            self.cache, self.mask = cache, mask
+            self.cache, self.columns = cache, columns
             return
-        columns = max(self.mask.shape[1], mask.shape[1])
+        columns = max(self.columns, columns)
         for (mine, my_keys, my_values), (_, their_keys, their_values) in zip(kv_layers(self.cache), kv_layers(cache)):
             held = max(my_keys.shape[-2], their_keys.shape[-2])  # a sliding-window layer holds its window only
             mine.keys, mine.values = (torch.cat([_pad_left(a, held - a.shape[-2]), _pad_left(b, held - b.shape[-2])])
                                       for a, b in ((my_keys, their_keys), (my_values, their_values)))
             if hasattr(mine, "cumulative_length"):
                 mine.cumulative_length = columns
-        pad = torch.nn.functional.pad
-        self.mask = torch.cat([pad(self.mask, (columns - self.mask.shape[1], 0)), pad(mask, (columns - mask.shape[1], 0))])
+        self.columns = columns
 
     def _keep(self, keep: list[bool]) -> None:
         """Only these rows of the batch (the others ended), and no column that is padding in every row."""
@@ -233,30 +302,42 @@ class Decoder:
             return
         self.active = [r for r, k in zip(self.active, keep) if k]
         if not self.active:
-            self.cache, self.mask = self._empty()
+            self.cache, self.columns = self._empty()
             return
-        index = torch.tensor([i for i, k in enumerate(keep) if k], device=self.lm.device)
-        self.mask = self.mask[index]
-        columns = self.mask.shape[1]
-        drop = int(self.mask.any(0).long().argmax())  # the leading columns no row uses
+        index = upload(np.flatnonzero(keep), self.lm.device)
+        self.last = self.last[index]
+        columns = max(r.length - 1 for r in self.active)  # the leading columns no row uses dropped
         for layer, keys, values in kv_layers(self.cache):
-            held = min(keys.shape[-2], columns - drop)
+            held = min(keys.shape[-2], columns)
             layer.keys, layer.values = (t[index, :, t.shape[-2] - held:] for t in (keys, values))
             if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = columns - drop
-        self.mask = self.mask[:, drop:]
+                layer.cumulative_length = columns
+        self.columns = columns
 
-    def _empty(self) -> tuple[DynamicCache, torch.Tensor]:
-        """The cache and mask of a batch without rows."""
-        return DynamicCache(config=self.lm.model.config), torch.zeros((0, 0), dtype=torch.long, device=self.lm.device)
+    def _empty(self) -> tuple[DynamicCache, int]:
+        """The cache and its columns of a batch without rows."""
+        return DynamicCache(config=self.lm.model.config), 0
 
-    def _end(self, row: Row, stopped: str) -> None:
-        """The row's Generation, with its sentences and their sources."""
+    def _end(self, ending: list[tuple[Row, str]]) -> None:
+        """Each ending row's Generation (why it stopped), with its sentences and their sources: what its
+        tokens' records held on the device read at once."""
+        if not ending:
+            return
+        records = {f"{n}.{f}": torch.stack([w[f] for w in row.written])
+                   for n, (row, _) in enumerate(ending) if row.written for f in row.written[0]}
+        read = to_host(records) if records else {}
         lm = self.lm
-        row.result = Generation(row.prompt, lm.decode(row.tokens, skip_special_tokens=True), row.tokens,
-                                row.lams, stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
-                                sources=row.sources)
-        row.result.sentences = sentences(lm, self.memory, row.tokens, row.credit, row.cfg.sources)
+        for n, (row, stopped) in enumerate(ending):
+            lams = read[f"{n}.lam"].tolist() if row.written else []
+            credit: list[dict] = [{} for _ in row.tokens]
+            if f"{n}.ids" in read:  # {memory entry id: the kNN weight it carried} per token
+                ids, weight, match = read[f"{n}.ids"], read[f"{n}.weight"], read[f"{n}.match"]
+                credit = [{int(ids[t, j]): float(weight[t, j]) for j in np.flatnonzero(match[t])} for t in range(len(ids))]
+            logprobs = list(read[f"{n}.logp"]) if row.cfg.keep_distributions and row.written else []
+            row.result = Generation(row.prompt, lm.decode(row.tokens, skip_special_tokens=True), row.tokens, lams,
+                                    stopped=stopped, logprobs=logprobs if row.cfg.keep_distributions else None,
+                                    sources=row.sources)
+            row.result.sentences = sentences(lm, self.memory, row.tokens, credit, row.cfg.sources)
 
 
 @torch.inference_mode()
