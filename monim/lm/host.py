@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 READERS = ("numpy", "cpu", "tolist", "item", "__bool__", "__int__", "__float__", "__index__")
 _methods = {name: getattr(torch.Tensor, name) for name in READERS}
 # operators that wait for the device: a number read, or an output whose size depends on the values
-SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-         "equal", "is_nonzero"}
+SYNCS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+         "equal", "is_nonzero", "bincount"}
 _counters: list[Counter] = []  # the open `reads()` counters, innermost last
 _lock = threading.Lock()
 _inside = threading.local()  # a counted read's own operators are not counted again
@@ -58,10 +58,10 @@ def queued(tensors: dict[str, torch.Tensor]) -> Callable[[], dict[str, np.ndarra
     """Tensors' copies to the host queued behind the device's work now, without waiting; calling the
     result waits for them once (one read) and gives them as host arrays."""
     copies = {f: _copy(t, False) for f, t in tensors.items()}
-    done = None
-    if any(t.device.type == "cuda" for t in tensors.values()):
+    done, cuda = None, [t.device for t in tensors.values() if t.device.type == "cuda"]
+    if cuda:
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(cuda[0]))  # the stream the copies were queued on
 
     def read() -> dict[str, np.ndarray]:
         _count("to_host")

@@ -290,9 +290,9 @@ def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> T
     their values (from the chunk's full logits: the values met are not known to the host) and Θ's
     scores computed there, and the whole batch's read at once."""
     assert batch.hidden is not None
-    every = {f: torch.from_numpy(getattr(batch, f)).to(lm.device) for f in ("key", "argmax", "target", "prev")}
-    every["stats"] = torch.from_numpy(np.stack([batch.logp, batch.max_logp, batch.entropy], 1)).to(lm.device)
-    hidden = torch.from_numpy(batch.hidden).to(lm.device, lm.model.dtype)  # all copied up before any work is queued
+    every = {f: upload(getattr(batch, f), lm.device) for f in ("key", "argmax", "target", "prev")}
+    every["stats"] = upload(np.stack([batch.logp, batch.max_logp, batch.entropy], 1), lm.device)
+    hidden = upload(batch.hidden, lm.device).to(lm.model.dtype)  # all copied up before any work is queued
     out = []
     for i in range(0, len(batch), chunk):
         inputs = {f: t[i : i + chunk] for f, t in every.items()}

@@ -51,7 +51,7 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> to
     nucleus = sorted_p * keep / (sorted_p * keep).sum()
     # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1)) without its check of
     # the probabilities, an `.item()` that would make the host wait for the device each row and step
-    return order[(nucleus / torch.empty_like(nucleus).exponential_(1, generator=rng)).argmax()]
+    return order.gather(0, (nucleus / torch.empty_like(nucleus).exponential_(1, generator=rng)).argmax().view(1))[0]
 
 
 class SearchedOnDevice(Protocol):
