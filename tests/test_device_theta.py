@@ -149,8 +149,8 @@ def test_the_counter_sees_hidden_reads_under_inference_mode():
     with torch.inference_mode(), reads() as counted:
         to_host(t), to_host({"a": t, "b": t})
         t.sum().item(), bool(t[0] > 0), int(t[1]), float(t[2]), t.tolist(), t.numpy(), t.cpu()
-        t[t > 1], t.nonzero(), torch.unique(t)
-    assert counted == {"to_host": 2, "item": 1, "__bool__": 1, "__int__": 1, "__float__": 1, "tolist": 1, "numpy": 1,
+        t[t > 1], t.nonzero(), torch.unique(t), t[t.argmax()]  # the last: a 0-d index read inside torch's own op
+    assert counted == {"to_host": 2, "item": 2, "__bool__": 1, "__int__": 1, "__float__": 1, "tolist": 1, "numpy": 1,
                        "cpu": 1, "index": 1, "nonzero": 1, "_unique2": 1}
     with reads() as counted:  # on the device's side: nothing read
         torch.where(t > 1, t, 0).cumsum(0).topk(2)
