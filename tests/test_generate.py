@@ -382,3 +382,25 @@ def test_sentences_end_at_a_mark_before_a_space_not_inside_a_number(tiny):
     cut = sentences(tiny, None, tokens, [{}] * len(tokens), 3)
     assert [s["text"] for s in cut] == ["Exports rose to 2.277 billion dlrs in the U.S.", " market.", " Imports fell!",
                                               "\nThe yen"]
+
+
+@pytest.mark.parametrize("reading", [dict(skip_threshold=0.5), dict(half_life=1.0)])
+def test_the_served_decoder_with_the_real_device_theta_writes_what_the_host_path_writes(theta, reading):
+    """The Decoder with the memory held on the device by Memory.on_device (a calibrated Θ, its skip
+    rule or a recency prior) writes the tokens, λ and sources the host path writes, one read a step."""
+    memory = Memory.open(theta.ds.root, theta.lm, **reading)
+    prompts = ["The company said on Monday", "Shares of the bank"]
+    cfgs = [GenerateConfig(max_new_tokens=6, keep_distributions=True), GenerateConfig(max_new_tokens=4)]
+    on_device, on_host = Decoder(theta.lm, memory, on_device=memory.on_device()), Decoder(theta.lm, memory)
+    rows, alone = [on_device.add(p, c) for p, c in zip(prompts, cfgs)], [on_host.add(p, c) for p, c in zip(prompts, cfgs)]
+    while on_device:
+        with reads() as counted:
+            ended = on_device.advance()
+        assert dict(counted) == {"to_host": 1 + bool(ended)}
+    while on_host:
+        on_host.advance()
+    for row, there in zip(rows, alone):
+        assert row.result.tokens == there.result.tokens
+        np.testing.assert_allclose(row.result.lams, there.result.lams, rtol=1e-5, atol=1e-6)
+        for a, b in zip(row.result.logprobs or [], there.result.logprobs or []):
+            np.testing.assert_allclose(np.exp(a), np.exp(b), atol=1e-5)
