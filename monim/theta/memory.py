@@ -72,6 +72,7 @@ class Memory:
         self._twins: tuple[list[str], TwinIndex] | None = None
         # the memory on the LM's device (on_device): its state, its keys' index, its DeviceThetas by (skip, rule, neighbors)
         self._device: tuple[tuple, TorchExact, dict[tuple, DeviceTheta]] | None = None
+        self._device_lock = threading.Lock()  # one copy of the keys made at a time (not `_lock`: lexical() takes it)
         self._device_choice: tuple[int, bool] | None = None  # searched_on_device, by the memory's size
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
@@ -281,23 +282,25 @@ class Memory:
         their keys copied there once per state of the memory. `neighbors` off: the host reads Θ's
         scores, not the neighbours."""
         state = (self.checksum(), dataclasses.astuple(self.settings.recency))
-        held = self._device
-        if held is None or held[0] != state:  # made outside the lock, which the lexical counts it reads take
-            self._searcher.ready()
-            limits, next_id = self._searcher.limits(), int(self.ds.manifest["next_id"])
-            ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
-            index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
-            held = self._device = (state, index, {})
-        if (skip, rule, neighbors) not in held[2]:
-            cfg, by = self.calibrator_cfg, rule or self.rule
-            skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
-            calibrator = self.calibrator() if skips or by == "calibrator" else None
-            next_id = int(self.ds.manifest["next_id"])
-            held[2][skip, rule, neighbors] = DeviceTheta(
-                held[1], self.ds.shards.values_by_id(), self._searcher.prior(np.arange(next_id)), self.index.cfg.k, cfg, by,
-                self.interpolation, self.theta().get("lam_copy", self.interpolation.lam), calibrator,
-                self.lexical() if calibrator is not None else None, skips, neighbors)
-        return held[2][skip, rule, neighbors]
+        with self._device_lock:
+            held = self._device
+            if held is None or held[0] != state:
+                self._device = held = None  # the old copy let go before the new one is made
+                self._searcher.ready()
+                limits, next_id = self._searcher.limits(), int(self.ds.manifest["next_id"])
+                ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
+                index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
+                held = self._device = (state, index, {})
+            if (skip, rule, neighbors) not in held[2]:
+                cfg, by = self.calibrator_cfg, rule or self.rule
+                skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
+                calibrator = self.calibrator() if skips or by == "calibrator" else None
+                next_id = int(self.ds.manifest["next_id"])
+                held[2][skip, rule, neighbors] = DeviceTheta(
+                    held[1], self.ds.shards.values_by_id(), self._searcher.prior(np.arange(next_id)), self.index.cfg.k, cfg, by,
+                    self.interpolation, self.theta().get("lam_copy", self.interpolation.lam), calibrator,
+                    self.lexical() if calibrator is not None else None, skips, neighbors)
+            return held[2][skip, rule, neighbors]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""
