@@ -10,7 +10,7 @@ from monim.core.config import CalibratorConfig
 from monim.storage.datastore import Datastore
 from monim.storage.entries import Entries
 from monim.storage.fsck import check_memory
-from monim.storage.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, new_ivf
+from monim.storage.index import IndexConfig, MemoryIndex, gpu_options, gpu_precomputed, index_kind, new_ivf
 
 D = 16
 
@@ -76,7 +76,7 @@ def test_a_memory_whose_decision_searches_turns_ivf_pq_sooner_and_fsck_expects_i
     del old["days"][0]["searched"]  # a day committed before the field: the entries alone decide
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "manifest.json").write_text(json.dumps(old))
-    assert MemoryIndex(tmp_path / "old", D, small_cfg()).kind_for(Datastore.read(tmp_path / "old")) == "flat"
+    assert index_kind(MemoryIndex(tmp_path / "old", D, small_cfg()).cfg, Datastore.read(tmp_path / "old")) == "flat"
 
 
 def test_codec_choice_and_gpu_settings():

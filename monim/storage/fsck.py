@@ -21,7 +21,7 @@ from monim.core.lock import hold, reading
 from monim.core.manifest import CommittedDay
 from monim.storage.datastore import Datastore
 from monim.storage.entries import DTYPES
-from monim.storage.index import MemoryIndex, indexed_ids
+from monim.storage.index import MemoryIndex, index_kind, indexed_ids
 from monim.storage.lexical import CACHE, LexicalCounts
 from monim.storage.memory_settings import Settings
 from monim.storage.parts import Parts
@@ -117,9 +117,9 @@ def _indexes(ds: Datastore) -> list[tuple[MemoryIndex, Datastore, str]]:
     parts = Parts(ds.root, ds.identity["hidden_size"], cfg)
     if not parts.split(ds):
         index = MemoryIndex(ds.root, ds.identity["hidden_size"], cfg)
-        return [(index, ds, index.kind_for(ds))]
+        return [(index, ds, index_kind(cfg, ds))]
     views = {name: parts.view(ds, name) for name in parts.plan(ds)}
-    return [(parts.index(name), view, parts.index(name).kind_for(ds, len(view))) for name, view in views.items()]
+    return [(parts.index(name), view, index_kind(cfg, ds, len(view))) for name, view in views.items()]
 
 
 def _index_problem(index: MemoryIndex, ds: Datastore, kind: str) -> Problem | None:

@@ -168,15 +168,11 @@ class MemoryIndex:
         """Whether the index holds the datastore's committed version."""
         return self.index is not None and self.meta.get("version") == ds.version
 
-    def kind_for(self, ds: Datastore, entries: int | None = None) -> str:
-        """The index the memory calls for (index_kind)."""
-        return index_kind(self.cfg, ds, entries)
-
     def sync(self, ds: Datastore, retrain: bool = False, save: bool = True, kind: str | None = None) -> dict:
         """Bring the index up to the datastore's committed version: add, remove, or rebuild (and save).
         An IVF index is rebuilt when the memory has grown `retrain_growth` times since training or
         when the probe's recall has fallen below `min_recall` of its recall at training. `kind`: the
-        index wanted (None: the one `ds` calls for, kind_for)."""
+        index wanted (None: the one `ds` calls for, index_kind)."""
         started = time.perf_counter()
         stats: dict[str, float | bool | None] = {"added": 0, "removed": 0, "rebuilt": False}
         if self.current(ds) and not retrain:
@@ -185,7 +181,7 @@ class MemoryIndex:
         if self.mapped:  # mapped lists cannot change: read them into RAM
             self._load(mappable=False)
         n = len(ds)
-        kind = kind or self.kind_for(ds)
+        kind = kind or index_kind(self.cfg, ds)
         stale = (
             retrain
             or self.meta.get("kind") == "flat" and kind == "ivfpq"
