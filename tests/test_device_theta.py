@@ -113,6 +113,7 @@ def test_a_forget_or_a_new_day_makes_a_new_state_on_the_device_and_repeated_call
     found = TokenScores.concat(memory.score(docs[2:], on_device=True)).knn_ids
     before = memory.ds.shards.array("ids")
     assert memory.forget(doc_ids=[docs[2].id])
+    assert not memory._device.tables and memory.index._exact is None  # the old copies let go at once
     gone = np.setdiff1d(before, memory.ds.shards.array("ids"))
     assert np.isin(found, gone).sum() > len(found)  # the learned article's tokens had found its own entries
     after = memory.on_device()

@@ -211,6 +211,8 @@ class MemoryIndex:
                     stats.update(added=n, rebuilt=True)
         self.meta |= {"version": ds.version, "ntotal": self.ntotal}
         self._ds, self._search_index = ds, None
+        if self._exact is not None and self._exact[0][0] != ds.state:
+            self._exact = None  # the old keys let go now, not when next searched
         if save:
             self._save()
         return stats | {"seconds": time.perf_counter() - started}

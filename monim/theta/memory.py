@@ -49,6 +49,13 @@ class DeviceState:
         self.lock = threading.Lock()  # one copy made at a time (not Memory's `_lock`: lexical() takes it)
         self.let_go(None)
 
+    def follow(self, state: tuple) -> None:
+        """Let go of what it holds if the datastore has changed since (to `state`): a commit or forget frees
+        the old copies at once, not when the memory is next read on the device."""
+        with self.lock:
+            if self.state is not None and self.state != state:
+                self.let_go(None)
+
     def let_go(self, state: tuple | None) -> None:
         """Hold nothing, for the datastore's `state` (the keys: MemoryIndex.exact_on's)."""
         self.state: tuple | None = state
@@ -268,7 +275,10 @@ class Memory:
             if self.ds.reload():
                 self._lexical, self._twins = None, None
                 self._rule.reloaded()
-            yield
+            try:
+                yield
+            finally:
+                self._device.follow(self.ds.state)
 
     def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None,
               on_device: bool | None = None) -> list[TokenScores]:
