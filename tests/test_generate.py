@@ -118,6 +118,8 @@ def test_with_the_memory_on_the_device_a_step_reads_the_chosen_tokens_only(tiny,
         with reads() as counted:
             on_device.advance()
         counts.append(dict(counted))
+        kept = [x for r in rows for x in (*r.lams, *r.logprobs, *(w for c in r.credit for w in (*c, *c.values())))]
+        assert kept and not any(isinstance(x, torch.Tensor) for x in kept)  # host copies: nothing of a step held on the device
     while on_host:
         on_host.advance()
     assert all(c == {"to_host": 1} for c in counts)  # none more when a row ends

@@ -131,11 +131,10 @@ class Decoder:
     for every active row; Θ is mixed and the next tokens chosen on the LM's device, so the host reads
     once a step the chosen tokens with what each row keeps of the step (λ, credit, distributions:
     nothing of a step stays on the device; a memory searched on the host reads the step's statistics
-    and log P too). A row added joins at the next step the
-    batch has room for it (its prompt prefilled with those of its length joining then, its cache
-    merged in) and leaves the batch when it ends; each row writes what it would write alone (to
-    float32's precision: an LM in bfloat16 or float16 decodes one row at a time, their rounding would
-    make a row's tokens depend on its batch)."""
+    and log P too). A row added joins at the next step the batch has room for it (its prompt
+    prefilled with those of its length joining then, its cache merged in) and leaves the batch when
+    it ends; each row writes what it would write alone (to float32's precision: an LM in bfloat16 or
+    float16 decodes one row at a time, their rounding would make a row's tokens depend on its batch)."""
 
     def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768,
                  on_device: SearchedOnDevice | None = None):
