@@ -3,13 +3,15 @@
 
 import dataclasses
 import datetime as dt
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import nearest_by_numpy
+from helpers import nearest_by_numpy, random_entries
 from monim.core.config import DEMO_STREAM
+from monim.core.recency import Recency
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 from monim.evaluation.evaluate import evaluate
@@ -88,6 +90,41 @@ def test_the_device_path_reads_the_memory_as_of_a_day_and_by_recency(theta, docs
     found = host.knn_ids[host.knn_ids >= 0]
     assert found.min() >= first and found.max() < first + sum(d.entries for d in days) <= memory.ds.manifest["next_id"]
     assert_same(device, host, memory, memory.rule)
+
+
+def test_views_and_variants_share_one_copy_of_the_keys_and_answer_as_the_host(theta, docs):
+    memory = Memory.open(theta.ds.root, theta.lm)
+    views = [memory.at(memory.days[0].date), memory.recent(Recency(max_age=0)), memory.recent(Recency(half_life=1.0))]
+    held = [memory.on_device(), memory.on_device(False, "constant", neighbors=False), *(v.on_device() for v in views)]
+    storage = {h.index.keys.untyped_storage().data_ptr() for h in held}
+    assert len(storage) == 1 and held[0].index is memory.index.exact_on(memory.ds, memory.lm.device)
+    assert held[0].values is held[2].values and held[1].index is held[0].index  # one table of values, variants share
+    assert [h.index.ntotal for h in held[2:]] == [memory.days[0].entries, memory.days[-1].entries, len(memory)]
+    for view in views:
+        host = TokenScores.concat(view.score(docs, on_device=False))
+        assert_same(TokenScores.concat(view.score(docs, on_device=True)), host, view, view.rule)
+
+
+def test_a_forget_or_a_new_day_makes_a_new_state_on_the_device_and_repeated_calls_reuse_it(theta, docs, tmp_path):
+    shutil.copytree(theta.ds.root, tmp_path / "m")
+    memory = Memory.open(tmp_path / "m", theta.lm)
+    first = memory.on_device()
+    assert memory.on_device() is first and memory.at(memory.days[-1].date).on_device().index is first.index
+    found = TokenScores.concat(memory.score(docs[2:], on_device=True)).knn_ids
+    before = memory.ds.shards.array("ids")
+    assert memory.forget(doc_ids=[docs[2].id])
+    assert not memory._device.tables and memory.index._exact is None  # the old copies let go at once
+    gone = np.setdiff1d(before, memory.ds.shards.array("ids"))
+    assert np.isin(found, gone).sum() > len(found)  # the learned article's tokens had found its own entries
+    after = memory.on_device()
+    assert after is not first and after.index.ntotal == first.index.ntotal - len(gone)
+    device = TokenScores.concat(memory.score(docs, on_device=True))
+    assert not np.isin(device.knn_ids, gone).any()  # nothing forgotten answered from the device
+    assert_same(device, TokenScores.concat(memory.score(docs, on_device=False)), memory, memory.rule)
+    with memory.writing():
+        memory.ds.commits.commit_day("1987-03-04", random_entries(5, dim=memory.lm.hidden_size), 5, "fullmem")
+    new_day = memory.on_device()
+    assert new_day is not after and new_day.index.ntotal == after.index.ntotal + 5 and memory.on_device() is new_day
 
 
 @pytest.mark.parametrize("rule", ["constant", "calibrator"])
@@ -183,7 +220,7 @@ def test_an_evaluation_on_the_device_is_the_hosts(theta, docs, threshold, skip):
     device._device_choice = (len(device), True)  # as on a GPU whose searches run in torch
     assert device.searched_on_device and not host.searched_on_device
     want, got = evaluate(theta.lm, docs, host), evaluate(theta.lm, docs, device)
-    assert device._device is not None and host._device is None  # each searched where it says
+    assert device._device.thetas and not host._device.thetas  # each searched where it says
     assert set(got) == set(want) and got["tokens"] == want["tokens"] and got["skipped"] == want["skipped"]
     assert (got["skipped"] > 0) == bool(skip)
     for key in want:

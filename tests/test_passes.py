@@ -48,3 +48,25 @@ def test_a_pass_reads_once_and_scores_as_transformers_masks_do(arch, attention, 
     for f in ("logp", "max_logp", "entropy"):
         np.testing.assert_allclose(mine[f], theirs[f], atol=1e-4, err_msg=f)
     np.testing.assert_allclose(mine["key"].astype(np.float32), theirs["key"].astype(np.float32), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox"])
+def test_a_pass_without_padding_keeps_no_keys_and_values_and_scores_as_transformers_masks_do(arch, tiny_model_dir, monkeypatch):
+    """Rows of one whole span each (no padding: plain causal attention) run with a KV cache that keeps
+    nothing, read once a pass, their scores those of transformers' own masks."""
+    lm = load_lm(str(tiny_model_dir(arch)))
+    rng = np.random.default_rng(2)
+    seqs = [(f"s{i}", rng.integers(1, 500, 17).tolist(), 1) for i in range(7)]
+    cfg = ScoreConfig(stride=16, context=0, batch_size=3, head_chunk=5, context_mode="document")
+    caches, forward = [], lm.forward
+    lm.forward = lambda *a, **k: (caches.append(a[3]), forward(*a, **k))[1]  # `scored` lets it go
+    mine, passes, counted = scored(lm, seqs, cfg)
+    assert passes == 3 and counted == {"to_host": passes}
+    assert caches == [lm.passing] * passes and all(layer.keys is None for layer in lm.passing.layers)  # nothing kept
+    monkeypatch.setattr(scoring, "own_masks", lambda lm: False)
+    theirs, _, _ = scored(lm, seqs, cfg)
+    for f in ("doc_id", "position", "prev", "target", "argmax"):
+        assert np.array_equal(mine[f], theirs[f]), f
+    for f in ("logp", "max_logp", "entropy"):
+        np.testing.assert_allclose(mine[f], theirs[f], rtol=0, atol=1e-5, err_msg=f)
+    np.testing.assert_allclose(mine["key"].astype(np.float32), theirs["key"].astype(np.float32), atol=2e-3, rtol=2e-3)

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from monim.lm.model import LM
-from monim.lm.windows import stepwise
 
 
 def upload(x: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -21,7 +20,7 @@ def own_masks(lm: LM) -> bool:
     """Whether monim builds the model's attention masks itself (`attention_mask`): plain full-attention layers
     under sdpa or eager attention (else transformers builds them, testing a 2-D mask or the positions
     for packed sequences in Python each pass: a read of the device)."""
-    return lm.model.config._attn_implementation in ("sdpa", "eager") and stepwise(lm)
+    return lm.model.config._attn_implementation in ("sdpa", "eager") and lm.stepwise
 
 
 def attention_mask(lm: LM, held: torch.Tensor, q: int, segment: torch.Tensor | None = None) -> torch.Tensor:

@@ -19,8 +19,15 @@ from typing import Iterator
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import CacheLayerMixin
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Cache,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from monim.core.atomic import checksum, replacing
 from monim.core.config import DEFAULT_MODEL, DTYPE_CHOICES, cache_dir
@@ -82,6 +89,20 @@ class LM:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @cached_property
+    def stepwise(self) -> bool:
+        """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
+        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+
+    @cached_property
+    def passing(self) -> DynamicCache:
+        """A KV cache that keeps nothing (Passing layers; for a stepwise model), for a pass with no past
+        and no padding: given it, transformers does not test the positions for packed sequences (a
+        read of the device), and the pass's keys and values are not kept."""
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [Passing() for _ in cache.layers]
+        return cache
 
     @property
     def dtype(self) -> str:
@@ -185,6 +206,13 @@ def last_mlp(model: PreTrainedModel) -> torch.nn.Module:
     if not isinstance(blocks, torch.nn.ModuleList):
         raise ValueError(f"{type(model).__name__}.{DECODER_BLOCKS[arch]} is a {type(blocks).__name__}, not its blocks")
     return blocks[-1].get_submodule("mlp")
+
+
+class Passing(DynamicLayer):
+    """A KV cache layer that keeps nothing: each pass's attention reads its own keys and values."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
 
 
 def kv_layers(cache: Cache) -> Iterator[tuple[CacheLayerMixin, torch.Tensor, torch.Tensor]]:

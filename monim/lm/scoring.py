@@ -162,9 +162,9 @@ def _packed(lm: LM, spans: list[Span], cfg: ScoreConfig, neighbors: Neighbors | 
             segment[b, c:] = len(row)
         mask, cache = None, None  # without monim's masks, transformers finds the spans from the positions
         if own_masks(lm) and all(len(row) == 1 and row[0].e - row[0].a == width for row in batch):
-            # one span a row, no padding: plain causal attention (a GPU's flash kernel); an empty cache
-            # keeps transformers from testing the positions for packed sequences
-            cache = DynamicCache(config=lm.model.config)
+            # one span a row, no padding: plain causal attention (a GPU's flash kernel); a cache that keeps
+            # nothing keeps transformers from testing the positions for packed sequences
+            cache = lm.passing
         elif own_masks(lm):
             held = torch.ones((len(batch), width), dtype=torch.bool, device=lm.device)
             mask = attention_mask(lm, held, width, upload(segment, lm.device))

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
 from monim.core.config import ScoreConfig
 from monim.lm.model import LM
 
@@ -54,7 +51,7 @@ def fit_window(lm: LM, cfg: ScoreConfig) -> ScoreConfig:
     rows, chunk, _ = DEVICE_BATCH.get(lm.device.type, DEVICE_BATCH["cpu"])
     cfg = replace(cfg, batch_size=cfg.batch_size or rows, head_chunk=cfg.head_chunk or chunk)
     limit = getattr(lm.model.config, "n_positions", None) or getattr(lm.model.config, "max_position_embeddings", None)
-    if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and stepwise(lm)):
+    if cfg.context_mode != "recompute" and not (hasattr(lm.model.base_model, "rotary_emb") and lm.stepwise):
         cfg = replace(cfg, context_mode="recompute")
     if not limit or cfg.context + cfg.stride <= limit:
         return cfg
@@ -67,11 +64,6 @@ def batching(cfg: ScoreConfig) -> tuple[int, int]:
     if cfg.batch_size is None or cfg.head_chunk is None:
         raise ValueError("the scoring config is not fitted to the model (monim.lm.windows.fit_window)")
     return cfg.batch_size, cfg.head_chunk
-
-
-def stepwise(lm: LM) -> bool:
-    """Whether the model's KV cache can be cut to its last entries (plain full-attention layers)."""
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
 
 
 def plan(seqs: list[Sequence], cfg: ScoreConfig) -> tuple[list[Span], list[list[list[Span]]]]:

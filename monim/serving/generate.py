@@ -22,21 +22,28 @@ from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
-from monim.theta.knnlm import Interpolation, interpolate, knn_full_logprobs, knn_log_weights, row_lam
+from monim.theta.knnlm import Interpolation, row_lam, theta_logprobs
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
 
 
-def _step_scores(keys: torch.Tensor, logp: torch.Tensor, prev: list[int], position: list[int]) -> TokenScores:
-    """The LM's statistics for the next token of n rows (their keys [n, d] and log P [n, V]), read to
-    the host at once: what a memory searched on the host takes."""
+def _step(keys: torch.Tensor, logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The LM's statistics for the next token of n rows (their keys [n, d] and log P [n, V]) as a chunk
+    of a scored pass (monim.lm.scoring: key, stats, argmax; the top token taken as the target), on the LM's device."""
     top = logp.max(dim=-1)
-    stats = to_host({"best": top.values.float(), "argmax": top.indices.to(torch.int32), "key": keys.to(torch.float16),
-                     "entropy": (-(logp.exp() * logp).sum(-1)).float()})
+    argmax = top.indices.to(torch.int32)
+    return dict(key=keys.to(torch.float16), stats=torch.stack([top.values, top.values, -(logp.exp() * logp).sum(-1)], 1).float(),
+                argmax=argmax, target=argmax)
+
+
+def _step_scores(chunk: dict[str, torch.Tensor], prev: list[int], position: list[int]) -> TokenScores:
+    """A step's statistics (`_step`) read to the host at once: what a memory searched on the host takes."""
+    stats = to_host({f: chunk[f] for f in ("stats", "argmax", "key")})
     return TokenScores(
         doc_id=np.array(["generation"] * len(prev), dtype=object), position=np.array(position, np.int32),
-        prev=np.array(prev, np.int32), target=stats["argmax"], logp=stats["best"], max_logp=stats["best"].copy(),
-        entropy=stats["entropy"], argmax=stats["argmax"].copy(), key=stats["key"])
+        prev=np.array(prev, np.int32), target=stats["argmax"], logp=stats["stats"][:, 0].copy(),
+        max_logp=stats["stats"][:, 1].copy(), entropy=stats["stats"][:, 2].copy(), argmax=stats["argmax"].copy(),
+        key=stats["key"])
 
 
 def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> torch.Tensor:
@@ -77,7 +84,9 @@ class Row:
         self.prompt, self.ids, self.cfg, self.should_stop = prompt, ids, cfg, should_stop
         self.rng = torch.Generator(device).manual_seed(cfg.seed)
         self.tokens: list[int] = []
-        self.written: list[dict[str, torch.Tensor]] = []  # per token, on the device until the row ends: λ, credit, log P
+        self.lams: list[float] = []  # per token: Θ's λ
+        self.credit: list[dict[int, float]] = []  # per token: {memory entry id: the kNN weight it carried}
+        self.logprobs: list[np.ndarray] = []  # per token, where the row keeps them: Θ's log P over the vocabulary
         self.sources: list[dict] = []  # the article retrieved into its context
         self.result: Generation | None = None
 
@@ -120,12 +129,12 @@ class Decoder:
     """Continuations decoded together: each step runs ONE LM forward (a left-padded KV cache, each
     row's own positions, the attention mask built by monim: `monim.lm.device`) and ONE memory search
     for every active row; Θ is mixed and the next tokens chosen on the LM's device, so the host reads
-    the chosen tokens only (a memory searched on the host reads the step's statistics and log P too),
-    and a row's λ, credit and distributions once, when it ends. A row added joins at the next step the
-    batch has room for it (its prompt prefilled with those of its length joining then, its cache
-    merged in) and leaves the batch when it ends; each row writes what it would write alone (to
-    float32's precision: an LM in bfloat16 or float16 decodes one row at a time, their rounding would
-    make a row's tokens depend on its batch)."""
+    once a step the chosen tokens with what each row keeps of the step (λ, credit, distributions:
+    nothing of a step stays on the device; a memory searched on the host reads the step's statistics
+    and log P too). A row added joins at the next step the batch has room for it (its prompt
+    prefilled with those of its length joining then, its cache merged in) and leaves the batch when
+    it ends; each row writes what it would write alone (to float32's precision: an LM in bfloat16 or
+    float16 decodes one row at a time, their rounding would make a row's tokens depend on its batch)."""
 
     def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768,
                  on_device: SearchedOnDevice | None = None):
@@ -193,17 +202,23 @@ class Decoder:
         for i, row in enumerate(rows):
             if row.cfg.temperature != 0:
                 tokens[i] = _choose(logp[i], row.cfg, row.rng)
-        chosen = to_host(tokens)  # the step's one read
         self.last = tokens[:, None]
-        match = None if credit is None else (credit["values"] == tokens[:, None]) & (lam[:, None] > 0)
+        record = dict(tokens=tokens, lam=lam)
+        if credit is not None:  # the entries whose value is the chosen token carried its kNN weight
+            match = (credit["values"] == tokens[:, None]) & (lam[:, None] > 0)
+            record.update(ids=credit["ids"].masked_fill(~match, -1), weight=credit["weight"])
+        keeping = [i for i, row in enumerate(rows) if row.cfg.keep_distributions]
+        if keeping:
+            record["logp"] = logp.index_select(0, upload(np.array(keeping), self.lm.device))
+        read = to_host(record)  # the step's one read: the chosen tokens and what the rows keep, nothing left on the device
+        kept = dict(zip(keeping, read.get("logp", ())))
         eos, ending = self.lm.tokenizer.eos_token_id, []
-        for i, (row, token) in enumerate(zip(rows, chosen.tolist())):
-            written = {"lam": lam[i]}
-            if credit is not None and match is not None:  # the entries whose value is the chosen token carried its kNN weight
-                written.update(ids=credit["ids"][i], weight=credit["weight"][i], match=match[i])
-            if row.cfg.keep_distributions:
-                written["logp"] = logp[i]
-            row.written.append(written)
+        for i, (row, token) in enumerate(zip(rows, read["tokens"].tolist())):
+            row.lams.append(float(read["lam"][i]))
+            row.credit.append({} if credit is None else
+                              {int(read["ids"][i, j]): float(read["weight"][i, j]) for j in np.flatnonzero(read["ids"][i] >= 0)})
+            if i in kept:
+                row.logprobs.append(kept[i])
             row.tokens.append(token)
             if token == eos or len(row.tokens) == row.cfg.max_new_tokens:
                 ending.append((row, "eos" if token == eos else "max_new_tokens"))
@@ -218,7 +233,7 @@ class Decoder:
         carried: λ times its weight), on the LM's device; the memory searched on the host: the step's
         statistics and the LM's log P read for it."""
         prev = [r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]
-        batch = _step_scores(keys, lm_logp, prev, [r.length for r in rows])
+        batch = _step_scores(_step(keys, lm_logp), prev, [r.length for r in rows])
         found = memory.search(batch)
         batch.knn_dist, batch.knn_values, batch.knn_ids, batch.knn_prior, batch.knn_skipped = found
         logp, lam, knn_w = memory.theta_logprobs(batch, torch.from_numpy(to_host(lm_logp)).double())
@@ -230,19 +245,14 @@ class Decoder:
     def _theta_on_device(self, on: SearchedOnDevice, rows: list[Row], keys: torch.Tensor,
                          lm_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """`_theta` with the memory on the LM's device: each row's key searched there, λ by the rule and
-        Θ's full distribution mixed there (as ThetaRule.theta_logprobs), nothing read."""
-        top = lm_logp.max(dim=-1)
-        entropy = -(lm_logp.exp() * lm_logp).sum(-1)
-        argmax = top.indices.to(torch.int32)
-        chunk = dict(key=keys.to(torch.float16), stats=torch.stack([top.values, top.values, entropy], 1).float(),
-                     argmax=argmax, target=argmax,
-                     prev=upload(np.array([r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]), self.lm.device))
+        Θ's full distribution mixed there (knnlm.theta_logprobs, as ThetaRule's), nothing read."""
+        chunk = _step(keys, lm_logp)
+        chunk["prev"] = upload(np.array([r.tokens[-1] if r.tokens else r.ids[-1] for r in rows]), self.lm.device)
         chunk.update(on.search(chunk))
-        values = chunk["knn_values"].long()
-        lam = row_lam(values, on.lam(chunk))
-        logw = knn_log_weights(chunk["knn_dist"], values, on.interpolation.temperature, chunk.get("knn_prior"))
-        logp = interpolate(lm_logp.double(), knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
-        return logp, lam, {"ids": chunk["knn_ids"], "values": values, "weight": lam[:, None] * logw.exp()}
+        lam = row_lam(chunk["knn_values"], on.lam(chunk))
+        logp, logw = theta_logprobs(lm_logp.double(), chunk["knn_dist"], chunk["knn_values"], chunk.get("knn_prior"), lam,
+                                    on.interpolation.temperature)
+        return logp, lam, {"ids": chunk["knn_ids"], "values": chunk["knn_values"].long(), "weight": lam[:, None] * logw.exp()}
 
     def _room(self) -> list[Row]:
         """The first waiting rows the batch has room for: at most `max_rows` rows, and at most `max_cells`
@@ -319,25 +329,12 @@ class Decoder:
         return DynamicCache(config=self.lm.model.config), 0
 
     def _end(self, ending: list[tuple[Row, str]]) -> None:
-        """Each ending row's Generation (why it stopped), with its sentences and their sources: what its
-        tokens' records held on the device read at once."""
-        if not ending:
-            return
-        records = {f"{n}.{f}": torch.stack([w[f] for w in row.written])
-                   for n, (row, _) in enumerate(ending) if row.written for f in row.written[0]}
-        read = to_host(records) if records else {}
-        lm = self.lm
-        for n, (row, stopped) in enumerate(ending):
-            lams = read[f"{n}.lam"].tolist() if row.written else []
-            credit: list[dict] = [{} for _ in row.tokens]
-            if f"{n}.ids" in read:  # {memory entry id: the kNN weight it carried} per token
-                ids, weight, match = read[f"{n}.ids"], read[f"{n}.weight"], read[f"{n}.match"]
-                credit = [{int(ids[t, j]): float(weight[t, j]) for j in np.flatnonzero(match[t])} for t in range(len(ids))]
-            logprobs = list(read[f"{n}.logp"]) if row.cfg.keep_distributions and row.written else []
-            row.result = Generation(row.prompt, lm.decode(row.tokens, skip_special_tokens=True), row.tokens, lams,
-                                    stopped=stopped, logprobs=logprobs if row.cfg.keep_distributions else None,
+        """Each ending row's Generation (why it stopped), with its sentences and their sources."""
+        for row, stopped in ending:
+            row.result = Generation(row.prompt, self.lm.decode(row.tokens, skip_special_tokens=True), row.tokens, row.lams,
+                                    stopped=stopped, logprobs=row.logprobs if row.cfg.keep_distributions else None,
                                     sources=row.sources)
-            row.result.sentences = sentences(lm, self.memory, row.tokens, credit, row.cfg.sources)
+            row.result.sentences = sentences(self.lm, self.memory, row.tokens, row.credit, row.cfg.sources)
 
 
 @torch.inference_mode()

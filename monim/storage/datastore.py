@@ -101,6 +101,12 @@ class Datastore:
         return self.manifest["version"]
 
     @property
+    def state(self) -> tuple:
+        """What changes with every change to the entries (a commit, a forget, a merge; cheap to compare):
+        the version and the days' shards (a shard rewritten is named anew)."""
+        return self.version, tuple(d["shard"] for d in self.manifest["days"])
+
+    @property
     def days(self) -> list[CommittedDay]:
         return self.shards.days
 

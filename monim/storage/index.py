@@ -19,6 +19,8 @@ from monim.storage.datastore import Datastore
 from monim.storage.workdirs import index_bytes
 
 if TYPE_CHECKING:
+    import torch
+
     from monim.storage.torch_search import TorchExact
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ class MemoryIndex:
         self.mapped = False  # the lists are read from disk as searched (a large "pq" index): read-only
         self.obsolete = False  # an exact index a monim before 0.2 wrote to disk: removed by the next save
         self._search_index: faiss.Index | TorchExact | None = None
+        self._exact: tuple[tuple, TorchExact] | None = None  # every key on a device (exact_on), by the datastore's state
         self._ds: Datastore | None = None  # the datastore last synced to: an exact torch search reads its keys
         self._load(mappable=True)
 
@@ -208,6 +211,8 @@ class MemoryIndex:
                     stats.update(added=n, rebuilt=True)
         self.meta |= {"version": ds.version, "ntotal": self.ntotal}
         self._ds, self._search_index = ds, None
+        if self._exact is not None and self._exact[0][0] != ds.state:
+            self._exact = None  # the old keys let go now, not when next searched
         if save:
             self._save()
         return stats | {"seconds": time.perf_counter() - started}
@@ -292,10 +297,7 @@ class MemoryIndex:
         if self._search_index is None:
             where = backend(self.cfg, self.ntotal, self.d)
             if where == "torch" and self._ds is not None:
-                from monim.storage.torch_search import TorchExact
-
-                self._search_index = TorchExact.from_parts(self.key_parts(self._ds, self._ds.shards.array("ids")),
-                                                           self.ntotal, self.d, "cuda")
+                self._search_index = self.exact_on(self._ds, "cuda")
                 return self._search_index
             searched = index
             if where == "faiss-gpu" and self.meta.get("codec") != "fastscan":
@@ -308,6 +310,23 @@ class MemoryIndex:
                 (faiss.try_extract_index_ivf(searched) or searched).nprobe = self.cfg.nprobe  # type: ignore[attr-defined]
             self._search_index = searched
         return self._search_index
+
+    def exact_on(self, ds: Datastore, device: str | torch.device) -> TorchExact:
+        """Every entry's key held on `device` for exact search (TorchExact), copied up once per state of
+        the datastore and shared: this index's own searches on a GPU (`_searcher`) and Θ's on the LM's
+        device (Memory.on_device, its views and variants) read the one copy."""
+        import torch
+
+        from monim.storage.torch_search import TorchExact
+
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        state = (ds.state, device)
+        if self._exact is None or self._exact[0] != state:
+            self._exact = None  # the old copy let go before the new one is made
+            self._exact = (state, TorchExact.from_parts(self.key_parts(ds, ds.shards.array("ids")), len(ds), self.d, device))
+        return self._exact[1]
 
     def _search_subset(self, index: faiss.Index, q: np.ndarray, k: int, above: int, below: int | None,
                        exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ of where a memory is searched."""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Iterable
 
@@ -64,6 +65,18 @@ class TorchExact:
     @property
     def ntotal(self) -> int:
         return len(self.keys)
+
+    def within(self, above: int = 0, below: int | None = None) -> TorchExact:
+        """The entries with `above` <= id < `below` searched alone (a memory as of a day, within a maximum
+        age): ids grow with the rows (a memory's days in order), so these keys' rows are one slice of
+        them, shared, nothing copied; their bounds read once, here."""
+        top = torch.iinfo(torch.long).max if below is None else below
+        lo, hi = torch.searchsorted(self.ids, torch.tensor([above, top], device=self.device)).tolist()
+        if (lo, hi) == (0, self.ntotal):
+            return self
+        view = copy.copy(self)
+        view.keys, view.ids, view.norms = self.keys[lo:hi], self.ids[lo:hi], self.norms[lo:hi]
+        return view
 
     @torch.inference_mode()
     def search(self, queries: np.ndarray, k: int, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,8 @@ scoring reads nothing from the device but each pass's results (monim.lm.scoring)
 from __future__ import annotations
 
 import copy
+import functools
+from typing import Callable
 
 import numpy as np
 import torch
@@ -17,27 +19,44 @@ from monim.theta.calibrator import Calibrator, density_on
 from monim.theta.knnlm import Interpolation, row_lam, theta_of
 
 
+class DeviceTables:
+    """A memory as it stands, held on the LM's device for Θ: the entries a search may find (`index`, a
+    view of the memory's keys there: as of its day, within the recency rule's age), each entry's value
+    and log prior by id (`values`, `prior`) and its lexical counts (the calibrator's features, copied up
+    when first read); made once per state of the memory (Memory.on_device) and read by every DeviceTheta of it."""
+
+    def __init__(self, index: TorchExact, values: torch.Tensor, prior: np.ndarray | None = None,
+                 lexical: Callable[[], LexicalCounts] | None = None):
+        self.index, self.values, self._lexical = index, values, lexical
+        self.prior = None if prior is None else torch.from_numpy(prior).to(index.device)
+
+    @functools.cached_property
+    def counts(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each token's count and distinct successors in the memorized text (LexicalCounts), on the device."""
+        if self._lexical is None:
+            return None
+        lexical = self._lexical()
+        return torch.from_numpy(lexical.count).to(self.index.device), torch.from_numpy(lexical.distinct).to(self.index.device)
+
+
 class DeviceTheta(OnDevice):
     """A memory as Θ reads it (Memory.search, Memory.theta_scores) on the LM's device (Memory.on_device):
-    the entries a search may find in `index`, each entry's value and log prior by id (`values`, `prior`),
-    the skip (`skip`, by `calibrator`), and Θ's `rule` (constant `interpolation`, `lam_copy`,
-    `calibrator` with the `lexical` counts); `neighbors`: whether the host reads them back (OnDevice)."""
+    its `tables` (DeviceTables), its `k` nearest entries, the skip (`skip`, by `calibrator`), and Θ's
+    `rule` (constant `interpolation`, `lam_copy`, `calibrator`); `neighbors`: whether the host reads them back (OnDevice)."""
 
-    def __init__(self, index: TorchExact, values: np.ndarray, prior: np.ndarray | None, k: int, cfg: CalibratorConfig,
-                 rule: str, interpolation: Interpolation, lam_copy: float, calibrator: Calibrator | None,
-                 lexical: LexicalCounts | None, skip: bool, neighbors: bool = True):
-        device = index.device
+    def __init__(self, tables: DeviceTables, k: int, cfg: CalibratorConfig, rule: str, interpolation: Interpolation,
+                 lam_copy: float, calibrator: Calibrator | None = None, skip: bool = False, neighbors: bool = True):
+        device = tables.index.device
         self.neighbors = neighbors
-        self.index, self.k, self.cfg, self.rule, self.interpolation = index, k, cfg, rule, interpolation
-        self.values = torch.from_numpy(values).to(device)
-        self.prior = None if prior is None else torch.from_numpy(prior).to(device)
+        self.index, self.values, self.prior = tables.index, tables.values, tables.prior
+        self.k, self.cfg, self.rule, self.interpolation = k, cfg, rule, interpolation
         self.lam_constant, self.lam_copy = (torch.tensor(lam, dtype=torch.float64, device=device)
                                             for lam in (interpolation.lam, lam_copy))
         self.net = None if calibrator is None else copy.deepcopy(calibrator.net).to(device).eval()
         self.skip = skip and self.net is not None and cfg.skip_threshold is not None
-        self.count = self.distinct = None
-        if self.net is not None and lexical is not None:
-            self.count, self.distinct = (torch.from_numpy(a).to(device) for a in (lexical.count, lexical.distinct))
+        counts = tables.counts if self.net is not None else None
+        self.count: torch.Tensor | None = None if counts is None else counts[0]
+        self.distinct: torch.Tensor | None = None if counts is None else counts[1]
 
     def _values(self, ids: torch.Tensor) -> torch.Tensor:
         """Searcher.values_of on the device."""

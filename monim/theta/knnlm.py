@@ -80,6 +80,15 @@ def row_lam(knn_values: np.ndarray | torch.Tensor, lam: float | np.ndarray | tor
     return torch.where(has, torch.as_tensor(lam, dtype=torch.float64, device=has.device), 0.0).double()
 
 
+def theta_logprobs(lm_logp: torch.Tensor, dist: torch.Tensor, values: torch.Tensor, prior: torch.Tensor | None,
+                   lams: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Θ's log P over the vocabulary [n, V] of searched rows, from the LM's (`lm_logp` [n, V]; λ per row:
+    `row_lam`), and each neighbour's log kNN weight [n, k] (tensors on one device)."""
+    values = values.long()
+    logw = knn_log_weights(dist, values, temperature, prior)
+    return interpolate(lm_logp, knn_full_logprobs(logw, values, lm_logp.shape[-1]), lams), logw
+
+
 def theta_of(logp: torch.Tensor, max_logp: torch.Tensor, top: torch.Tensor, target: torch.Tensor, dist: torch.Tensor,
              values: torch.Tensor, lm_logp_values: torch.Tensor, prior: torch.Tensor | None, lams: torch.Tensor,
              temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import datetime as dt
 import functools
+import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,14 +31,37 @@ from monim.storage.index import MemoryIndex, backend
 from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.storage.parts import Parts
-from monim.storage.torch_search import TorchExact
 from monim.storage.verify import Verified, looked_again, verified
 from monim.theta.calibrator import Calibrator, examples
-from monim.theta.device import DeviceTheta
+from monim.theta.device import DeviceTables, DeviceTheta
 from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
 from monim.theta.searcher import Searcher
 from monim.theta.spread import Spread
+
+
+class DeviceState:
+    """A memory on the LM's device (Memory.on_device), one for a memory and its views: the datastore's
+    state it holds, its values by id there, each reading's DeviceTables (as of a day, by a recency
+    rule) and each DeviceTheta of them, all let go together when the datastore changes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # one copy made at a time (not Memory's `_lock`: lexical() takes it)
+        self.let_go(None)
+
+    def follow(self, state: tuple) -> None:
+        """Let go of what it holds if the datastore has changed since (to `state`): a commit or forget frees
+        the old copies at once, not when the memory is next read on the device."""
+        with self.lock:
+            if self.state is not None and self.state != state:
+                self.let_go(None)
+
+    def let_go(self, state: tuple | None) -> None:
+        """Hold nothing, for the datastore's `state` (the keys: MemoryIndex.exact_on's)."""
+        self.state: tuple | None = state
+        self.values: torch.Tensor | None = None
+        self.tables: dict[tuple, DeviceTables] = {}
+        self.thetas: dict[tuple, DeviceTheta] = {}
 
 
 class Memory:
@@ -70,9 +94,7 @@ class Memory:
         self._lock = threading.Lock()  # fills the caches below once when many threads read at once
         self._lexical: LexicalCounts | None = None
         self._twins: tuple[list[str], TwinIndex] | None = None
-        # the memory on the LM's device (on_device): its state, its keys' index, its DeviceThetas by (skip, rule, neighbors)
-        self._device: tuple[tuple, TorchExact, dict[tuple, DeviceTheta]] | None = None
-        self._device_lock = threading.Lock()  # one copy of the keys made at a time (not `_lock`: lexical() takes it)
+        self._device = DeviceState()  # the memory on the LM's device (on_device), shared with every view
         self._device_choice: tuple[int, bool] | None = None  # searched_on_device, by the memory's size
         self.as_of = None if as_of is None else str(as_of)
         self._verified: Verified = {}  # the shard files Memory.open read against their commit
@@ -253,7 +275,10 @@ class Memory:
             if self.ds.reload():
                 self._lexical, self._twins = None, None
                 self._rule.reloaded()
-            yield
+            try:
+                yield
+            finally:
+                self._device.follow(self.ds.state)
 
     def score(self, docs: list[Document], skip: bool = True, retrieve: bool | None = None,
               on_device: bool | None = None) -> list[TokenScores]:
@@ -279,28 +304,28 @@ class Memory:
     def on_device(self, skip: bool = True, rule: str | None = None, neighbors: bool = True) -> DeviceTheta:
         """This memory as Θ reads it (by its rule, or `rule`) held on the LM's device (DeviceTheta): the
         entries a search may find (as of its day, within the recency rule's age), searched exactly;
-        their keys copied there once per state of the memory. `neighbors` off: the host reads Θ's
-        scores, not the neighbours."""
-        state = (self.checksum(), dataclasses.astuple(self.settings.recency))
-        with self._device_lock:
-            held = self._device
-            if held is None or held[0] != state:
-                self._device = held = None  # the old copy let go before the new one is made
+        its keys (MemoryIndex.exact_on) and tables (DeviceTables) copied there once per state of the
+        datastore, shared by its views and variants. `neighbors` off: the host reads Θ's scores, not the neighbours."""
+        reading, held = (self.as_of, self.settings.recency), self._device
+        variant = (reading, json.dumps(self.theta(), sort_keys=True), skip, rule, neighbors)  # a calibration changes it
+        with held.lock:
+            if held.state != self.ds.state:
+                held.let_go(self.ds.state)  # the old copies let go before the new ones are made
+            if reading not in held.tables:
                 self._searcher.ready()
                 limits, next_id = self._searcher.limits(), int(self.ds.manifest["next_id"])
-                ids = np.arange(limits["above"], next_id if limits["below"] is None else limits["below"])
-                index = TorchExact.from_parts(MemoryIndex.key_parts(self.ds, ids), len(ids), self.lm.hidden_size, self.lm.device)
-                held = self._device = (state, index, {})
-            if (skip, rule, neighbors) not in held[2]:
+                if held.values is None:
+                    held.values = torch.from_numpy(self.ds.shards.values_by_id()).to(self.lm.device)
+                keys = self.index.exact_on(self.ds, self.lm.device).within(limits["above"], limits["below"])
+                held.tables[reading] = DeviceTables(keys, held.values, self._searcher.prior(np.arange(next_id)), self.lexical)
+            if variant not in held.thetas:
                 cfg, by = self.calibrator_cfg, rule or self.rule
                 skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
                 calibrator = self.calibrator() if skips or by == "calibrator" else None
-                next_id = int(self.ds.manifest["next_id"])
-                held[2][skip, rule, neighbors] = DeviceTheta(
-                    held[1], self.ds.shards.values_by_id(), self._searcher.prior(np.arange(next_id)), self.index.cfg.k, cfg, by,
-                    self.interpolation, self.theta().get("lam_copy", self.interpolation.lam), calibrator,
-                    self.lexical() if calibrator is not None else None, skips, neighbors)
-            return held[2][skip, rule, neighbors]
+                held.thetas[variant] = DeviceTheta(held.tables[reading], self.index.cfg.k, cfg, by, self.interpolation,
+                                                   self.theta().get("lam_copy", self.interpolation.lam), calibrator,
+                                                   skips, neighbors)
+            return held.thetas[variant]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""

@@ -25,11 +25,9 @@ from monim.theta.knnlm import (
     ThetaScores,
     choose_rule,
     copies,
-    interpolate,
-    knn_full_logprobs,
-    knn_log_weights,
     prior_lam,
     row_lam,
+    theta_logprobs,
     theta_scores,
 )
 
@@ -139,9 +137,8 @@ class ThetaRule:
         """Θ's log P over the vocabulary [n, V] for the tokens of a searched batch, from the LM's
         (`lm_logp` [n, V]); with each token's λ [n] and its neighbours' kNN weights [n, k]."""
         assert batch.knn_values is not None and batch.knn_dist is not None  # a searched batch
-        values = torch.from_numpy(batch.knn_values).long()
         prior = None if batch.knn_prior is None else torch.from_numpy(batch.knn_prior)
-        logw = knn_log_weights(torch.from_numpy(batch.knn_dist), values, self.interpolation.temperature, prior)
         lam = row_lam(batch.knn_values, self.lam(batch))
-        logp = interpolate(lm_logp, knn_full_logprobs(logw, values, lm_logp.shape[-1]), lam)
+        logp, logw = theta_logprobs(lm_logp, torch.from_numpy(batch.knn_dist), torch.from_numpy(batch.knn_values), prior,
+                                    lam, self.interpolation.temperature)
         return logp, lam.numpy(), logw.exp().numpy()
