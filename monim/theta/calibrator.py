@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from monim.core.config import CalibratorConfig
-from monim.theta.knnlm import TEMPERATURES
+from monim.theta.knnlm import TEMPERATURES, Array, copies
 
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
 # λ's ceiling, also the copy rule's largest (monim.learning.calibration.COPY_LAMBDAS): at λ = 1 the LM gets
@@ -99,6 +99,13 @@ def density_on(dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     earlier = torch.ones((TOP, TOP), dtype=torch.bool, device=values.device).tril(-1).T  # [i, j]: i < j
     first = ~((values[:, :, None] == values[:, None, :]) & earlier).any(dim=1) & (values >= 0)
     return torch.cat([logd, first.cumsum(dim=1)], dim=1).float()
+
+
+def skips(lam: Array, nearest: Array, key: Array, cfg: CalibratorConfig) -> Array:
+    """The skip rule (arrays or tensors): the tokens whose λ is below θ (`skip_threshold`) and whose
+    nearest entry (squared distance) is no near-exact copy of the key (`copy_tolerance`: a repeated article)."""
+    assert cfg.skip_threshold is not None
+    return (lam < cfg.skip_threshold) & ~copies(nearest, key, cfg.copy_tolerance)
 
 
 def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None,

@@ -5,6 +5,7 @@ scoring reads nothing from the device but each pass's results (monim.lm.scoring)
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -13,21 +14,23 @@ from monim.core.config import CalibratorConfig
 from monim.lm.token_scores import OnDevice
 from monim.storage.lexical import LexicalCounts
 from monim.storage.torch_search import TorchExact
-from monim.theta.calibrator import Calibrator, density_on
-from monim.theta.knnlm import Interpolation, row_lam, theta_of
+from monim.theta.calibrator import Calibrator, density_on, skips
+from monim.theta.knnlm import Interpolation, copies, row_lam, theta_of
+
+BUCKETS = 16  # `rows` in sixteenths of a chunk
 
 
 class DeviceTheta(OnDevice):
     """A memory as Θ reads it (Memory.search, Memory.theta_scores) on the LM's device (Memory.on_device):
     the entries a search may find in `index`, each entry's value and log prior by id (`values`, `prior`),
     the skip (`skip`, by `calibrator`), and Θ's `rule` (constant `interpolation`, `lam_copy`,
-    `calibrator` with the `lexical` counts); `neighbors`: whether the host reads them back (OnDevice)."""
+    `calibrator` with the `lexical` counts); `neighbors`: whether the host reads them back (OnDevice.read_neighbors)."""
 
     def __init__(self, index: TorchExact, values: np.ndarray, prior: np.ndarray | None, k: int, cfg: CalibratorConfig,
                  rule: str, interpolation: Interpolation, lam_copy: float, calibrator: Calibrator | None,
                  lexical: LexicalCounts | None, skip: bool, neighbors: bool = True):
         device = index.device
-        self.neighbors = neighbors
+        self.read_neighbors = neighbors
         self.index, self.k, self.cfg, self.rule, self.interpolation = index, k, cfg, rule, interpolation
         self.values = torch.from_numpy(values).to(device)
         self.prior = None if prior is None else torch.from_numpy(prior).to(device)
@@ -38,6 +41,7 @@ class DeviceTheta(OnDevice):
         self.count = self.distinct = None
         if self.net is not None and lexical is not None:
             self.count, self.distinct = (torch.from_numpy(a).to(device) for a in (lexical.count, lexical.distinct))
+        self.kept = 1.0  # the largest share of a chunk's rows the skip kept, as last read (`saw`): at first, all
 
     def _values(self, ids: torch.Tensor) -> torch.Tensor:
         """Searcher.values_of on the device."""
@@ -59,24 +63,42 @@ class DeviceTheta(OnDevice):
             inputs = self.net.inputs_of(chunk["key"], distribution, lexical, density_on(dist, values))
             return self.net(*inputs)[:, 1].exp().double()
 
-    def _copied(self, chunk: dict[str, torch.Tensor], nearest: torch.Tensor) -> torch.Tensor:
-        """monim.theta.knnlm.copies on the device."""
-        return nearest <= self.cfg.copy_tolerance * (chunk["key"].float() ** 2).sum(dim=1)
+    def rows(self, n: int) -> int | None:
+        """How many of a chunk's n rows `search` searches in full (None: all): the largest share of
+        kept rows in a chunk of the passes read so far (`saw`), a sixteenth more, in sixteenths (a
+        shape per bucket; powers of two would search every row whenever half are kept)."""
+        if not self.skip:
+            return None
+        return min(n, math.ceil(n * math.ceil((self.kept + 1 / BUCKETS) * BUCKETS) / BUCKETS))
 
-    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Memory.search: the k nearest entries of each key; with the skip, the gate's first `gate_k` of
-        them decide (the calibrator's λ below θ and no near-exact copy: the LM alone), all rows
-        searched and the skipped ones' neighbours dropped (leaving them out would need their count
-        read by the host)."""
-        gate = self.cfg.gate_k if self.skip else 0
-        dist, ids = self.index.search_on(chunk["key"], max(self.k, gate))
-        skipped = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
-        if self.skip:
-            assert self.cfg.skip_threshold is not None
-            first, found = dist[:, :gate], self._values(ids[:, :gate])
-            skipped = (self._calibrated(chunk, first, found) < self.cfg.skip_threshold) & ~self._copied(chunk, first[:, 0])
-        dist = dist[:, : self.k].masked_fill(skipped[:, None], torch.inf)
-        ids = ids[:, : self.k].masked_fill(skipped[:, None], -1)
+    def saw(self, skipped: np.ndarray, chunk: int) -> None:
+        """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a time."""
+        if self.skip and len(skipped):
+            self.kept = max(float((~skipped[i : i + chunk]).mean()) for i in range(0, len(skipped), chunk))
+
+    def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
+        """Memory.search: the k nearest entries of each key; with the skip, the gate's `gate_k` nearest
+        decide (`skips`) and only the kept rows are searched at k, kept rows first (a stable sort:
+        nothing read) and `rows` of them (a number the host knows; None: all), so the skip saves the
+        top-k at k = 1,024 that bounds an exact search on a GPU; kept rows past `rows`: `knn_missed`."""
+        key = chunk["key"]
+        if not self.skip:
+            dist, ids = self.index.search_on(key, self.k)
+            return self._found(dist, ids, torch.zeros(len(ids), dtype=torch.bool, device=ids.device))
+        first, near = self.index.search_on(key, self.cfg.gate_k)
+        skipped = skips(self._calibrated(chunk, first, self._values(near)), first[:, 0], key, self.cfg)
+        order = skipped.to(torch.uint8).argsort(stable=True)[: len(key) if rows is None else rows]
+        dist, ids = self.index.search_on(key[order], self.k)
+        gone = skipped[order, None]
+        dist = torch.full((len(key), self.k), torch.inf, device=dist.device).index_copy_(0, order, dist.masked_fill(gone, torch.inf))
+        ids = torch.full((len(key), self.k), -1, device=ids.device).index_copy_(0, order, ids.masked_fill(gone, -1))
+        out = self._found(dist, ids, skipped)
+        if rows is not None:
+            out["knn_missed"] = (~skipped).index_fill(0, order, False)
+        return out
+
+    def _found(self, dist: torch.Tensor, ids: torch.Tensor, skipped: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A search's fields (OnDevice.search) from its neighbours' distances and ids."""
         out = dict(knn_dist=dist, knn_values=self._values(ids), knn_ids=ids, knn_skipped=skipped)
         if self.prior is not None:
             out["knn_prior"] = torch.where(ids >= 0, self.prior[ids.clamp(min=0)], 0.0)
@@ -88,7 +110,7 @@ class DeviceTheta(OnDevice):
         if self.rule == "calibrator" and self.net is not None:
             return self._calibrated(chunk, chunk["knn_dist"], chunk["knn_values"])
         if self.rule == "prior":
-            return torch.where(self._copied(chunk, chunk["knn_dist"][:, 0]), self.lam_copy, self.lam_constant)
+            return torch.where(copies(chunk["knn_dist"][:, 0], chunk["key"], self.cfg.copy_tolerance), self.lam_copy, self.lam_constant)
         return self.lam_constant
 
     def theta(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
