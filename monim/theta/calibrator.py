@@ -69,27 +69,14 @@ class Examples:
         return cls(**arrays)
 
 
-def distinct_prefix_counts(values: np.ndarray) -> np.ndarray:
-    """[n, m]: how many distinct values (ignoring -1) are among each row's first i+1 neighbours."""
-    same = values[:, :, None] == values[:, None, :]  # [n, m, m]: value j equals value i
-    earlier = np.tril(np.ones(values.shape[1:] * 2, bool), k=-1)  # i < j
-    first = ~(same & earlier.T[None]).any(axis=1) & (values >= 0)  # no earlier neighbour has it
-    return np.cumsum(first, axis=1)
-
-
 def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """[n, 2*TOP]: log(1 + d) of the TOP nearest neighbours, then their distinct-value counts."""
-    n, k = values.shape
-    if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
-        dist = np.concatenate([dist, np.full((n, TOP - k), np.inf, np.float32)], axis=1)
-        values = np.concatenate([values, np.full((n, TOP - k), -1, values.dtype)], axis=1)
-    dist, values = dist[:, :TOP], values[:, :TOP]
-    logd = np.log1p(np.minimum(np.where(values >= 0, dist, np.inf), 1e6))
-    return np.concatenate([logd, distinct_prefix_counts(values)], axis=1).astype(np.float32)
+    """`density_on` of arrays."""
+    return density_on(torch.from_numpy(dist), torch.from_numpy(values)).numpy()
 
 
 def density_on(dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`density_features` of tensors, computed on their device."""
+    """[n, 2*TOP]: log(1 + d) of the TOP nearest neighbours, then how many distinct values (-1: none)
+    are among the first i+1 of them, computed on their device."""
     n, k = values.shape
     if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
         dist = torch.cat([dist, dist.new_full((n, TOP - k), torch.inf)], dim=1)

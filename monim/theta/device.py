@@ -12,10 +12,11 @@ import torch
 
 from monim.core.config import CalibratorConfig
 from monim.lm.token_scores import OnDevice
-from monim.storage.lexical import LexicalCounts
+from monim.storage.lexical import LexicalCounts, lexical_features
 from monim.storage.torch_search import TorchExact
 from monim.theta.calibrator import Calibrator, density_on, skips
 from monim.theta.knnlm import Interpolation, copies, row_lam, theta_of
+from monim.theta.searcher import values_of
 
 BUCKETS = 16  # `rows` in sixteenths of a chunk
 
@@ -43,23 +44,13 @@ class DeviceTheta(OnDevice):
             self.count, self.distinct = (torch.from_numpy(a).to(device) for a in (lexical.count, lexical.distinct))
         self.kept = 1.0  # the largest share of a chunk's rows the skip kept, as last read (`saw`): at first, all
 
-    def _values(self, ids: torch.Tensor) -> torch.Tensor:
-        """Searcher.values_of on the device."""
-        return torch.where(ids >= 0, self.values[ids.clamp(min=0)], -1).to(torch.int32)
-
     def _calibrated(self, chunk: dict[str, torch.Tensor], dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The calibrator's λ (Calibrator.lam of `examples`) from the chunk and these neighbours, on the device."""
         assert self.net is not None and self.count is not None and self.distinct is not None
         stats, prev = chunk["stats"], chunk["prev"].long()
         distribution = torch.stack([stats[:, 1].exp(), stats[:, 2]], dim=1)
-        if len(self.count):
-            known = prev < len(self.count)
-            at = torch.where(known, prev, 0)
-            counts = torch.stack([torch.where(known, t[at], 0) for t in (self.count, self.distinct)], dim=1)
-            lexical = counts.double().log1p().float()  # as LexicalCounts.features
-        else:  # nothing memorized yet
-            lexical = torch.zeros(len(prev), 2, device=prev.device)
         with torch.no_grad():
+            lexical = lexical_features(self.count, self.distinct, prev)
             inputs = self.net.inputs_of(chunk["key"], distribution, lexical, density_on(dist, values))
             return self.net(*inputs)[:, 1].exp().double()
 
@@ -86,7 +77,7 @@ class DeviceTheta(OnDevice):
             dist, ids = self.index.search_on(key, self.k)
             return self._found(dist, ids, torch.zeros(len(ids), dtype=torch.bool, device=ids.device))
         first, near = self.index.search_on(key, self.cfg.gate_k)
-        skipped = skips(self._calibrated(chunk, first, self._values(near)), first[:, 0], key, self.cfg)
+        skipped = skips(self._calibrated(chunk, first, values_of(self.values, near)), first[:, 0], key, self.cfg)
         order = skipped.to(torch.uint8).argsort(stable=True)[: len(key) if rows is None else rows]
         dist, ids = self.index.search_on(key[order], self.k)
         gone = skipped[order, None]
@@ -99,7 +90,7 @@ class DeviceTheta(OnDevice):
 
     def _found(self, dist: torch.Tensor, ids: torch.Tensor, skipped: torch.Tensor) -> dict[str, torch.Tensor]:
         """A search's fields (OnDevice.search) from its neighbours' distances and ids."""
-        out = dict(knn_dist=dist, knn_values=self._values(ids), knn_ids=ids, knn_skipped=skipped)
+        out = dict(knn_dist=dist, knn_values=values_of(self.values, ids), knn_ids=ids, knn_skipped=skipped)
         if self.prior is not None:
             out["knn_prior"] = torch.where(ids >= 0, self.prior[ids.clamp(min=0)], 0.0)
         return out
