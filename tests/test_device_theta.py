@@ -13,7 +13,7 @@ from helpers import nearest_by_numpy
 from monim.core.config import DEMO_STREAM
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
-from monim.evaluation.evaluate import evaluate
+from monim.evaluation.evaluate import evaluate, searched, theta_of
 from monim.lm.host import reads, to_host
 from monim.lm.scoring import score, score_tokens, with_neighbors
 from monim.lm.token_scores import OnDevice, TokenScores
@@ -231,3 +231,20 @@ def test_an_evaluation_on_the_device_is_the_hosts(theta, docs, threshold, skip):
     assert (got["skipped"] > 0) == bool(skip)
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-6, nan_ok=True), key
+
+
+def test_thetas_scores_on_a_batch_count_only_for_the_memory_that_searched_it(theta, docs):
+    """A batch carrying Θ's scores from the device: the LM alone's scores without a memory, and a
+    batch searched again on the device keeps nothing of an earlier search but what it read."""
+    memory = Memory.open(theta.ds.root, theta.lm)
+    carried = TokenScores.concat(memory.score(docs, on_device=True))
+    assert carried.theta_logp is not None and not np.allclose(carried.theta_logp, carried.logp)
+    assert (theta_of(carried, None).logp == carried.logp).all()
+    batch = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window, keep_hidden=True)))
+    on_host = with_neighbors(memory.lm, batch, memory.search)
+    again = with_neighbors(memory.lm, on_host, memory.on_device(neighbors=False))
+    assert again.knn_values is None and again.knn_ids is None and again.lm_logp_values is None
+    assert again.theta_logp is not None and again.knn_skipped is not None
+    memory._device_choice = (len(memory), True)  # as on a GPU whose searches run in torch
+    b = searched(memory.lm, batch, memory)
+    assert (theta_of(b, memory).logp == again.theta_logp).all()
