@@ -80,7 +80,7 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         assert prev is not None
         inputs = {f: t[sl] for f, t in lm_stats.items()} | dict(target=target[sl], prev=prev[sl])
         logits = lm.logits(hidden[sl])
-        return _theta_chunk(on_device, inputs, logits, _lm_stats(logits, target[sl])[2], None)
+        return _theta_chunk(on_device, inputs, logits, _lm_stats(logits, target[sl])[2], len(logits))
 
     return lambda: _scores(host, _completed(on_device, read(), head_chunk, again))
 
@@ -110,14 +110,15 @@ def _completed(on_device: OnDevice, read: dict[str, np.ndarray], chunk: int,
                again: Callable[[slice], dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
     """A pass's results read from the device, its chunks whose kept rows outgrew the rows searched in
     full (`knn_missed`) searched `again` and read (a second read, only then); the next `rows` sized."""
+    if "knn_skipped" in read:
+        on_device.saw(read["knn_skipped"], chunk)
     missed = read.pop("knn_missed", None)
     if missed is None:
         return read
-    on_device.saw(read["knn_skipped"], chunk)
     redo = [slice(i, i + chunk) for i in range(0, len(missed), chunk) if missed[i : i + chunk].any()]
     if redo:
         parts = [again(sl) for sl in redo]
-        got = to_host({f: torch.cat([p[f] for p in parts]) for f in parts[0]})
+        got = to_host({f: torch.cat([p[f] for p in parts]) for f in parts[0] if f in read})
         at = np.concatenate([np.arange(len(missed))[sl] for sl in redo])
         for f, v in got.items():
             read[f][at] = v
@@ -343,9 +344,10 @@ def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> T
         lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
         return _theta_chunk(neighbors, inputs, logits, lse, rows)
 
-    out = [searched(slice(i, i + chunk), neighbors.rows(min(chunk, len(batch) - i))) for i in range(0, len(batch), chunk)]
+    rows = [min(chunk, len(batch) - i) for i in range(0, len(batch), chunk)]
+    out = [searched(slice(i * chunk, i * chunk + n), neighbors.rows(n)) for i, n in enumerate(rows)]
     read = to_host({f: torch.cat([o[f] for o in out]) for f in out[0]}) if out else {}
-    read = _completed(neighbors, read, chunk, lambda sl: searched(sl, None))
+    read = _completed(neighbors, read, chunk, lambda sl: searched(sl, sl.stop - sl.start))
     searched_now: dict[str, Any] = dict.fromkeys(SEARCHED) | read  # nothing left of an earlier search
     return dataclasses.replace(batch, **searched_now)
 

@@ -55,12 +55,11 @@ class DeviceTheta(OnDevice):
             return self.net(*inputs)[:, 1].exp().double()
 
     def rows(self, n: int) -> int | None:
-        """How many of a chunk's n rows `search` searches in full (None: all): the largest share of
-        kept rows in a chunk of the passes read so far (`saw`), a sixteenth more, in sixteenths (a
-        shape per bucket; powers of two would search every row whenever half are kept)."""
-        if not self.skip:
-            return None
-        return min(n, math.ceil(n * math.ceil((self.kept + 1 / BUCKETS) * BUCKETS) / BUCKETS))
+        """How many of a chunk's n rows `search` searches in full (None: all, in one search): the
+        largest share of kept rows in a chunk of the passes read so far (`saw`), a sixteenth more, in
+        sixteenths (a shape per bucket; powers of two would search every row whenever half are kept)."""
+        buckets = math.ceil((self.kept + 1 / BUCKETS) * BUCKETS)
+        return None if not self.skip or buckets >= BUCKETS else math.ceil(n * buckets / BUCKETS)
 
     def saw(self, skipped: np.ndarray, chunk: int) -> None:
         """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a time."""
@@ -69,24 +68,27 @@ class DeviceTheta(OnDevice):
 
     def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
         """Memory.search: the k nearest entries of each key; with the skip, the gate's `gate_k` nearest
-        decide (`skips`) and only the kept rows are searched at k, kept rows first (a stable sort:
-        nothing read) and `rows` of them (a number the host knows; None: all), so the skip saves the
-        top-k at k = 1,024 that bounds an exact search on a GPU; kept rows past `rows`: `knn_missed`."""
-        key = chunk["key"]
-        if not self.skip:
-            dist, ids = self.index.search_on(key, self.k)
-            return self._found(dist, ids, torch.zeros(len(ids), dtype=torch.bool, device=ids.device))
-        first, near = self.index.search_on(key, self.cfg.gate_k)
+        decide (`skips`). Given `rows` (a number the host knows), every key is searched at `gate_k`
+        and only the kept rows at k, kept rows first (a stable sort: nothing read), `rows` of them:
+        the top-k at k = 1,024 that bounds an exact search on a GPU is saved for the skipped rows;
+        kept rows past `rows` are `knn_missed`. Without, every row at k (one search: decoding's few rows)."""
+        key, gate = chunk["key"], self.cfg.gate_k if self.skip else 0
+        if rows is None:
+            dist, ids = self.index.search_on(key, max(self.k, gate))
+            skipped = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
+            if self.skip:
+                skipped = skips(self._calibrated(chunk, dist[:, :gate], values_of(self.values, ids[:, :gate])),
+                                dist[:, 0], key, self.cfg)
+            dist, ids = dist[:, : self.k].masked_fill(skipped[:, None], torch.inf), ids[:, : self.k].masked_fill(skipped[:, None], -1)
+            return self._found(dist, ids, skipped)
+        first, near = self.index.search_on(key, gate)
         skipped = skips(self._calibrated(chunk, first, values_of(self.values, near)), first[:, 0], key, self.cfg)
-        order = skipped.to(torch.uint8).argsort(stable=True)[: len(key) if rows is None else rows]
+        order = skipped.to(torch.uint8).argsort(stable=True)[:rows]
         dist, ids = self.index.search_on(key[order], self.k)
         gone = skipped[order, None]
         dist = torch.full((len(key), self.k), torch.inf, device=dist.device).index_copy_(0, order, dist.masked_fill(gone, torch.inf))
         ids = torch.full((len(key), self.k), -1, device=ids.device).index_copy_(0, order, ids.masked_fill(gone, -1))
-        out = self._found(dist, ids, skipped)
-        if rows is not None:
-            out["knn_missed"] = (~skipped).index_fill(0, order, False)
-        return out
+        return self._found(dist, ids, skipped) | {"knn_missed": (~skipped).index_fill(0, order, False)}
 
     def _found(self, dist: torch.Tensor, ids: torch.Tensor, skipped: torch.Tensor) -> dict[str, torch.Tensor]:
         """A search's fields (OnDevice.search) from its neighbours' distances and ids."""
