@@ -25,8 +25,8 @@ from monim.lm.model import LM, kv_layers
 from monim.lm.token_scores import Found, Neighbors, OnDevice, TokenScores
 from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
-Pending = Callable[[], "TokenScores | None"]
-SEARCHED = tuple(f.name for f in dataclasses.fields(TokenScores) if f.name.startswith(("knn_", "lm_logp_values", "theta_")))  # a pass's statistics, read from the device when called
+Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
+SEARCHED = tuple(f.name for f in dataclasses.fields(TokenScores) if f.name.startswith(("knn_", "lm_logp_values", "theta_")))
 
 
 @torch.inference_mode()
@@ -38,7 +38,8 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     memory searched on the device (OnDevice: each chunk's neighbours, the LM's log P of their values
     and Θ's scores computed there too), the whole pass's results stay on the device and are copied
     to the host at once, queued behind the pass (one read): the caller queues the next pass before
-    reading them, so the GPU never waits for the host. With host `neighbors`, each chunk's LM
+    reading them, so the GPU never waits for the host (a second read only where the skip kept more
+    rows of a chunk than were searched in full: `_completed`). With host `neighbors`, each chunk's LM
     statistics are read before its neighbours are searched (so a retriever can decide to skip rows)."""
     host, at = _provenance(picks)
     rows, cols = (upload(a, lm.device) for a in at)

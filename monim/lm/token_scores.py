@@ -79,8 +79,8 @@ class OnDevice:
 
     def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
         """The chunk's neighbours: knn_dist, knn_values, knn_ids, knn_skipped (and knn_prior where any);
-        `rows` (`rows`' number), at most that many rows searched in full, and `knn_missed`: the rows
-        the skip kept beyond them (to search again: `search` without `rows`)."""
+        given `rows` (from `rows`), at most that many rows searched in full, and `knn_missed`: the
+        rows the skip kept beyond them (the caller searches their chunk again, with `rows` = its length)."""
         raise NotImplementedError
 
     def rows(self, n: int) -> int | None:
