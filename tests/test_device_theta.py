@@ -3,6 +3,7 @@
 
 import dataclasses
 import datetime as dt
+import functools
 import shutil
 
 import numpy as np
@@ -14,7 +15,7 @@ from monim.core.config import DEMO_STREAM
 from monim.core.recency import Recency
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
-from monim.evaluation.evaluate import evaluate
+from monim.evaluation.evaluate import evaluate, searched, theta_of
 from monim.lm.host import reads, to_host
 from monim.lm.scoring import score, score_tokens, with_neighbors
 from monim.lm.token_scores import OnDevice, TokenScores
@@ -141,6 +142,12 @@ def test_a_batch_searched_on_the_device_later_is_the_hosts_and_read_once(theta, 
     assert memory.on_device(True, rule, neighbors=False).index is on_device.index
     assert scores.knn_values is None and scores.knn_dist is None and scores.lm_logp_values is None
     assert (scores.knn_skipped == device.knn_skipped).all() and (scores.theta_logp == device.theta_logp).all()
+    on_device.kept = 0.0  # 4 of each chunk's 64 rows searched in full: the chunks that kept more searched again
+    with reads() as counted:
+        small = with_neighbors(memory.lm, batch, on_device, chunk=64)
+    assert counted == {"to_host": 2} and on_device.kept > 4 / 64
+    for field in ("knn_ids", "knn_dist", "knn_skipped", "lm_logp_values", "theta_logp"):
+        assert (getattr(small, field) == getattr(device, field)).all(), field
 
 
 class Syncing(OnDevice):
@@ -149,8 +156,11 @@ class Syncing(OnDevice):
     def __init__(self, inner: OnDevice):
         self.inner = inner
 
-    def search(self, chunk):
-        found = self.inner.search(chunk)
+    def rows(self, n):
+        return self.inner.rows(n)
+
+    def search(self, chunk, rows=None):
+        found = self.inner.search(chunk, rows)
         if bool(found["knn_skipped"].any()):  # a device-waiting `if`
             found["knn_dist"] = found["knn_dist"] + 0
         return found
@@ -179,6 +189,39 @@ def test_a_scored_pass_reads_the_host_once_and_an_added_read_is_counted(theta, d
     with reads() as counted:  # today's host path: each chunk read, searched on the host and its values' log P read
         next(host)
     assert counted["to_host"] == 2 * 7
+
+
+@pytest.mark.parametrize("skipping,kept", [("median", 0.0), ("median", 1.0), ("none", 0.0), ("all", 0.0)])
+def test_the_skip_searches_the_kept_rows_only_and_a_bucket_too_small_costs_one_read_more(theta, docs, threshold,
+                                                                                         skipping, kept):
+    """A pass's kept rows searched in full `rows` at a time, sized by the last pass read (`kept`: a
+    share of each chunk's rows, 0 at first here, 1 as in a first pass); the chunks whose kept rows
+    outgrew it searched again once read: the same results as every row searched, one read more."""
+    lm = theta.lm
+    theta_of_ = dict(median=threshold, none=0.0, all=1.0)[skipping]
+    memory = Memory.open(theta.ds.root, lm, skip_threshold=theta_of_)
+    toks = [t for d in docs[:2] for t in lm.tokenizer(d.text)["input_ids"]][:200]
+    cfg = dataclasses.replace(memory.settings.window, stride=256, batch_size=1, head_chunk=32)  # one pass, 7 chunks
+    on_device = memory.on_device(True)
+    on_device.kept = kept
+    assert on_device.rows(32) == (None if kept else 2)  # (None: every row, in one search)
+    with reads() as counted:
+        device = next(score_tokens(lm, [("a", toks, 1)], cfg, on_device))
+    host = next(score_tokens(lm, [("a", toks, 1)], cfg, functools.partial(memory.search, skip=True)))
+    assert device.knn_skipped is not None and host.knn_skipped is not None
+    kept_rows = np.add.reduceat(~host.knn_skipped, np.arange(0, len(host), 32))
+    assert {"median": 0 < kept_rows.sum() < len(host), "none": not host.knn_skipped.any(),
+            "all": host.knn_skipped.all()}[skipping]
+    missed = (kept_rows > (32 if kept else 2)).any()  # a chunk's kept rows beyond those searched in full
+    assert missed == (skipping != "all" and not kept)
+    assert sum(counted.values()) == 1 + missed, counted
+    sizes = np.diff(np.r_[np.arange(0, len(host), 32), len(host)])
+    assert on_device.kept == (kept_rows / sizes).max()  # the next pass's rows sized by this one's
+    assert_same(device, host, memory, memory.rule)
+    on_device.kept = 1.0  # every row searched in full, in one search (a first pass): the same numbers
+    again = next(score_tokens(lm, [("a", toks, 1)], cfg, on_device))
+    for field in ("knn_dist", "knn_ids", "knn_values", "knn_skipped", "lm_logp_values", "theta_logp", "theta_argmax"):
+        assert (getattr(again, field) == getattr(device, field)).all(), field
 
 
 def test_the_counter_sees_hidden_reads_under_inference_mode():
@@ -225,3 +268,20 @@ def test_an_evaluation_on_the_device_is_the_hosts(theta, docs, threshold, skip):
     assert (got["skipped"] > 0) == bool(skip)
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-6, nan_ok=True), key
+
+
+def test_thetas_scores_on_a_batch_count_only_for_the_memory_that_searched_it(theta, docs):
+    """A batch carrying Θ's scores from the device: the LM alone's scores without a memory, and a
+    batch searched again on the device keeps nothing of an earlier search but what it read."""
+    memory = Memory.open(theta.ds.root, theta.lm)
+    carried = TokenScores.concat(memory.score(docs, on_device=True))
+    assert carried.theta_logp is not None and not np.allclose(carried.theta_logp, carried.logp)
+    assert (theta_of(carried, None).logp == carried.logp).all()
+    batch = TokenScores.concat(list(score(memory.lm, docs, memory.settings.window, keep_hidden=True)))
+    on_host = with_neighbors(memory.lm, batch, memory.search)
+    again = with_neighbors(memory.lm, on_host, memory.on_device(neighbors=False))
+    assert again.knn_values is None and again.knn_ids is None and again.lm_logp_values is None
+    assert again.theta_logp is not None and again.knn_skipped is not None
+    memory._device_choice = (len(memory), True)  # as on a GPU whose searches run in torch
+    b = searched(memory.lm, batch, memory)
+    assert (theta_of(b, memory).logp == again.theta_logp).all()

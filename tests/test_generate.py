@@ -19,6 +19,7 @@ from monim.learning.memorize import memorize_day
 from monim.learning.policies import make_policy
 from monim.lm.host import reads
 from monim.lm.model import load_lm
+from monim.lm.token_scores import OnDevice
 from monim.serving.generate import Decoder, _choose, generate
 from monim.serving.generation import GenerateConfig
 from monim.serving.sentences import sentences
@@ -85,7 +86,7 @@ def test_each_step_is_the_interpolation_computed_independently(tiny, stream, tmp
     assert "".join(s["text"] for s in gen.sentences) == gen.text
 
 
-class ExactOnDevice:
+class ExactOnDevice(OnDevice):
     """A memory held on the device as tensors and searched there by an exact scan, Θ's constant λ:
     what monim.theta.device.DeviceTheta gives a Decoder (tensors in and out)."""
 
@@ -93,12 +94,12 @@ class ExactOnDevice:
         self.keys, self.values, self.ids = (torch.from_numpy(memory.ds.shards.array(a)) for a in ("keys", "values", "ids"))
         self.interpolation = memory.interpolation
 
-    def search(self, chunk):
+    def search(self, chunk, rows=None):
         dist, at = ((chunk["key"].float()[:, None] - self.keys.float()[None]) ** 2).sum(-1).topk(K, largest=False)
         return dict(knn_dist=dist, knn_values=self.values[at], knn_ids=self.ids[at])
 
     def lam(self, chunk):
-        return self.interpolation.lam
+        return torch.tensor(self.interpolation.lam, dtype=torch.float64)
 
 
 def test_with_the_memory_on_the_device_a_step_reads_the_chosen_tokens_only(tiny, stream, tmp_path):

@@ -34,10 +34,14 @@ def searched(lm: LM, batch: TokenScores, memory: Memory | None) -> TokenScores:
 
 
 def theta_of(batch: TokenScores, memory: Memory | None) -> ThetaScores:
-    """Scores under Θ: those computed on the device, the memory's interpolation, or the LM's own without a memory."""
-    if batch.theta_logp is not None and batch.theta_max_logp is not None and batch.theta_argmax is not None:
+    """Scores under Θ of a batch `searched` in the memory: those computed on the device there, the
+    memory's interpolation, or the LM's own (no memory, or one Θ does not search)."""
+    if memory is None or not memory.retrieves:
+        return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
+    if (memory.searched_on_device and batch.theta_logp is not None and batch.theta_max_logp is not None
+            and batch.theta_argmax is not None):  # made by `searched` for this memory
         return ThetaScores(batch.theta_logp, batch.theta_max_logp, batch.theta_argmax)
-    if memory is None or batch.knn_values is None:
+    if batch.knn_values is None:
         return ThetaScores(batch.logp.astype(np.float64), batch.max_logp.astype(np.float64), batch.argmax)
     return memory.theta_scores(batch)
 

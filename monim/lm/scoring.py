@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
-from typing import Callable, Generator, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from monim.lm.token_scores import Found, Neighbors, OnDevice, TokenScores
 from monim.lm.windows import DEVICE_BATCH, Sequence, Span, batching, fit_window, pack, plan
 
 Pending = Callable[[], "TokenScores | None"]  # a pass's statistics, read from the device when called
+SEARCHED = tuple(f.name for f in dataclasses.fields(TokenScores) if f.name.startswith(("knn_", "lm_logp_values", "theta_")))
 
 
 @torch.inference_mode()
@@ -37,7 +38,8 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     memory searched on the device (OnDevice: each chunk's neighbours, the LM's log P of their values
     and Θ's scores computed there too), the whole pass's results stay on the device and are copied
     to the host at once, queued behind the pass (one read): the caller queues the next pass before
-    reading them, so the GPU never waits for the host. With host `neighbors`, each chunk's LM
+    reading them, so the GPU never waits for the host (a second read only where the skip kept more
+    rows of a chunk than were searched in full: `_completed`). With host `neighbors`, each chunk's LM
     statistics are read before its neighbours are searched (so a retriever can decide to skip rows)."""
     host, at = _provenance(picks)
     rows, cols = (upload(a, lm.device) for a in at)
@@ -50,23 +52,14 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
     for i in range(0, len(host["target"]), head_chunk):
         sl = slice(i, i + head_chunk)
         logits = lm.logits(hidden[sl])
-        top = logits.max(dim=-1)
-        shifted = logits - top.values[:, None]
-        exp = shifted.exp()
-        total = exp.sum(dim=-1)
-        log_total = total.log()
-        lse = top.values + log_total
-        stats = torch.stack([logits.gather(1, target[sl, None])[:, 0] - lse, -log_total,
-                             log_total - (exp * shifted).sum(dim=-1) / total], dim=1)
-        chunk = dict(stats=stats, argmax=top.indices.to(torch.int32), key=keys[sl].to(torch.float16))
+        stats, argmax, lse = _lm_stats(logits, target[sl])
+        chunk = dict(stats=stats, argmax=argmax, key=keys[sl].to(torch.float16))
         if keep_hidden:
             chunk["hidden"] = hidden[sl].float()
         if isinstance(neighbors, OnDevice):
             assert prev is not None
             inputs = chunk | dict(target=target[sl], prev=prev[sl])
-            found = neighbors.search(inputs)
-            found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
-            chunks.append(chunk | _kept(neighbors, found) | neighbors.theta(inputs | found))
+            chunks.append(chunk | _theta_chunk(neighbors, inputs, logits, lse, neighbors.rows(len(stats))))
         elif neighbors is not None:
             part = _scores({f: v[sl] for f, v in host.items()}, to_host(chunk))
             _search(lm, part, logits, lse, neighbors)
@@ -77,8 +70,60 @@ def _statistics(lm: LM, hidden: torch.Tensor, keys: torch.Tensor, picks: list[tu
         return lambda: TokenScores.concat(parts)
     if not chunks:
         return lambda: None
-    read = queued({f: torch.cat([c[f] for c in chunks]) for f in chunks[0]})
-    return lambda: _scores(host, read())
+    every = {f: torch.cat([c[f] for c in chunks]) for f in chunks[0]}
+    read = queued(every)
+    if not isinstance(neighbors, OnDevice):
+        return lambda: _scores(host, read())
+    on_device, lm_stats = neighbors, {f: every[f] for f in ("stats", "argmax", "key")}  # (not the neighbours: let go)
+
+    def again(sl: slice) -> dict[str, torch.Tensor]:
+        """A chunk searched again, every kept row in full (its logits made again: the same numbers)."""
+        assert prev is not None
+        inputs = {f: t[sl] for f, t in lm_stats.items()} | dict(target=target[sl], prev=prev[sl])
+        logits = lm.logits(hidden[sl])
+        return _theta_chunk(on_device, inputs, logits, _lm_stats(logits, target[sl])[2], len(logits))
+
+    return lambda: _scores(host, _completed(on_device, read(), head_chunk, again))
+
+
+def _lm_stats(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chunk's LM statistics from its logits: stats [n, 3] (log P(target), max log P, entropy), the top token (int32), log Z."""
+    top = logits.max(dim=-1)
+    shifted = logits - top.values[:, None]
+    exp = shifted.exp()
+    total = exp.sum(dim=-1)
+    log_total = total.log()
+    lse = top.values + log_total
+    stats = torch.stack([logits.gather(1, target[:, None])[:, 0] - lse, -log_total,
+                         log_total - (exp * shifted).sum(dim=-1) / total], dim=1)
+    return stats, top.indices.to(torch.int32), lse
+
+
+def _theta_chunk(on_device: OnDevice, inputs: dict[str, torch.Tensor], logits: torch.Tensor, lse: torch.Tensor,
+                 rows: int | None) -> dict[str, torch.Tensor]:
+    """A chunk searched on the device (`rows` of it in full: OnDevice.search) and Θ's scores: what the host reads of it (`_kept`)."""
+    found = on_device.search(inputs, rows)
+    found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
+    return _kept(on_device, found) | on_device.theta(inputs | found)
+
+
+def _completed(on_device: OnDevice, read: dict[str, np.ndarray], chunk: int,
+               again: Callable[[slice], dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    """A pass's results read from the device, its chunks whose kept rows outgrew the rows searched in
+    full (`knn_missed`) searched `again` and read (a second read, only then); the next `rows` sized."""
+    if "knn_skipped" in read:
+        on_device.saw(read["knn_skipped"], chunk)
+    missed = read.pop("knn_missed", None)
+    if missed is None:
+        return read
+    redo = [slice(i, i + chunk) for i in range(0, len(missed), chunk) if missed[i : i + chunk].any()]
+    if redo:
+        parts = [again(sl) for sl in redo]
+        got = to_host({f: torch.cat([p[f] for p in parts]) for f in parts[0] if f in read})
+        at = np.concatenate([np.arange(len(missed))[sl] for sl in redo])
+        for f, v in got.items():
+            read[f][at] = v
+    return read
 
 
 def _provenance(picks: list[tuple[int, int, Span]]) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -106,8 +151,8 @@ def _scores(host: dict[str, np.ndarray], found: dict[str, np.ndarray]) -> TokenS
 
 
 def _kept(on_device: OnDevice, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What the host reads of a chunk's neighbours: all of them, or (`neighbors` off) which tokens were skipped."""
-    return found if on_device.neighbors else {"knn_skipped": found["knn_skipped"]}
+    """What the host reads of a chunk's neighbours: all of them, or (`read_neighbors` off) which tokens were skipped (and missed)."""
+    return found if on_device.read_neighbors else {f: found[f] for f in ("knn_skipped", "knn_missed") if f in found}
 
 
 def _values_logp(logits: torch.Tensor, lse: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -293,16 +338,19 @@ def _on_device(lm: LM, batch: TokenScores, neighbors: OnDevice, chunk: int) -> T
     every = {f: upload(getattr(batch, f), lm.device) for f in ("key", "argmax", "target", "prev")}
     every["stats"] = upload(np.stack([batch.logp, batch.max_logp, batch.entropy], 1), lm.device)
     hidden = upload(batch.hidden, lm.device).to(lm.model.dtype)  # all copied up before any work is queued
-    out = []
-    for i in range(0, len(batch), chunk):
-        inputs = {f: t[i : i + chunk] for f, t in every.items()}
-        found = neighbors.search(inputs)
-        logits = lm.logits(hidden[i : i + chunk])
+
+    def searched(sl: slice, rows: int | None) -> dict[str, torch.Tensor]:
+        inputs = {f: t[sl] for f, t in every.items()}
+        logits = lm.logits(hidden[sl])
         lse = logits.gather(1, inputs["target"].long()[:, None])[:, 0] - inputs["stats"][:, 0]
-        found["lm_logp_values"] = _values_logp(logits, lse, found["knn_values"])
-        out.append(_kept(neighbors, found) | neighbors.theta(inputs | found))
+        return _theta_chunk(neighbors, inputs, logits, lse, rows)
+
+    rows = [min(chunk, len(batch) - i) for i in range(0, len(batch), chunk)]
+    out = [searched(slice(i * chunk, i * chunk + n), neighbors.rows(n)) for i, n in enumerate(rows)]
     read = to_host({f: torch.cat([o[f] for o in out]) for f in out[0]}) if out else {}
-    return dataclasses.replace(batch, **read)
+    read = _completed(neighbors, read, chunk, lambda sl: searched(sl, sl.stop - sl.start))
+    searched_now: dict[str, Any] = dict.fromkeys(SEARCHED) | read  # nothing left of an earlier search
+    return dataclasses.replace(batch, **searched_now)
 
 
 def _searched(neighbors: Neighbors, parts: list[TokenScores], at_once: int) -> list[Found]:

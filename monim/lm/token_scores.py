@@ -72,12 +72,26 @@ Neighbors = Callable[[TokenScores], Found]  # tokens scored by the LM (no neighb
 class OnDevice:
     """A memory searched, and Θ applied, on the LM's device (monim.theta.device.DeviceTheta): a chunk's
     tensors in (key, stats, argmax, target, prev), tensors out, nothing read by the host. With
-    `neighbors` off, the host reads Θ's scores and `knn_skipped` back, not the neighbours ([n, k] each)."""
+    `read_neighbors` off, the host reads Θ's scores and `knn_skipped` back, not the neighbours ([n, k] each)."""
 
-    neighbors: bool = True
+    read_neighbors: bool = True
+    interpolation: Any  # its constant λ and T (monim.theta.knnlm.Interpolation, a layer above)
 
-    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The chunk's neighbours: knn_dist, knn_values, knn_ids, knn_skipped (and knn_prior where any)."""
+    def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
+        """The chunk's neighbours: knn_dist, knn_values, knn_ids, knn_skipped (and knn_prior where any);
+        given `rows` (from `rows`), at most that many rows searched in full, and `knn_missed`: the
+        rows the skip kept beyond them (the caller searches their chunk again, with `rows` = its length)."""
+        raise NotImplementedError
+
+    def rows(self, n: int) -> int | None:
+        """How many of a chunk's n rows to let `search` search in full (None: all, nothing missed)."""
+        return None
+
+    def saw(self, skipped: np.ndarray, chunk: int) -> None:
+        """What the host read of a pass searched `chunk` rows at a time (its `knn_skipped`): sizes the next `rows`."""
+
+    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Θ's λ of each row of a searched chunk, by its rule."""
         raise NotImplementedError
 
     def theta(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

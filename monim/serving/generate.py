@@ -9,7 +9,7 @@ a step for all of them; `generate` is a Decoder of one.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,10 +19,10 @@ from monim.data.feed import short_title
 from monim.lm.device import attention_mask, own_masks, upload
 from monim.lm.host import to_host
 from monim.lm.model import LM, kv_layers
-from monim.lm.token_scores import TokenScores
+from monim.lm.token_scores import OnDevice, TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
-from monim.theta.knnlm import Interpolation, row_lam, theta_logprobs
+from monim.theta.knnlm import row_lam, theta_logprobs
 from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
 
@@ -59,21 +59,6 @@ def _choose(logp: torch.Tensor, cfg: GenerateConfig, rng: torch.Generator) -> to
     # torch.multinomial's own draw of one sample (argmax of p / q, q ~ Exp(1)) without its check of
     # the probabilities, an `.item()` that would make the host wait for the device each row and step
     return order.gather(0, (nucleus / torch.empty_like(nucleus).exponential_(1, generator=rng)).argmax().view(1))[0]
-
-
-class SearchedOnDevice(Protocol):
-    """A memory held on the LM's device as Θ reads it (monim.theta.device.DeviceTheta): a step's rows
-    searched there and their λ by Θ's rule, tensors in and out, nothing read by the host."""
-
-    interpolation: Interpolation
-
-    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """knn_dist, knn_values, knn_ids (and knn_prior) of the rows' keys (chunk: key, stats, argmax, target, prev)."""
-        ...
-
-    def lam(self, chunk: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        """Θ's λ of each row of a searched chunk, by the rule."""
-        ...
 
 
 class Row:
@@ -137,7 +122,7 @@ class Decoder:
     float16 decodes one row at a time, their rounding would make a row's tokens depend on its batch)."""
 
     def __init__(self, lm: LM, memory: Memory | None = None, max_rows: int | None = None, max_cells: int = 32768,
-                 on_device: SearchedOnDevice | None = None):
+                 on_device: OnDevice | None = None):
         self.max_rows = max_rows or (64 if lm.model.dtype == torch.float32 else 1)
         self.lm, self.memory, self.max_cells = lm, memory, max_cells
         self.searched = memory if memory is not None and memory.retrieves else None  # Θ's memory, searched each step
@@ -242,7 +227,7 @@ class Decoder:
         return logp.to(device), lam_t, {"ids": upload(found.ids, device), "values": upload(found.values.astype(np.int64), device),
                                         "weight": lam_t[:, None] * upload(knn_w, device)}
 
-    def _theta_on_device(self, on: SearchedOnDevice, rows: list[Row], keys: torch.Tensor,
+    def _theta_on_device(self, on: OnDevice, rows: list[Row], keys: torch.Tensor,
                          lm_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """`_theta` with the memory on the LM's device: each row's key searched there, λ by the rule and
         Θ's full distribution mixed there (knnlm.theta_logprobs, as ThetaRule's), nothing read."""

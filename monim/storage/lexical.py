@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
+import torch
 
 from monim.core.atomic import replacing
 from monim.core.config import SEEN_CONTEXT
@@ -59,6 +60,16 @@ class Days(Protocol):
     def shard(self, name: str, array: str, mmap: bool = True) -> np.ndarray: ...
 
 
+def lexical_features(count: torch.Tensor, distinct: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token, from the
+    tables by token id (LexicalCounts'; tensors on one device)."""
+    if not len(count):  # nothing memorized yet
+        return torch.zeros((len(prev), 2), device=prev.device)
+    known = prev < len(count)
+    at = torch.where(known, prev, 0)
+    return torch.stack([torch.where(known, t[at], 0) for t in (count, distinct)], dim=1).double().log1p().float()
+
+
 @dataclass
 class LexicalCounts:
     """Occurrences of each token, its distinct successors and the contexts, over all memorized training text."""
@@ -74,15 +85,9 @@ class LexicalCounts:
         return np.bincount(self.pairs >> 32, minlength=len(self.count)).astype(np.int64)
 
     def features(self, prev: np.ndarray) -> np.ndarray:
-        """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token."""
-        prev = np.asarray(prev, dtype=np.int64)
-        if not len(self.count):  # nothing memorized yet
-            return np.zeros((len(prev), 2), np.float32)
-        known = prev < len(self.count)
-        at = np.where(known, prev, 0)
-        count = np.where(known, self.count[at], 0)
-        distinct = np.where(known, self.distinct[at], 0)
-        return np.log1p(np.stack([count, distinct], axis=1).astype(np.float64)).astype(np.float32)
+        """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token (`lexical_features`)."""
+        tokens = torch.from_numpy(np.asarray(prev, dtype=np.int64))
+        return lexical_features(torch.from_numpy(self.count), torch.from_numpy(self.distinct), tokens).numpy()
 
     def seen(self, grams: np.ndarray) -> np.ndarray:
         """bool per context hash: whether the memorized text holds that context (all True where unknown)."""

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from monim.core.config import CalibratorConfig
-from monim.theta.knnlm import TEMPERATURES
+from monim.theta.knnlm import TEMPERATURES, Array, copies
 
 LAM_FLOOR = 1e-4  # the output bias starts at log λ: a tuned λ of 0 starts it here
 # λ's ceiling, also the copy rule's largest (monim.learning.calibration.COPY_LAMBDAS): at λ = 1 the LM gets
@@ -69,27 +69,14 @@ class Examples:
         return cls(**arrays)
 
 
-def distinct_prefix_counts(values: np.ndarray) -> np.ndarray:
-    """[n, m]: how many distinct values (ignoring -1) are among each row's first i+1 neighbours."""
-    same = values[:, :, None] == values[:, None, :]  # [n, m, m]: value j equals value i
-    earlier = np.tril(np.ones(values.shape[1:] * 2, bool), k=-1)  # i < j
-    first = ~(same & earlier.T[None]).any(axis=1) & (values >= 0)  # no earlier neighbour has it
-    return np.cumsum(first, axis=1)
-
-
 def density_features(dist: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """[n, 2*TOP]: log(1 + d) of the TOP nearest neighbours, then their distinct-value counts."""
-    n, k = values.shape
-    if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
-        dist = np.concatenate([dist, np.full((n, TOP - k), np.inf, np.float32)], axis=1)
-        values = np.concatenate([values, np.full((n, TOP - k), -1, values.dtype)], axis=1)
-    dist, values = dist[:, :TOP], values[:, :TOP]
-    logd = np.log1p(np.minimum(np.where(values >= 0, dist, np.inf), 1e6))
-    return np.concatenate([logd, distinct_prefix_counts(values)], axis=1).astype(np.float32)
+    """`density_on` of arrays."""
+    return density_on(torch.from_numpy(dist), torch.from_numpy(values)).numpy()
 
 
 def density_on(dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`density_features` of tensors, computed on their device."""
+    """[n, 2*TOP]: log(1 + d) of the TOP nearest neighbours, then how many distinct values (-1: none)
+    are among the first i+1 of them, computed on their device."""
     n, k = values.shape
     if k < TOP:  # a memory smaller than TOP: pad as missing neighbours
         dist = torch.cat([dist, dist.new_full((n, TOP - k), torch.inf)], dim=1)
@@ -99,6 +86,13 @@ def density_on(dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     earlier = torch.ones((TOP, TOP), dtype=torch.bool, device=values.device).tril(-1).T  # [i, j]: i < j
     first = ~((values[:, :, None] == values[:, None, :]) & earlier).any(dim=1) & (values >= 0)
     return torch.cat([logd, first.cumsum(dim=1)], dim=1).float()
+
+
+def skips(lam: Array, nearest: Array, key: Array, cfg: CalibratorConfig) -> Array:
+    """The skip rule (arrays or tensors): the tokens whose λ is below θ (`skip_threshold`) and whose
+    nearest entry (squared distance) is no near-exact copy of the key (`copy_tolerance`: a repeated article)."""
+    assert cfg.skip_threshold is not None
+    return (lam < cfg.skip_threshold) & ~copies(nearest, key, cfg.copy_tolerance)
 
 
 def examples(batch, lexical, knn_logp: np.ndarray | None = None, holdout: np.ndarray | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from typing import Callable
 
 import numpy as np
@@ -13,10 +14,13 @@ import torch
 
 from monim.core.config import CalibratorConfig
 from monim.lm.token_scores import OnDevice
-from monim.storage.lexical import LexicalCounts
+from monim.storage.lexical import LexicalCounts, lexical_features
 from monim.storage.torch_search import TorchExact
-from monim.theta.calibrator import Calibrator, density_on
-from monim.theta.knnlm import Interpolation, row_lam, theta_of
+from monim.theta.calibrator import Calibrator, density_on, skips
+from monim.theta.knnlm import Interpolation, copies, row_lam, theta_of
+from monim.theta.searcher import values_of
+
+BUCKETS = 16  # `rows` in sixteenths of a chunk
 
 
 class DeviceTables:
@@ -42,12 +46,12 @@ class DeviceTables:
 class DeviceTheta(OnDevice):
     """A memory as Θ reads it (Memory.search, Memory.theta_scores) on the LM's device (Memory.on_device):
     its `tables` (DeviceTables), its `k` nearest entries, the skip (`skip`, by `calibrator`), and Θ's
-    `rule` (constant `interpolation`, `lam_copy`, `calibrator`); `neighbors`: whether the host reads them back (OnDevice)."""
+    `rule` (constant `interpolation`, `lam_copy`, `calibrator`); `neighbors`: whether the host reads them back (OnDevice.read_neighbors)."""
 
     def __init__(self, tables: DeviceTables, k: int, cfg: CalibratorConfig, rule: str, interpolation: Interpolation,
                  lam_copy: float, calibrator: Calibrator | None = None, skip: bool = False, neighbors: bool = True):
         device = tables.index.device
-        self.neighbors = neighbors
+        self.read_neighbors = neighbors
         self.index, self.values, self.prior = tables.index, tables.values, tables.prior
         self.k, self.cfg, self.rule, self.interpolation = k, cfg, rule, interpolation
         self.lam_constant, self.lam_copy = (torch.tensor(lam, dtype=torch.float64, device=device)
@@ -57,46 +61,57 @@ class DeviceTheta(OnDevice):
         counts = tables.counts if self.net is not None else None
         self.count: torch.Tensor | None = None if counts is None else counts[0]
         self.distinct: torch.Tensor | None = None if counts is None else counts[1]
-
-    def _values(self, ids: torch.Tensor) -> torch.Tensor:
-        """Searcher.values_of on the device."""
-        return torch.where(ids >= 0, self.values[ids.clamp(min=0)], -1).to(torch.int32)
+        self.kept = 1.0  # the largest share of a chunk's rows the skip kept, as last read (`saw`): at first, all
 
     def _calibrated(self, chunk: dict[str, torch.Tensor], dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The calibrator's λ (Calibrator.lam of `examples`) from the chunk and these neighbours, on the device."""
         assert self.net is not None and self.count is not None and self.distinct is not None
         stats, prev = chunk["stats"], chunk["prev"].long()
         distribution = torch.stack([stats[:, 1].exp(), stats[:, 2]], dim=1)
-        if len(self.count):
-            known = prev < len(self.count)
-            at = torch.where(known, prev, 0)
-            counts = torch.stack([torch.where(known, t[at], 0) for t in (self.count, self.distinct)], dim=1)
-            lexical = counts.double().log1p().float()  # as LexicalCounts.features
-        else:  # nothing memorized yet
-            lexical = torch.zeros(len(prev), 2, device=prev.device)
         with torch.no_grad():
+            lexical = lexical_features(self.count, self.distinct, prev)
             inputs = self.net.inputs_of(chunk["key"], distribution, lexical, density_on(dist, values))
             return self.net(*inputs)[:, 1].exp().double()
 
-    def _copied(self, chunk: dict[str, torch.Tensor], nearest: torch.Tensor) -> torch.Tensor:
-        """monim.theta.knnlm.copies on the device."""
-        return nearest <= self.cfg.copy_tolerance * (chunk["key"].float() ** 2).sum(dim=1)
+    def rows(self, n: int) -> int | None:
+        """How many of a chunk's n rows `search` searches in full (None: all, in one search): the
+        largest share of kept rows in a chunk of the passes read so far (`saw`), a sixteenth more, in
+        sixteenths (a shape per bucket; powers of two would search every row whenever half are kept)."""
+        buckets = math.ceil((self.kept + 1 / BUCKETS) * BUCKETS)
+        return None if not self.skip or buckets >= BUCKETS else math.ceil(n * buckets / BUCKETS)
 
-    def search(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Memory.search: the k nearest entries of each key; with the skip, the gate's first `gate_k` of
-        them decide (the calibrator's λ below θ and no near-exact copy: the LM alone), all rows
-        searched and the skipped ones' neighbours dropped (leaving them out would need their count
-        read by the host)."""
-        gate = self.cfg.gate_k if self.skip else 0
-        dist, ids = self.index.search_on(chunk["key"], max(self.k, gate))
-        skipped = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
-        if self.skip:
-            assert self.cfg.skip_threshold is not None
-            first, found = dist[:, :gate], self._values(ids[:, :gate])
-            skipped = (self._calibrated(chunk, first, found) < self.cfg.skip_threshold) & ~self._copied(chunk, first[:, 0])
-        dist = dist[:, : self.k].masked_fill(skipped[:, None], torch.inf)
-        ids = ids[:, : self.k].masked_fill(skipped[:, None], -1)
-        out = dict(knn_dist=dist, knn_values=self._values(ids), knn_ids=ids, knn_skipped=skipped)
+    def saw(self, skipped: np.ndarray, chunk: int) -> None:
+        """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a time."""
+        if self.skip and len(skipped):
+            self.kept = max(float((~skipped[i : i + chunk]).mean()) for i in range(0, len(skipped), chunk))
+
+    def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
+        """Memory.search: the k nearest entries of each key; with the skip, the gate's `gate_k` nearest
+        decide (`skips`). Given `rows` (a number the host knows), every key is searched at `gate_k`
+        and only the kept rows at k, kept rows first (a stable sort: nothing read), `rows` of them:
+        the top-k at k = 1,024 that bounds an exact search on a GPU is saved for the skipped rows;
+        kept rows past `rows` are `knn_missed`. Without, every row at k (one search: decoding's few rows)."""
+        key, gate = chunk["key"], self.cfg.gate_k if self.skip else 0
+        if rows is None:
+            dist, ids = self.index.search_on(key, max(self.k, gate))
+            skipped = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
+            if self.skip:
+                skipped = skips(self._calibrated(chunk, dist[:, :gate], values_of(self.values, ids[:, :gate])),
+                                dist[:, 0], key, self.cfg)
+            dist, ids = dist[:, : self.k].masked_fill(skipped[:, None], torch.inf), ids[:, : self.k].masked_fill(skipped[:, None], -1)
+            return self._found(dist, ids, skipped)
+        first, near = self.index.search_on(key, gate)
+        skipped = skips(self._calibrated(chunk, first, values_of(self.values, near)), first[:, 0], key, self.cfg)
+        order = skipped.to(torch.uint8).argsort(stable=True)[:rows]
+        dist, ids = self.index.search_on(key[order], self.k)
+        gone = skipped[order, None]
+        dist = torch.full((len(key), self.k), torch.inf, device=dist.device).index_copy_(0, order, dist.masked_fill(gone, torch.inf))
+        ids = torch.full((len(key), self.k), -1, device=ids.device).index_copy_(0, order, ids.masked_fill(gone, -1))
+        return self._found(dist, ids, skipped) | {"knn_missed": (~skipped).index_fill(0, order, False)}
+
+    def _found(self, dist: torch.Tensor, ids: torch.Tensor, skipped: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A search's fields (OnDevice.search) from its neighbours' distances and ids."""
+        out = dict(knn_dist=dist, knn_values=values_of(self.values, ids), knn_ids=ids, knn_skipped=skipped)
         if self.prior is not None:
             out["knn_prior"] = torch.where(ids >= 0, self.prior[ids.clamp(min=0)], 0.0)
         return out
@@ -107,7 +122,7 @@ class DeviceTheta(OnDevice):
         if self.rule == "calibrator" and self.net is not None:
             return self._calibrated(chunk, chunk["knn_dist"], chunk["knn_values"])
         if self.rule == "prior":
-            return torch.where(self._copied(chunk, chunk["knn_dist"][:, 0]), self.lam_copy, self.lam_constant)
+            return torch.where(copies(chunk["knn_dist"][:, 0], chunk["key"], self.cfg.copy_tolerance), self.lam_copy, self.lam_constant)
         return self.lam_constant
 
     def theta(self, chunk: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 
+Array = TypeVar("Array", np.ndarray, torch.Tensor)
 LAMBDAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7)  # 0: Θ is the LM
 TEMPERATURES = (0.3, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
 
@@ -204,9 +206,10 @@ def tune_interpolation(batches: list, lambdas=LAMBDAS, temperatures=TEMPERATURES
 RULES = ("lm", "constant", "prior", "calibrator")  # how Θ weighs the memory per token (monim.theta.memory.Memory.lam)
 
 
-def copies(nearest: np.ndarray, key: np.ndarray, tolerance: float) -> np.ndarray:
-    """Whether each token's nearest entry (squared distance) is a near-exact copy of its key."""
-    return nearest <= tolerance * (key.astype(np.float32) ** 2).sum(axis=1)
+def copies(nearest: Array, key: Array, tolerance: float) -> Array:
+    """Whether each token's nearest entry (squared distance) is a near-exact copy of its key (arrays or tensors)."""
+    key = key.float() if isinstance(key, torch.Tensor) else key.astype(np.float32)
+    return nearest <= tolerance * (key**2).sum(1)
 
 
 def prior_lam(copied: np.ndarray, lam: float, lam_copy: float) -> np.ndarray:

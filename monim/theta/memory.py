@@ -32,7 +32,7 @@ from monim.storage.lexical import LexicalCounts
 from monim.storage.memory_settings import READ, THROUGHPUT, Settings, refuse_other
 from monim.storage.parts import Parts
 from monim.storage.verify import Verified, looked_again, verified
-from monim.theta.calibrator import Calibrator, examples
+from monim.theta.calibrator import Calibrator, examples, skips
 from monim.theta.device import DeviceTables, DeviceTheta
 from monim.theta.knnlm import Interpolation, ThetaScores
 from monim.theta.rule import ThetaRule
@@ -211,8 +211,7 @@ class Memory:
         if calibrator is not None and wanted.any():
             first = dataclasses.replace(batch, knn_dist=None, knn_values=None) if wanted.all() else batch.select(wanted)
             first.knn_dist, first.knn_values = self.neighbors(keys[wanted], cfg.gate_k, exact=True)
-            wanted[wanted] = ((calibrator.lam(examples(first, self.lexical())) >= cfg.skip_threshold)
-                              | (first.knn_dist[:, 0] <= cfg.copy_tolerance * (keys[wanted]**2).sum(axis=1)))
+            wanted[wanted] = ~skips(calibrator.lam(examples(first, self.lexical())), first.knn_dist[:, 0], keys[wanted], cfg)
         dist, ids = np.full((len(batch), k), np.inf, np.float32), np.full((len(batch), k), -1, np.int64)
         if wanted.any():
             dist[wanted], ids[wanted] = self.nearest(keys[wanted], k)

@@ -11,6 +11,7 @@ import os
 
 import faiss
 import numpy as np
+import torch
 
 from monim.core.lock import Locked, hold
 from monim.core.manifest import CommittedDay
@@ -18,6 +19,11 @@ from monim.core.recency import Recency
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
 from monim.storage.parts import Parts, merge
+
+
+def values_of(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The value (next token) of each entry id from a table by id (int32); -1 for -1 (tensors on one device)."""
+    return table.take(ids.clamp(min=0)).masked_fill_(ids < 0, -1).to(torch.int32)
 
 
 class Searcher:
@@ -177,7 +183,7 @@ class Searcher:
 
     def values_of(self, ids: np.ndarray) -> np.ndarray:
         """The value (next token) of each entry id; -1 for -1."""
-        return np.where(ids >= 0, self.ds.shards.values_by_id()[ids.clip(min=0)], -1).astype(np.int32)
+        return values_of(torch.from_numpy(self.ds.shards.values_by_id()), torch.from_numpy(np.asarray(ids))).numpy()
 
     def ages(self, ids: np.ndarray) -> np.ndarray:
         """Days between each entry's day and the memory's last day (0 for -1)."""
