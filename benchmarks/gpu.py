@@ -351,7 +351,7 @@ def decoding(lm: LM, rows: int, prompt: int, new: int, on_device: DeviceTheta | 
         decoder.advance()  # a step
     return {"rows": rows, "new_tokens": new, "tokens_per_s": rows * new / seconds, "seconds": seconds,
             "host_reads_per_step": sum(counted.values()), "reads_by_kind": dict(counted),
-            "unplanned_syncs": syncs(found, lm.device), "tokens": out}
+            "unplanned_syncs": syncs(found, lm.device), "first_prompt": prompts[0], "tokens": out}
 
 
 class RealStats:
