@@ -1,20 +1,42 @@
-"""The GPU acceptance benchmark: LM, exact kNN at 1M and 10M keys, kNN-LM, a paper-sized day, parity.
+"""The GPU acceptance benchmark: kNN-LM scoring with and without the skip, Θ decoding, featurization, kNN, a day.
 
-The GPU acceptance benchmark, in one process and under 8 minutes: the bare LM against monim's
-featurization, exact kNN search in torch at k = 1024 over 1M and 10M keys (the tiled top-k against
-plain torch.topk, both against fp32 distances), kNN-LM evaluation against the bare LM, a paper-sized
-day of MoNIM-AMT through every stage (featurize + decide, commit, calibrate, evaluate) and CPU/GPU parity.
+The GPU acceptance benchmark of issue 70, in one process and under 8 minutes, each rate beside the bare LM
+on the same card and shapes: kNN-LM scoring through the device path (score_tokens with a DeviceTheta: the
+memory's keys, search, skip and Θ on the LM's device, one host read a pass) at 1M and 10M keys, without and
+with the skip (a calibrator trained on the memory, its threshold at the median λ: about half the tokens
+skip), and the PPL change the skip causes, beside the host hook's path; Θ's greedy decoding at batch 1
+and 16 by the served model's Decoder (monim.serving.generate) against the bare LM's by the same Decoder;
+featurization (monim.lm.scoring's passes) against the LM body; exact kNN search in torch at k = 1024 (the
+tiled top-k against plain torch.topk, both against fp32 distances); a paper-sized day of MoNIM-AMT
+through every stage (featurize + decide, commit, calibrate, evaluate); CPU/GPU parity. Host reads are
+counted (monim.lm.host.reads: a pass, a decoding step) and, on a GPU, each timed device section runs
+under torch.cuda's sync debug mode (--syncs warn: every unplanned sync listed by its place; error:
+it stops the section), the planned reads allowed (monim.lm.host.planned).
 
 Weights are random (throughput does not depend on them): SmolLM2-135M's shape and Llama-3.2-1B's;
-articles are random tokens of Reuters-like lengths (log-normal, median 350 tokens). Which tokens the
-decision must search depends on a real LM, so each token takes the LM statistics (log p, max log p)
+articles are random tokens of Reuters-like lengths (log-normal, median 350 tokens); a text is its token
+ids (Ids). Which tokens the decision must search depends on a real LM, so each token takes the LM statistics (log p, max log p)
 of a real RealTime QA token, in order, from `benchmarks/data/lm-stats-realtimeqa.npz` (tools/lm_stats.py). It imports
 torch, transformers and monim's modules that need neither FAISS, Prefect nor MLflow (the lent GPU
 machines have none). Without a GPU it runs the same steps on the CPU at small sizes (--quick is
-implied), and parity compares the CPU's bf16 with its fp32. The report is rewritten after each
-section, so a run stopped early keeps what it measured.
-Usage: monim bench gpu [--quick] [--out FILE]   (FILE: $OUT/gpu.json if $OUT is set, else docs/results/gpu/gpu.json);
-on a machine without typer: python -m benchmarks.gpu
+implied: a dry run, not a measurement; --tiny: the tiny model, the tests'), and parity compares the
+CPU's bf16 with its fp32. The report is rewritten after each section, so a run stopped early keeps what
+it measured. Sections, in the order they run, with their GPU time estimated from the H200 run of
+2026-11-27 (187 s in all; docs/results/gpu.md):
+
+    section          what                                                       est. s (H200)
+    (start)          imports, CUDA, SmolLM2 built, its bare rate                  15
+    knn-1000000      keys, search rates; kNN-LM host hook (capped at 12 s),       35-45
+                     calibrator (16k tokens), device and skip rows (<= 12 s each)
+    decode           batch 1 and 16, bare and Θ, 128 new tokens (warm-up + run)   10-25
+    featurize        SmolLM2 500k tokens, Llama-3.2-1B built + bare + 125k        20
+    knn-10000000     as knn-1000000 over 10M keys (search-bound rows capped)      50-60
+    day              the paper-sized day: <= 120 s budget, then commit/calibrate  135
+    parity           the tiny model, CPU fp32 against GPU bf16                    5
+                                                                         total  ~270-300 (deadline 420)
+
+Usage: monim bench gpu [--quick|--tiny] [--sections knn,decode,...] [--syncs warn|error] [--out FILE]
+(FILE: $OUT/gpu.json if $OUT is set, else docs/results/gpu/gpu.json); on a machine without typer: python -m benchmarks.gpu
 """
 
 from __future__ import annotations

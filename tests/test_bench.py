@@ -129,3 +129,24 @@ def test_the_gpu_bench_skip_that_skips_nothing_leaves_theta_as_it_is():
     assert not none["skipped"].any()
     np.testing.assert_allclose(none["theta_logp"], plain["theta_logp"], rtol=0, atol=1e-6)
     assert gpu.ppl_change(plain, none)["ppl_change_by_skip"] == 0
+
+
+def test_the_gpu_bench_stops_an_unplanned_sync_and_lets_the_planned_reads_through():
+    """Under the bench's sync check (torch.cuda's sync debug mode, "error"), monim.lm.host's reads read and an `.item()` raises (a GPU only)."""
+    import pytest
+    import torch
+
+    from benchmarks import gpu
+    from monim.lm.host import queued, to_host
+
+    if not torch.cuda.is_available():
+        pytest.skip("the sync debug mode is torch.cuda's")
+    device, found = torch.device("cuda"), []
+    x = torch.arange(6, device=device)
+    with gpu.no_syncs(device, "error", found):
+        assert to_host(x).tolist() == list(range(6)) and queued({"x": x * 2})()["x"].tolist() == list(range(0, 12, 2))
+        with pytest.raises(RuntimeError, match="synchronizing"):
+            x.sum().item()
+    with gpu.no_syncs(device, "warn", found):
+        x.sum().item()
+    assert len(found) == 1 and torch.cuda.get_sync_debug_mode() == 0
