@@ -88,8 +88,8 @@ K, K_DECIDE, LAM, TEMPERATURE, DELTA = 1024, 128, 0.25, 10.0, -1.5  # k, the dec
 SIZES = {  # shapes: the LMs (the first scores and decodes); queries: of the search rates; prompt, new: decoding's tokens
     "full": dict(shapes=("smollm2-135m", "llama-3.2-1b"), keys=(1_000_000, 10_000_000), queries=4096, day=2_400_000,
                  eval_tokens=240_000, feat_tokens=500_000, budget=120, sample=16384, prompt=64, new=128, deadline=420),
-    "quick": dict(shapes=("smollm2-135m", "llama-3.2-1b"), keys=(20_000, 100_000), queries=1024, day=8_000,
-                  eval_tokens=2_000, feat_tokens=8_000, budget=60, sample=1024, prompt=32, new=8, deadline=900),
+    "quick": dict(shapes=("smollm2-135m", "llama-3.2-1b"), keys=(20_000, 100_000), queries=256, day=8_000,
+                  eval_tokens=2_000, feat_tokens=4_000, budget=30, sample=1024, prompt=32, new=8, deadline=900),
     "tiny": dict(shapes=("tiny",), keys=(2_000, 5_000), queries=256, day=2_000, eval_tokens=1_000, feat_tokens=2_000,
                  budget=30, sample=512, prompt=16, new=6, deadline=600)}
 DECODE_ROWS = (1, 16)
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     if wanted - set(SECTIONS):
         ap.error(f"--sections: unknown {sorted(wanted - set(SECTIONS))} (sections: {', '.join(SECTIONS)})")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows = 64 if device.type == "cuda" else 8
+    rows = 64 if device.type == "cuda" else 4
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                     "torch": torch.__version__, "dtype": str(dtype), "sizes": size,
                     "measured": "on a GPU" if device.type == "cuda" else "a CPU dry run at small sizes, not a GPU measurement",
@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
 
     shape, *others = size["shapes"]
     lm = random_lm(shape, device, dtype)
-    width = 1024 if device.type == "cuda" else 256
+    width = 1024 if device.type == "cuda" else 128
     report["lm"].append({"model": shape, "bare_tokens_per_s": bare_tokens_per_s(lm, rows, width)})
     bare = report["lm"][0]["bare_tokens_per_s"]
     print(f"{shape}: bare {bare:,.0f} tok/s", flush=True)
