@@ -407,3 +407,19 @@ def test_the_served_decoder_with_the_real_device_theta_writes_what_the_host_path
         np.testing.assert_allclose(row.result.lams, there.result.lams, rtol=1e-5, atol=1e-6)
         for a, b in zip(row.result.logprobs or [], there.result.logprobs or []):
             np.testing.assert_allclose(np.exp(a), np.exp(b), atol=1e-5)
+
+
+def test_a_memory_on_the_device_given_alone_decodes_theta_without_sources(theta):
+    """Decoder(lm, None, on_device=...) (benchmarks/gpu.py's Θ, where no Memory can be opened) writes the
+    tokens and λ the Decoder with the memory writes, its sentences citing nothing."""
+    memory = Memory.open(theta.ds.root, theta.lm)
+    prompt, cfg = "The company said on Monday", GenerateConfig(max_new_tokens=6)
+    alone, held = Decoder(theta.lm, None, on_device=memory.on_device()), Decoder(theta.lm, memory)
+    rows = [alone.add(prompt, cfg), held.add(prompt, cfg)]
+    for decoder in (alone, held):
+        while decoder:
+            decoder.advance()
+    a, b = (row.result for row in rows)
+    assert a.tokens == b.tokens and any(lam > 0 for lam in a.lams)
+    np.testing.assert_allclose(a.lams, b.lams, rtol=1e-5, atol=1e-6)
+    assert all(not s["sources"] for s in a.sentences)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, overload
 
 import numpy as np
@@ -34,12 +34,26 @@ def _count(what: str) -> None:
             counter[what] += 1
 
 
+@contextmanager
+def planned() -> Iterator[None]:
+    """A planned read: allowed while torch.cuda's sync debug mode stops the others (benchmarks/gpu.py)."""
+    mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_initialized() else 0
+    if mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        if mode:
+            torch.cuda.set_sync_debug_mode(mode)
+
+
 def _copy(t: torch.Tensor, wait: bool) -> torch.Tensor:
     """A host copy of t (`wait=False` on a GPU: queued into pinned memory, not yet safe to read)."""
     if t.device.type == "cpu":
         return t.detach()
     out = torch.empty(t.shape, dtype=t.dtype, pin_memory=not wait)
-    return out.copy_(t, non_blocking=not wait)
+    with planned() if wait else nullcontext():
+        return out.copy_(t, non_blocking=not wait)
 
 
 @overload

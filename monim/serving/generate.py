@@ -9,7 +9,7 @@ a step for all of them; `generate` is a Decoder of one.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -23,8 +23,10 @@ from monim.lm.token_scores import OnDevice, TokenScores
 from monim.serving.generation import GenerateConfig, Generation
 from monim.serving.sentences import sentences
 from monim.theta.knnlm import row_lam, theta_logprobs
-from monim.theta.memory import Memory
 from monim.theta.ralm import in_context, reach, with_article
+
+if TYPE_CHECKING:  # its type only: the Decoder runs without FAISS (benchmarks/gpu.py on a machine without it)
+    from monim.theta.memory import Memory
 
 
 def _step(keys: torch.Tensor, logp: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -130,7 +132,8 @@ class Decoder:
             self.searched.sync()
         if on_device is None and self.searched is not None and self.searched.searched_on_device:
             on_device = self.searched.on_device()  # where its searches run in torch, as Memory.score does
-        self.on_device = on_device if self.searched is not None else None  # the memory on the LM's device, if held there
+        # the memory on the LM's device, if held there; given without `memory`, Θ is read from it alone (no sources)
+        self.on_device = on_device if self.searched is not None or memory is None else None
         self.waiting: list[Row] = []  # added, prefilled once the batch has room (first come, first in)
         self.active: list[Row] = []  # in the batch, in the cache's row order
         self.cache, self.columns = self._empty()  # columns: the cache's; row r holds its last (r.length - 1)

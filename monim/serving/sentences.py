@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from monim.data.feed import short_title
 from monim.lm.model import LM
-from monim.theta.memory import Memory
+
+if TYPE_CHECKING:  # its type only: the Decoder runs without FAISS (benchmarks/gpu.py)
+    from monim.theta.memory import Memory
 
 SENTENCE_END = (".", "!", "?")  # and a blank line
 
