@@ -179,7 +179,10 @@ def syncs(found: list[str], device: torch.device) -> dict | None:
 
 
 def reads_per_pass(lm: LM, seqs: list, hook=None) -> dict:
-    """The host reads score_tokens makes per forward pass (monim.lm.host.reads: each kind counted)."""
+    """The host reads score_tokens makes per forward pass (monim.lm.host.reads: each kind counted), once
+    the skip's rows are sized to these tokens (DeviceTheta.rows: a pass keeping more than it expects reads again)."""
+    for _ in score_tokens(lm, seqs, ScoreConfig(), hook) if isinstance(hook, DeviceTheta) and hook.skip else ():
+        pass
     with counting_passes(lm) as passes, host.reads() as counted:
         for _ in score_tokens(lm, seqs, ScoreConfig(), hook):
             pass

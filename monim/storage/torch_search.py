@@ -17,6 +17,11 @@ PASSES = 8  # blocks of queries copied to the device in one copy (4 and 16 timed
 TILE = 32  # scores a tile in top_k: ~sqrt(1M / k=1,024), the tiles' top-k and the candidates' alike (16 timed the same)
 
 
+def values_of(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The value (next token) of each entry id from a table by id (int32); -1 for -1 (tensors on one device)."""
+    return table.take(ids.clamp(min=0)).masked_fill_(ids < 0, -1).to(torch.int32)
+
+
 def search_backend(n_keys: int, dim: int, faiss_gpus: int, cuda: bool, free_gpu_bytes: int,
                    share: float = GPU_SHARE) -> str:
     """Where a memory of `n_keys` keys of width `dim` is searched: "faiss-gpu" where FAISS sees a GPU;

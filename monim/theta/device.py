@@ -15,10 +15,9 @@ import torch
 from monim.core.config import CalibratorConfig
 from monim.lm.token_scores import OnDevice
 from monim.storage.lexical import LexicalCounts, lexical_features
-from monim.storage.torch_search import TorchExact
+from monim.storage.torch_search import TorchExact, values_of
 from monim.theta.calibrator import Calibrator, density_on, skips
 from monim.theta.knnlm import Interpolation, copies, row_lam, theta_of
-from monim.theta.searcher import values_of
 
 BUCKETS = 16  # `rows` in sixteenths of a chunk
 
@@ -81,9 +80,12 @@ class DeviceTheta(OnDevice):
         return None if not self.skip or buckets >= BUCKETS else math.ceil(n * buckets / BUCKETS)
 
     def saw(self, skipped: np.ndarray, chunk: int) -> None:
-        """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a time."""
+        """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a
+        time: its largest kept share, or a sixteenth less than before (a pass that kept fewer must not
+        make the next one, keeping more, outgrow its rows and read again)."""
         if self.skip and len(skipped):
-            self.kept = max(float((~skipped[i : i + chunk]).mean()) for i in range(0, len(skipped), chunk))
+            seen = max(float((~skipped[i : i + chunk]).mean()) for i in range(0, len(skipped), chunk))
+            self.kept = max(seen, self.kept - 1 / BUCKETS)
 
     def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
         """Memory.search: the k nearest entries of each key; with the skip, the gate's `gate_k` nearest

@@ -19,11 +19,7 @@ from monim.core.recency import Recency
 from monim.storage.datastore import Datastore
 from monim.storage.index import MemoryIndex
 from monim.storage.parts import Parts, merge
-
-
-def values_of(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The value (next token) of each entry id from a table by id (int32); -1 for -1 (tensors on one device)."""
-    return table.take(ids.clamp(min=0)).masked_fill_(ids < 0, -1).to(torch.int32)
+from monim.storage.torch_search import values_of
 
 
 class Searcher:
