@@ -52,7 +52,8 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.core.catalogue import followed_memrate
-from monim.core.config import FEATURE_GROUPS, RunConfig
+from monim.core.config import FEATURE_GROUPS
+from monim.core.run_config import RunConfig
 from monim.data.feed import Document
 from monim.evaluation.evaluate import searched, theta_of
 from monim.lm.features import Features

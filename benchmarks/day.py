@@ -55,7 +55,9 @@ def body_seconds(args, dates: list[dt.date], workdir: Path, policy: str) -> dict
     full rows of ROW tokens, timed after a warm-up (`--lm-tokens`: the first that many, scaled up)."""
     import torch
 
-    from monim.core.config import RunConfig, ScoreConfig
+    from monim.core.config import ScoreConfig
+
+    from monim.core.run_config import RunConfig
     from monim.lm.windows import fit_window
     from monim.run import make_run
 
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     from monim.core.catalogue import learning_order
     from monim.data.stream import list_dates
     from monim.run import recorded_days
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     dates = list_dates(args.source, start=args.start)[: args.days]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="monim-bench-day-"))

@@ -54,7 +54,9 @@ from benchmarks.index_scale import Keys
 from rich.console import Console
 from rich.table import Table
 
-from monim.core.config import RunConfig, ScoreConfig
+from monim.core.config import ScoreConfig
+
+from monim.core.run_config import RunConfig
 from monim.data.stream import list_dates
 from monim.learning.policies import MoNIM
 from monim.lm.features import Features

@@ -41,7 +41,8 @@ import scipy.stats
 from rich.console import Console
 
 from monim.core.catalogue import followed_memrate
-from monim.core.config import RunConfig, period_of
+from monim.core.config import period_of
+from monim.core.run_config import RunConfig
 from monim.data.dedup import twin_groups
 from monim.evaluation.evaluate import evaluate_many, theta_of
 from monim.evaluation.suite import text_document

@@ -21,7 +21,7 @@ from benchmarks.harness import REUTERS, WORK, parser, save
 from rich.console import Console
 from rich.table import Table
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.evaluation.evaluate import evaluate
 from monim.storage.index import IndexConfig
 from monim.theta.memory import Memory

@@ -71,7 +71,7 @@ def flow_run(source: str, date: str, policies: list[str], max_docs: int | None, 
     """Run `compare` (or one policy's stream) over the day in a fresh work directory; its rows and
     its tasks' seconds."""
     from flows.compare import compare_policies
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.run import recorded_days
 
     workdir = tempfile.mkdtemp(prefix="monim-pipeline-")

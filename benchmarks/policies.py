@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monim.core.catalogue import followed_memrate
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.data.stream import list_dates, read_day
 from monim.evaluation.evaluate import evaluate_many
 from monim.learning.policies import run_policy

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from benchmarks.harness import QUIZ, RTQA, WORK, parser, resume, save
 
-from monim.core.config import EvalConfig, RunConfig
+from monim.core.config import EvalConfig
+
+from monim.core.run_config import RunConfig
 from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features
 from monim.evaluation.qa import answer_questions, read_questions, wilson

@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.harness import parser, save
 import numpy as np
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.lm.features import Features
 from monim.run import MemoryRun, make_run
 from monim.data.feed import Document

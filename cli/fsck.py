@@ -80,7 +80,7 @@ def check_days(uri: str, workdir: str, repair: bool = False) -> list[dict]:
 def _finish(uri: str, workdir: str, root: Path, date: str) -> str | None:
     """Learn a half-finished day again as a resume does (flows.stream.learn_stream: what the commit
     holds is kept, what follows it done): None, or why it could not be."""
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     runs = [] if (db := sqlite_file(uri)) is not None and not db.exists() else memory_runs(client(uri), root, 1)
     config = run_config(client(uri), runs[0].info.run_id) if runs else None

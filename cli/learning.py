@@ -22,7 +22,8 @@ from monim.core import catalogue  # names and help only: no torch
 from servers import local
 
 if TYPE_CHECKING:
-    from monim.core.config import EvalConfig, RunConfig
+    from monim.core.config import EvalConfig
+    from monim.core.run_config import RunConfig
     from monim.plan import Plan
 
 # what each policy achieved, then what it cost (two tables: each fits 80 columns)

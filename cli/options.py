@@ -12,7 +12,8 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from monim.core.config import CALIBRATION_EXAMPLES, CalibratorConfig, RunConfig
+from monim.core.config import CALIBRATION_EXAMPLES, CalibratorConfig
+from monim.core.run_config import RunConfig
 
 SKIP_HELP = "Skip retrieval where the calibrator, after a cheap top-16 search, predicts λ below this number in [0, 1] (paper: 0.3)."
 

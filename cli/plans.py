@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 from cli.errors import clear_errors, fail, option_date
 
 if TYPE_CHECKING:
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.plan import Plan
 
 

@@ -15,7 +15,7 @@ from cli.errors import NO_ROOM, option_date
 from servers import local
 
 if TYPE_CHECKING:
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
 
 @contextmanager

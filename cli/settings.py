@@ -13,7 +13,8 @@ from cli.errors import clear_errors, fail
 from cli.options import AS_JSON, END, FEED, HALF_LIFE, MAX_AGE, START, TRACKING, WAIT, WORKDIR, field_options
 
 if TYPE_CHECKING:  # the CLI imports the library lazily, so that --help is instant
-    from monim.core.config import EvalConfig, RunConfig
+    from monim.core.config import EvalConfig
+    from monim.core.run_config import RunConfig
 
 
 def evaluation(period: Optional[str] = None, period_docs: Optional[int] = None, text: Optional[Path] = None,
@@ -53,7 +54,7 @@ def _shared_options(source: str = typer.Option(..., "--source", help="The news s
 
 def learning_options(command):
     """Give a learning command the run's settings as options (one per RunConfig field, cli.options)
-    and the evaluation suite's; it is called with them built: `cfg` (monim.core.config.RunConfig),
+    and the evaluation suite's; it is called with them built: `cfg` (monim.core.run_config.RunConfig),
     `evaluation` (None: nothing to measure), and `source`, `start`, `end`, `workdir`, `tracking_uri`,
     `wait`, `as_json` as given."""
     own, shared, settings = inspect.signature(command), inspect.signature(_shared_options), field_options()
@@ -100,7 +101,7 @@ def config_from_options(policy: str = "monim-amt", source: str = "", workdir: Pa
     from pydantic import ValidationError
 
     from cli.options import given_fields
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     given = given_fields(options)
     if "review" not in given and options.get("text") is not None and options.get("text_chars"):

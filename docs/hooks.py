@@ -129,7 +129,8 @@ def option_rows() -> list[dict]:
 
     from cli import app
     from cli.options import CALIBRATOR
-    from monim.core.config import EvalConfig, RunConfig
+    from monim.core.config import EvalConfig
+    from monim.core.run_config import RunConfig
 
     group = typer.main.get_command(app)
     rows: dict[str, dict] = {}
@@ -196,7 +197,7 @@ def settings_page() -> str:
                    + "\n".join(lines) + "\n\n" for p, lines in tables.items())
     return ("# Settings\n\nThe options of the learning commands, `monim learn` and `monim compare`, as `monim learn "
             "--help` shows them (read from the command line at each build), each with the same setting in a "
-            "deployment and in Python. A run's settings are the fields of `monim.core.config.RunConfig`, one name "
+            "deployment and in Python. A run's settings are the fields of `monim.core.run_config.RunConfig`, one name "
             "each: `--max-docs 16` on the command line is `parameters: {run: {max_docs: 16}}` in "
             "`deployments/prefect.yaml` (`run.max_docs` below) and `RunConfig(max_docs=16)` in Python; the "
             "evaluation suite's are `monim.core.config.EvalConfig`'s (`parameters: {evaluation: {period: "

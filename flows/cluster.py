@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.data.day import Day
 from monim.lm.features import balanced_parts
 from monim.run import Run

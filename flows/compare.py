@@ -11,7 +11,8 @@ from flows.evaluate import evaluate_runs
 from flows.report import report_runs
 from flows.stream import as_date, learn_stream
 from monim.core import catalogue
-from monim.core.config import EvalConfig, RunConfig
+from monim.core.config import EvalConfig
+from monim.core.run_config import RunConfig
 from monim.evaluation.report import policies_table
 from monim.evaluation.totals import summarize
 from monim.plan import plan

@@ -15,7 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from flows.cluster import featurize_day
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.run import LearnerRun, MemoryRun, open_run
 from tasks.cluster import searching_on_cluster
 from tasks.evaluation import evaluate

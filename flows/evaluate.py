@@ -10,7 +10,8 @@ from typing import Callable
 
 from prefect import flow
 
-from monim.core.config import EvalConfig, RunConfig, period_of
+from monim.core.config import EvalConfig, period_of
+from monim.core.run_config import RunConfig
 from monim.run import open_run, recorded_days
 from tasks.cluster import searching_on_cluster
 from tasks.evaluation import period_perplexity, question_answering, text_perplexity

@@ -11,8 +11,9 @@ from prefect import flow
 
 from flows.day import learn_day
 from flows.evaluate import evaluate_runs
-from monim.core.config import EvalConfig, RunConfig
+from monim.core.config import EvalConfig
 from monim.core.lock import hold
+from monim.core.run_config import RunConfig
 from monim.data.stream import FeedStalled, check_feed
 from monim.plan import Plan, last_read, plan
 from monim.run import MemoryRun, open_run, recorded_days

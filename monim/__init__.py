@@ -6,7 +6,7 @@ __version__ = "0.2.0"  # also the package's (pyproject.toml) and the changelog's
 
 # The public Python names (docs/reference/stability.md), each imported from its module when first asked
 # for: `import monim` stays light (no torch) for the command line.
-_HOME = {"RunConfig": "monim.core.config", "Fields": "monim.core.config", "make_run": "monim.run",
+_HOME = {"RunConfig": "monim.core.run_config", "Fields": "monim.core.config", "make_run": "monim.run",
          "open_run": "monim.run", "Memory": "monim.theta.memory", "generate": "monim.serving.generate",
          "GenerateConfig": "monim.serving.generation"}
 __all__ = list(_HOME)

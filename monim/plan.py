@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 from monim.core.catalogue import MEMORY
-from monim.core.config import DEFAULT_MODEL, RunConfig
+from monim.core.config import DEFAULT_MODEL
 from monim.core.manifest import MemoryMismatch, read_manifest
+from monim.core.run_config import RunConfig
 from monim.data.day import records
 from monim.data.feed import Fields
 from monim.data.stream import Gathered, arrived_after, read_range

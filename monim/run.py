@@ -1,5 +1,5 @@
 """One run as a library object: a policy (or the bare LM, or a parametric learner) learning a stream
-into a work directory, built from its settings (monim.core.config.RunConfig). It holds the LM, the feature
+into a work directory, built from its settings (monim.core.run_config.RunConfig). It holds the LM, the feature
 store and the memory (or the learner's weights), and learns a day by one recipe (`Run.day`): ingest,
 featurize, learn (memorize and calibrate, or train), evaluate, record. The day flow (flows.day) runs the
 same steps, each a Prefect task, and registers Θ where the stream is tracked. The benchmarks learn through it.
@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from monim.core.catalogue import BARE, LEARNER, MEMORY
-from monim.core.config import LEARNER_FIELDS, RunConfig
+from monim.core.config import LEARNER_FIELDS
 from monim.core.manifest import read_manifest
 from monim.core.recency import Recency
+from monim.core.run_config import RunConfig
 from monim.core.workers import Workers
 from monim.data.day import SPLITS, Day
 from monim.data.stream import read_day

@@ -16,7 +16,8 @@ from typing import Iterator
 
 from prefect import task
 
-from monim.core.config import EvalConfig, RunConfig, period_of
+from monim.core.config import EvalConfig, period_of
+from monim.core.run_config import RunConfig
 from monim.data.day import Day
 from monim.evaluation.suite import (
     View,

@@ -9,7 +9,7 @@ from statistics import median
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.data.day import Day, articles
 from monim.plan import arrivals
 from tasks.logs import logger

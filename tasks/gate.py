@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.data.day import Day
 from monim.evaluation.evaluate import evaluate_many
 from monim.lm.features import Features

@@ -18,7 +18,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from monim.data.day import Day
 from monim.data.feed import Document
 from monim.lm.features import Features

@@ -58,7 +58,7 @@ def test_a_forgotten_last_day_is_never_learned_again_unless_named(monim, learned
     assert learn(monim, source, workdir, model).returncode == 0  # resumes after it: the next day only
     assert [d.date for d in memory(workdir).days] == ["1987-03-02", "1987-03-04"]
     refused(learn(monim, source, workdir, model, "--relearn", "1987-03-03"), "relearn 1987-03-03", "last day (1987-03-04)")
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.plan import last_read
 
     assert last_read(RunConfig(source=str(source), workdir=str(workdir), policy="fullmem")) == dt.date(1987, 3, 4)
@@ -145,8 +145,8 @@ def test_a_served_request_with_a_meaningless_param_is_refused_naming_it(params, 
 
 
 @pytest.mark.parametrize("make, field", [
-    (lambda: __import__("monim.core.config").core.config.RunConfig(delta=-math.inf), "delta"),
-    (lambda: __import__("monim.core.config").core.config.RunConfig(rate=math.nan), "rate"),
+    (lambda: __import__("monim.core.run_config").core.run_config.RunConfig(delta=-math.inf), "delta"),
+    (lambda: __import__("monim.core.run_config").core.run_config.RunConfig(rate=math.nan), "rate"),
     (lambda: __import__("monim.core.config").core.config.CalibratorConfig(skip_threshold=math.nan), "skip_threshold"),
     (lambda: __import__("monim.core.recency").core.recency.Recency(half_life=math.inf), "half_life")])
 def test_a_non_finite_setting_is_refused_naming_it(make, field):

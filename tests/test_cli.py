@@ -231,7 +231,7 @@ def test_every_run_setting_is_an_option_of_its_own_name():
 
     from cli import app
     from cli.settings import config_from_options
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     commands = typer.main.get_command(app).commands
     own = {"source", "workdir", "policy", "followed_memrate", "calibrator"}

@@ -24,7 +24,8 @@ def test_featurizing_on_a_two_worker_cluster_learns_what_one_process_learns(pref
     from distributed import LocalCluster
 
     from flows.stream import learn_stream
-    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.core.config import DEMO_STREAM
+    from monim.core.run_config import RunConfig
     from monim.storage.datastore import Datastore
 
     base = dict(source=str(DEMO_STREAM), model=str(tiny_model_dir("llama")), max_docs=6, policy="fullmem")
@@ -51,7 +52,8 @@ def test_a_worker_with_four_threads_writes_the_features_one_process_writes(prefe
     from distributed import LocalCluster
 
     from flows.cluster import featurize_day
-    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.core.config import DEMO_STREAM
+    from monim.core.run_config import RunConfig
     from monim.data.stream import read_day
     from monim.lm.features import Features
     from monim.lm.model import load_lm
@@ -86,7 +88,7 @@ def test_balanced_parts_put_each_article_on_the_lightest_part():
 def test_a_cluster_needs_the_feature_store():
     from pydantic import ValidationError
 
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     with pytest.raises(ValidationError, match="cluster needs the feature store"):
         RunConfig(cluster="tcp://127.0.0.1:8786", feature_store=False)
@@ -126,7 +128,8 @@ def _memory(workdir, policy) -> dict:
     """What a run learned: its memory's checksum, files (helpers.fingerprint: shards byte for byte, Θ by
     content), entries and ids, and its rows' metrics."""
     from helpers import fingerprint
-    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.core.config import DEMO_STREAM
+    from monim.core.run_config import RunConfig
     from monim.run import recorded_days
     from monim.storage.datastore import Datastore
 
@@ -151,7 +154,8 @@ def alone(prefect, tiny_model_dir, tmp_path_factory):
     the evaluation suite's weekly PPL of the runs."""
     from flows.evaluate import evaluate_runs
     from flows.stream import learn_stream
-    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.core.config import DEMO_STREAM
+    from monim.core.run_config import RunConfig
 
     made = {}
 
@@ -170,7 +174,8 @@ def alone(prefect, tiny_model_dir, tmp_path_factory):
 
 def _spread(alone_dir, tmp_path, part_bytes, cluster, model, policies=POLICIES):
     """Configs of the same runs in a new work directory with the cluster, its feature store the one-process run's."""
-    from monim.core.config import DEMO_STREAM, RunConfig
+    from monim.core.config import DEMO_STREAM
+    from monim.core.run_config import RunConfig
 
     shutil.copytree(alone_dir / "features", tmp_path / "features")
     return [RunConfig(workdir=str(tmp_path), source=str(DEMO_STREAM), model=model, max_docs=4, policy=policy,

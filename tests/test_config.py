@@ -6,7 +6,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from monim.core.config import EvalConfig, RunConfig
+from monim.core.config import EvalConfig
+from monim.core.run_config import RunConfig
 from monim.storage.workdirs import memory_root
 from tracking.runs import run_params
 

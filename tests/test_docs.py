@@ -30,7 +30,7 @@ def site(tmp_path_factory) -> Path:
 
 def test_the_references_are_read_from_the_code(site):
     from cli import app
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     cli = (site / "reference" / "cli" / "index.html").read_text()
     assert all(f"monim {name}" in cli for name in typer.main.get_command(app).commands)

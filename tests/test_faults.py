@@ -103,7 +103,7 @@ def test_a_changed_model_or_window_is_refused_before_any_work(monim, prefect, mo
     """New weights of the same shape at the same path, or another window through the run's cfg:
     refused naming the field, nothing learned, no feature of the new weights kept."""
     from flows.stream import learn_stream
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
 
     changed = tmp_path / "model"
     shutil.copytree(model, changed)
@@ -214,7 +214,7 @@ def test_fsck_names_a_half_finished_day_and_repair_finishes_it_as_an_uninterrupt
     """A learn stopped right after its commit (the recipe's stages up to it, run here): fsck, which writes
     nothing and runs where nothing can be written, names each missing piece; --repair finishes the day,
     and the memory is the uninterrupted learn's."""
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.plan import plan
     from monim.run import open_run
     from tracking.store import client

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.core.config import DEMO_STREAM, RunConfig
+from monim.core.config import DEMO_STREAM
+from monim.core.run_config import RunConfig
 from monim.data.feed import open_feed
 from monim.data.stream import iter_days
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from monim.core.config import DEMO_STREAM, RunConfig
+from monim.core.config import DEMO_STREAM
+from monim.core.run_config import RunConfig
 from monim.data.feed import Document
 from monim.learning.parametric import Learner, Weights, blocks, load_day, train_day, trained_copy
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from monim.core.config import DEMO_STREAM, RunConfig
+from monim.core.config import DEMO_STREAM
+from monim.core.run_config import RunConfig
 
 pytestmark = pytest.mark.slow  # starts Prefect and MLflow servers
 

@@ -60,7 +60,8 @@ def default_of(verb: str, name: str, row: dict):
     """What a run gets when the option is not given: its RunConfig, CalibratorConfig, EvalConfig or flow
     default, read from the code (not from the command line)."""
     from monim.core.catalogue import COMPARED
-    from monim.core.config import CalibratorConfig, EvalConfig, RunConfig
+    from monim.core.config import CalibratorConfig, EvalConfig
+    from monim.core.run_config import RunConfig
 
     where = row["deployment"].split(" ")[0]
     if name == "policies":  # compare_policies: `policies or COMPARED`
@@ -80,7 +81,8 @@ def problems(text: str) -> list[str]:
     """What the page says that the code does not: an option, type, default or help `--help` does not show,
     an option of a learning command missing, a default other than the setting's, a deployment parameter
     or Python name the code lacks, a path of the machine that built it."""
-    from monim.core.config import CalibratorConfig, EvalConfig, RunConfig
+    from monim.core.config import CalibratorConfig, EvalConfig
+    from monim.core.run_config import RunConfig
 
     found = [f"a path of the build machine: {p}" for p in (str(REPO), "/home/", "/root/", "site-packages", "<class ")
              if p in text]

@@ -279,7 +279,7 @@ def test_part_bytes_is_a_setting_the_memory_records_and_checks():
     """--part-bytes reaches the index settings a memory records; another value is refused, naming it; below 1 is refused."""
     from pydantic import ValidationError
 
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.storage.memory_settings import Settings, SettingsMismatch, refuse_other
 
     settings = Settings.of(RunConfig(part_bytes=1000))

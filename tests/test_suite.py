@@ -6,7 +6,8 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from monim.core.config import DEMO_STREAM, RunConfig
+from monim.core.config import DEMO_STREAM
+from monim.core.run_config import RunConfig
 from monim.evaluation.evaluate import evaluate
 from monim.evaluation.qa import Question, answer_questions, read_questions
 from monim.evaluation.suite import period_sets

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from helpers import refused
-from monim.core.config import DEMO_STREAM, RunConfig, ScoreConfig
+from monim.core.config import DEMO_STREAM, ScoreConfig
+from monim.core.run_config import RunConfig
 from monim.data.day import Day
 from monim.data.feed import Document, open_feed
 from monim.data.stream import iter_days

@@ -31,7 +31,7 @@ def memory_runs(c, memory: str | Path, max_results: int = 1000) -> list:
 
 
 def run_config(c, run_id: str) -> dict | None:
-    """The settings a run learns with (its `config.json`, monim.core.config.RunConfig), or None where it has none."""
+    """The settings a run learns with (its `config.json`, monim.core.run_config.RunConfig), or None where it has none."""
     from mlflow.exceptions import MlflowException
 
     try:

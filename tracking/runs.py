@@ -12,7 +12,8 @@ from typing import Callable, Iterator
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from monim.core.config import DEFAULT_MODEL, RunConfig
+from monim.core.config import DEFAULT_MODEL
+from monim.core.run_config import RunConfig
 from monim.data.stream import list_dates
 from monim.run import make_run
 from monim.storage import workdirs

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from monim.core.config import RunConfig
+from monim.core.run_config import RunConfig
 from tracking.logged import MARK, logged_steps, memory_runs, step_of
 from tracking.served_model import MODEL_CODE, SIGNATURE
 from tracking.store import client, here, one_at_a_time, read_only, sqlite_file

@@ -17,7 +17,7 @@ from monim.learning.threshold import amt_threshold, certain, decided, lm_slack
 from monim.storage.entries import Entries
 
 if TYPE_CHECKING:  # a policy's rule reads numbers: torch only where KL projects keys (key_surprisal)
-    from monim.core.config import RunConfig
+    from monim.core.run_config import RunConfig
     from monim.lm.model import LM
     from monim.lm.token_scores import TokenScores
     from monim.theta.knnlm import ThetaScores

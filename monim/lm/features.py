@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from monim.core.atomic import TMP, is_stray, replacing
-from monim.core.config import RunConfig, ScoreConfig
+from monim.core.config import ScoreConfig
+from monim.core.run_config import RunConfig
 from monim.data.feed import Document
 from monim.lm.model import LM
 from monim.lm.scoring import score_tokens, with_neighbors

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -136,6 +137,7 @@ class MemoryIndex:
         self.obsolete = False  # an exact index a monim before 0.2 wrote to disk: removed by the next save
         self._search_index: faiss.Index | TorchExact | None = None
         self._exact: tuple[tuple, TorchExact] | None = None  # every key on a device (exact_on), by the datastore's state
+        self._exact_lock = threading.Lock()
         self._ds: Datastore | None = None  # the datastore last synced to: an exact torch search reads its keys
         self._load(mappable=True)
 
@@ -323,10 +325,11 @@ class MemoryIndex:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         state = (ds.state, device)
-        if self._exact is None or self._exact[0] != state:
-            self._exact = None  # the old copy let go before the new one is made
-            self._exact = (state, TorchExact.from_parts(self.key_parts(ds, ds.shards.array("ids")), len(ds), self.d, device))
-        return self._exact[1]
+        with self._exact_lock:  # one copy made at a time (the index's searches and Θ's, from several threads)
+            if self._exact is None or self._exact[0] != state:
+                self._exact = None  # the old copy let go before the new one is made
+                self._exact = (state, TorchExact.from_parts(self.key_parts(ds, ds.shards.array("ids")), len(ds), self.d, device))
+            return self._exact[1]
 
     def _search_subset(self, index: faiss.Index, q: np.ndarray, k: int, above: int, below: int | None,
                        exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

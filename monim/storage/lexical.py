@@ -11,13 +11,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from monim.core.atomic import replacing
 from monim.core.config import SEEN_CONTEXT
+
+if TYPE_CHECKING:  # torch only where the features are computed: the storage layer loads without it
+    import torch
 
 TEXT_ARRAYS = ("lex_tokens", "lex_counts", "lex_pairs")
 GRAMS = "lex_grams"  # a day's distinct contexts; absent from days committed before contexts were kept
@@ -63,6 +65,8 @@ class Days(Protocol):
 def lexical_features(count: torch.Tensor, distinct: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
     """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token, from the
     tables by token id (LexicalCounts'; tensors on one device)."""
+    import torch
+
     if not len(count):  # nothing memorized yet
         return torch.zeros((len(prev), 2), device=prev.device)
     known = prev < len(count)
@@ -86,6 +90,8 @@ class LexicalCounts:
 
     def features(self, prev: np.ndarray) -> np.ndarray:
         """[n, 2]: log(count + 1) and log(#distinct successors + 1) of each last context token (`lexical_features`)."""
+        import torch
+
         tokens = torch.from_numpy(np.asarray(prev, dtype=np.int64))
         return lexical_features(torch.from_numpy(self.count), torch.from_numpy(self.distinct), tokens).numpy()
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from monim.core.config import CalibratorConfig, IndexConfig, PolicyConfig, RunConfig, ScoreConfig
+from monim.core.config import CalibratorConfig, IndexConfig, PolicyConfig, ScoreConfig
 from monim.core.manifest import recorded
 from monim.core.recency import Recency
+from monim.core.run_config import RunConfig
 
 # how fast, not what: never recorded as a difference
 THROUGHPUT = {"window.batch_size", "window.head_chunk", "index.query_batch", "index.gpu", "index.map_above"}

@@ -19,7 +19,7 @@ TILE = 32  # scores a tile in top_k: ~sqrt(1M / k=1,024), the tiles' top-k and t
 
 def values_of(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The value (next token) of each entry id from a table by id (int32); -1 for -1 (tensors on one device)."""
-    return table.take(ids.clamp(min=0)).masked_fill_(ids < 0, -1).to(torch.int32)
+    return table.take(ids.long().clamp(min=0)).masked_fill_(ids < 0, -1).to(torch.int32)
 
 
 def search_backend(n_keys: int, dim: int, faiss_gpus: int, cuda: bool, free_gpu_bytes: int,

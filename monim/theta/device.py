@@ -61,6 +61,7 @@ class DeviceTheta(OnDevice):
         self.count: torch.Tensor | None = None if counts is None else counts[0]
         self.distinct: torch.Tensor | None = None if counts is None else counts[1]
         self.kept = 1.0  # the largest share of a chunk's rows the skip kept, as last read (`saw`): at first, all
+        self.seen = 0.0  # that share in the last pass read alone
 
     def _calibrated(self, chunk: dict[str, torch.Tensor], dist: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The calibrator's λ (Calibrator.lam of `examples`) from the chunk and these neighbours, on the device."""
@@ -81,11 +82,11 @@ class DeviceTheta(OnDevice):
 
     def saw(self, skipped: np.ndarray, chunk: int) -> None:
         """Size the next searches (`rows`) from a pass's skipped rows read by the host, searched `chunk` at a
-        time: its largest kept share, or a sixteenth less than before (a pass that kept fewer must not
-        make the next one, keeping more, outgrow its rows and read again)."""
+        time: the largest kept share of a chunk in this pass and the one before (one pass keeping fewer
+        does not make the next outgrow its rows and read again)."""
         if self.skip and len(skipped):
             seen = max(float((~skipped[i : i + chunk]).mean()) for i in range(0, len(skipped), chunk))
-            self.kept = max(seen, self.kept - 1 / BUCKETS)
+            self.kept, self.seen = max(seen, self.seen), seen
 
     def search(self, chunk: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, torch.Tensor]:
         """Memory.search: the k nearest entries of each key; with the skip, the gate's `gate_k` nearest
@@ -101,7 +102,8 @@ class DeviceTheta(OnDevice):
                 skipped = skips(self._calibrated(chunk, dist[:, :gate], values_of(self.values, ids[:, :gate])),
                                 dist[:, 0], key, self.cfg)
             dist, ids = dist[:, : self.k].masked_fill(skipped[:, None], torch.inf), ids[:, : self.k].masked_fill(skipped[:, None], -1)
-            return self._found(dist, ids, skipped)
+            missed = {"knn_missed": torch.zeros_like(skipped)} if self.skip else {}  # every pass's chunks alike (`rows` may change)
+            return self._found(dist, ids, skipped) | missed
         first, near = self.index.search_on(key, gate)
         skipped = skips(self._calibrated(chunk, first, values_of(self.values, near)), first[:, 0], key, self.cfg)
         order = skipped.to(torch.uint8).argsort(stable=True)[:rows]

@@ -61,7 +61,7 @@ class DeviceState:
         self.state: tuple | None = state
         self.values: torch.Tensor | None = None
         self.tables: dict[tuple, DeviceTables] = {}
-        self.thetas: dict[tuple, DeviceTheta] = {}
+        self.thetas: dict[tuple, tuple[tuple, DeviceTheta]] = {}  # by reading, skip, rule, neighbours: what made it, it
 
 
 class Memory:
@@ -306,7 +306,8 @@ class Memory:
         its keys (MemoryIndex.exact_on) and tables (DeviceTables) copied there once per state of the
         datastore, shared by its views and variants. `neighbors` off: the host reads Θ's scores, not the neighbours."""
         reading, held = (self.as_of, self.settings.recency), self._device
-        variant = (reading, json.dumps(self.theta(), sort_keys=True), skip, rule, neighbors)  # a calibration changes it
+        variant, made = (reading, skip, rule, neighbors), (json.dumps(self.theta(), sort_keys=True), self.calibrator_cfg,
+                                                           self.settings.calibrated, self.interpolation)
         with held.lock:
             if held.state != self.ds.state:
                 held.let_go(self.ds.state)  # the old copies let go before the new ones are made
@@ -317,14 +318,14 @@ class Memory:
                     held.values = torch.from_numpy(self.ds.shards.values_by_id()).to(self.lm.device)
                 keys = self.index.exact_on(self.ds, self.lm.device).within(limits["above"], limits["below"])
                 held.tables[reading] = DeviceTables(keys, held.values, self._searcher.prior(np.arange(next_id)), self.lexical)
-            if variant not in held.thetas:
+            if variant not in held.thetas or held.thetas[variant][0] != made:  # a calibration replaces the variant
                 cfg, by = self.calibrator_cfg, rule or self.rule
-                skips = skip and self.settings.calibrated and cfg.skip_threshold is not None
-                calibrator = self.calibrator() if skips or by == "calibrator" else None
-                held.thetas[variant] = DeviceTheta(held.tables[reading], self.index.cfg.k, cfg, by, self.interpolation,
-                                                   self.theta().get("lam_copy", self.interpolation.lam), calibrator,
-                                                   skips, neighbors)
-            return held.thetas[variant]
+                skipping = skip and self.settings.calibrated and cfg.skip_threshold is not None
+                calibrator = self.calibrator() if skipping or by == "calibrator" else None
+                held.thetas[variant] = made, DeviceTheta(held.tables[reading], self.index.cfg.k, cfg, by, self.interpolation,
+                                                         self.theta().get("lam_copy", self.interpolation.lam), calibrator,
+                                                         skipping, neighbors)
+            return held.thetas[variant][1]
 
     def writable(self) -> None:
         """Refuse to change a memory read as of a past day."""
