@@ -26,6 +26,7 @@ BENCHES: dict[str, Bench] = {
     "decision": Bench("decision", ("shared data",), 30),
     "full-volume": Bench("full_volume", ("shared data",), 240),
     "gpu": Bench("gpu", ("GPU",), 8),
+    "gpu-diagnosis": Bench("gpu_diagnosis", ("GPU",), 1),
     "index-codecs": Bench("index_codecs", ("shared data",), 30),
     "index-scale": Bench("index_scale", (), 20),
     "learner-lr": Bench("learner_lr", ("shared data",), 30),
